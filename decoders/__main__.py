@@ -1,0 +1,114 @@
+"""Command line: python -m decoders --method autoregressive --prompt "..." [--json] [--check-lossless]
+
+Errors print one line to stderr and exit 2; a failed lossless check exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .engine import MAX_NEW_TOKENS_CAP, check_lossless, generate, get_method
+from .errors import DecodingLabError, InvalidParameter
+from .models import load_model
+from .params import validate_params
+from .registry import METHODS
+
+
+def parse_param(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise InvalidParameter(f"--param expects NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    methods = "\n".join(
+        f"  {m.name:<16} {m.summary}\n"
+        + "".join(f"      {p.name}={p.default!r}: {p.help}\n" for p in m.schema)
+        for m in METHODS.values()
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m decoders",
+        description="Run one decoding method on a prompt and print its output, stats or full trace.",
+        epilog=f"methods and their --param names:\n{methods}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--method", default="autoregressive", help="decoding method (see below)")
+    parser.add_argument("--prompt", required=True, help="prompt text")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=64, help=f"generation budget, 1..{MAX_NEW_TOKENS_CAP}"
+    )
+    parser.add_argument(
+        "--model", default=None, help="model id or path (default: embedded SmolLM2-135M)"
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="method parameter, repeatable",
+    )
+    chat = parser.add_mutually_exclusive_group()
+    chat.add_argument(
+        "--chat", dest="chat", action="store_true", default=None, help="apply the chat template"
+    )
+    chat.add_argument(
+        "--raw", dest="chat", action="store_false", help="feed the prompt as plain text"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object with the full trace"
+    )
+    parser.add_argument(
+        "--check-lossless",
+        action="store_true",
+        help="also run autoregressive greedy and compare token ids",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        params: dict[str, Any] = dict(parse_param(p) for p in args.param)
+        method = get_method(args.method)  # fail on bad input before the (slow) model load
+        validate_params(method.schema, params, method.name)
+        bundle = load_model(args.model)
+        result = generate(
+            bundle, args.prompt, args.method, args.max_new_tokens, chat=args.chat, **params
+        )
+        check = check_lossless(bundle, result) if args.check_lossless else None
+    except DecodingLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+    if args.json:
+        out = result.trace()
+        if check is not None:
+            out["lossless"] = {
+                "identical": check.identical,
+                "first_divergence": check.first_divergence,
+            }
+        print(json.dumps(out))
+    else:
+        s = result.stats
+        print(result.text)
+        print(
+            f"\n[{result.method}] {s['new_tokens']} tokens in {s['wall_s']:.2f}s "
+            f"({s['tokens_per_s']:.1f} tok/s), {s['tokens_per_target_forward']:.2f} tokens/target forward, "
+            f"finish: {result.finish_reason}",
+            file=sys.stderr,
+        )
+        if check is not None:
+            mark = "✓" if check.identical else "✗"
+            print(f"lossless: {mark} {check.describe()}", file=sys.stderr)
+    return 0 if check is None or check.identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

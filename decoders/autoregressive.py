@@ -1,0 +1,39 @@
+"""Autoregressive decoding: one target forward per token. The reference every method is checked against.
+
+prefill(prompt) -> logits
+repeat: x_t = choose(logits); commit x_t; stop at EOS or budget; logits = forward(x_t)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .base import Budget, DecodeConfig
+from .events import Commit, Event, Prefill, TopK
+from .models import ModelBundle
+from .runtime import forward, new_cache
+from .sampling import top_k
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    step = 0
+    while True:
+        logits = out.logits[-1]
+        token, prob = sampler.choose(logits)
+        if cfg.detail:
+            tokens, probs = top_k(sampler.distribution(logits), cfg.top_k)
+            yield TopK(step, len(budget.tokens), tokens, probs)
+        budget.take([token])
+        yield Commit(step, (token,), ("target",), (round(prob, 6),))
+        if budget.done:
+            return
+        step += 1
+        out = forward(bundle, cache, [token], step=step, kind="target", logits_to_keep=1)
+        yield out.event

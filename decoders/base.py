@@ -1,0 +1,85 @@
+"""What every decoder receives and shares: its config, the output budget, and its registry entry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import Event
+from .params import SAMPLING_PARAMS, Param
+from .sampling import Sampler
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int
+    eos_ids: frozenset[int]
+    params: Mapping[str, Any] = field(default_factory=dict)  # validated against the method's schema
+    detail: bool = True  # emit optional detail events (top-k candidates); off for lean benchmarking
+    top_k: int = 5
+
+    def sampler(self) -> Sampler:
+        p = self.params
+        return Sampler(p.get("temperature", 0.0), p.get("top_p", 1.0), p.get("seed", 0))
+
+
+class Budget:
+    """Tracks the output: stops at the first EOS (kept, as transformers does) or at max_new_tokens."""
+
+    def __init__(self, max_new_tokens: int, eos_ids: frozenset[int]) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = eos_ids
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.tokens)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def take(self, tokens: Sequence[int]) -> list[int]:
+        """Append as many of `tokens` as the budget allows, through the first EOS; return those."""
+        taken: list[int] = []
+        for t in tokens:
+            if self.done:
+                break
+            taken.append(t)
+            self.tokens.append(t)
+            if t in self.eos_ids:
+                self.finish_reason = "eos"
+            elif self.remaining == 0:
+                self.finish_reason = "length"
+        return taken
+
+
+Decoder = Callable[[Any, list[int], DecodeConfig], Iterator[Event]]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registry entry: how to run a method and what it accepts."""
+
+    name: str
+    title: str
+    decode: Decoder
+    params: tuple[Param, ...] = ()  # method-specific knobs
+    lossless: bool = True  # greedy output must equal autoregressive greedy token for token
+    sampling: bool = True  # accepts temperature / top_p / seed
+    summary: str = ""
+
+    @property
+    def schema(self) -> tuple[Param, ...]:
+        return self.params + (SAMPLING_PARAMS if self.sampling else ())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "lossless": self.lossless,
+            "summary": self.summary,
+            "params": [p.describe() for p in self.schema],
+        }

@@ -1,0 +1,226 @@
+"""The public entry points: `stream()` yields a method's events live; `generate()` consumes them.
+
+Input is validated before any model work, so bad input fails fast with a project error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import DecodeConfig, Method
+from .errors import InvalidInput, UnknownMethod
+from .events import Commit, Done, Event, trace_to_dict
+from .models import ModelBundle
+from .params import validate_params
+from .registry import METHODS
+from .stats import StatsAccumulator
+
+MAX_NEW_TOKENS_CAP = int(os.environ.get("DECODING_LAB_MAX_NEW_TOKENS", "2048"))
+MAX_PROMPT_CHARS = 64_000
+
+
+@dataclass
+class GenerationResult:
+    model_id: str
+    method: str
+    params: dict[str, Any]
+    prompt: str | None
+    prompt_ids: list[int]
+    max_new_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+
+    def trace(self) -> dict[str, Any]:
+        """The versioned, self-contained JSON trace of this run."""
+        meta = {
+            "model": self.model_id,
+            "method": self.method,
+            "params": self.params,
+            "prompt": self.prompt,
+            "prompt_ids": self.prompt_ids,
+            "max_new_tokens": self.max_new_tokens,
+            "token_ids": self.token_ids,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats,
+        }
+        return trace_to_dict(meta, self.events)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A validated request, ready to decode."""
+
+    bundle: ModelBundle
+    method: Method
+    prompt: str | None
+    prompt_ids: list[int]
+    cfg: DecodeConfig
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise UnknownMethod(f"unknown method {name!r}; valid: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def prepare(
+    bundle: ModelBundle,
+    prompt: str | Sequence[int],
+    method: str = "autoregressive",
+    max_new_tokens: int = 64,
+    *,
+    chat: bool | None = None,
+    detail: bool = True,
+    params: Mapping[str, Any] | None = None,
+) -> Run:
+    """Check everything about a request and encode the prompt; raise InvalidInput with a clear message."""
+    m = get_method(method)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise InvalidInput(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_CAP:
+        raise InvalidInput(
+            f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {max_new_tokens}"
+        )
+    values = validate_params(m.schema, params or {}, m.name)
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InvalidInput("the prompt is empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise InvalidInput(
+                f"the prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}"
+            )
+        text: str | None = prompt
+        prompt_ids = bundle.encode(prompt, chat)
+    else:
+        text, prompt_ids = None, [int(t) for t in prompt]
+        if not prompt_ids:
+            raise InvalidInput("the prompt is empty")
+        vocab = bundle.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidInput(f"prompt ids must be in [0, {vocab})")
+    if len(prompt_ids) + max_new_tokens > bundle.context_length:
+        raise InvalidInput(
+            f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) is "
+            f"{len(prompt_ids) + max_new_tokens} tokens, longer than the model's context of "
+            f"{bundle.context_length} tokens"
+        )
+    cfg = DecodeConfig(max_new_tokens, bundle.eos_ids, values, detail)
+    return Run(bundle, m, text, prompt_ids, cfg)
+
+
+def run_events(run: Run) -> Iterator[Event]:
+    """Decode, passing every event through, and end with Done(stats)."""
+    acc = StatsAccumulator()
+    tokens: list[int] = []
+    start = time.perf_counter()
+    for event in run.method.decode(run.bundle, run.prompt_ids, run.cfg):
+        acc.add(event)
+        if isinstance(event, Commit):
+            tokens.extend(event.tokens)
+        yield event
+    wall = time.perf_counter() - start
+    reason = "eos" if tokens and tokens[-1] in run.bundle.eos_ids else "length"
+    yield Done(reason, acc.result(wall))
+
+
+def stream(
+    bundle: ModelBundle,
+    prompt: str | Sequence[int],
+    method: str = "autoregressive",
+    max_new_tokens: int = 64,
+    *,
+    chat: bool | None = None,
+    detail: bool = True,
+    **params: Any,
+) -> Iterator[Event]:
+    """Validate now, then return the live event stream (close it to cancel the run)."""
+    return run_events(
+        prepare(bundle, prompt, method, max_new_tokens, chat=chat, detail=detail, params=params)
+    )
+
+
+def generate(
+    bundle: ModelBundle,
+    prompt: str | Sequence[int],
+    method: str = "autoregressive",
+    max_new_tokens: int = 64,
+    *,
+    chat: bool | None = None,
+    record: bool = True,
+    **params: Any,
+) -> GenerationResult:
+    """Run a method to the end. record=False keeps no events (and skips optional detail), for benchmarks."""
+    run = prepare(bundle, prompt, method, max_new_tokens, chat=chat, detail=record, params=params)
+    events: list[Event] = []
+    tokens: list[int] = []
+    done: Done | None = None
+    for event in run_events(run):
+        if isinstance(event, Commit):
+            tokens.extend(event.tokens)
+        elif isinstance(event, Done):
+            done = event
+        if record or isinstance(event, Done):
+            events.append(event)
+    assert done is not None
+    return GenerationResult(
+        model_id=bundle.model_id,
+        method=run.method.name,
+        params=dict(run.cfg.params),
+        prompt=run.prompt,
+        prompt_ids=run.prompt_ids,
+        max_new_tokens=run.cfg.max_new_tokens,
+        token_ids=tokens,
+        text=bundle.decode(tokens),
+        finish_reason=done.finish_reason,
+        stats=done.stats,
+        events=events,
+    )
+
+
+@dataclass(frozen=True)
+class LosslessCheck:
+    identical: bool
+    first_divergence: int | None  # index into the generated tokens, None when identical
+    compared: int
+    exact_dtype: bool  # float32: exact; half precision can flip near-ties between batch shapes
+
+    def describe(self) -> str:
+        if self.identical:
+            return f"identical to greedy ({self.compared} tokens)"
+        return f"differs from greedy at generated token {self.first_divergence}"
+
+
+def greedy_reference(
+    bundle: ModelBundle, prompt_ids: Sequence[int], max_new_tokens: int
+) -> list[int]:
+    return generate(
+        bundle, list(prompt_ids), "autoregressive", max_new_tokens, record=False
+    ).token_ids
+
+
+def check_lossless(
+    bundle: ModelBundle, result: GenerationResult, reference: Sequence[int] | None = None
+) -> LosslessCheck:
+    """Compare a run's tokens with autoregressive greedy on the same prompt ids and budget."""
+    if reference is None:
+        reference = greedy_reference(bundle, result.prompt_ids, result.max_new_tokens)
+    return compare_tokens(reference, result.token_ids, bundle.exact)
+
+
+def compare_tokens(
+    reference: Sequence[int], tokens: Sequence[int], exact: bool = True
+) -> LosslessCheck:
+    for i, (a, b) in enumerate(zip(reference, tokens, strict=False)):
+        if a != b:
+            return LosslessCheck(False, i, len(tokens), exact)
+    if len(reference) != len(tokens):
+        return LosslessCheck(False, min(len(reference), len(tokens)), len(tokens), exact)
+    return LosslessCheck(True, None, len(tokens), exact)

