@@ -10,10 +10,9 @@ import json
 import sys
 from typing import Any
 
-from .engine import MAX_NEW_TOKENS_CAP, check_lossless, generate, get_method
+from .engine import MAX_NEW_TOKENS_CAP, check_lossless, check_request, generate
 from .errors import DecodingLabError, InvalidParameter
 from .models import load_model
-from .params import validate_params
 from .registry import METHODS
 
 
@@ -73,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         params: dict[str, Any] = dict(parse_param(p) for p in args.param)
-        method = get_method(args.method)  # fail on bad input before the (slow) model load
-        validate_params(method.schema, params, method.name)
+        # Fail on bad input before the (slow) model load.
+        check_request(args.prompt, args.method, args.max_new_tokens, params)
         bundle = load_model(args.model)
         result = generate(
             bundle, args.prompt, args.method, args.max_new_tokens, chat=args.chat, **params

@@ -71,6 +71,31 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
+def check_request(
+    prompt: str | Sequence[int],
+    method: str,
+    max_new_tokens: int,
+    params: Mapping[str, Any] | None,
+) -> tuple[Method, dict[str, Any]]:
+    """The checks that need no model: method, parameters, budget, prompt text."""
+    m = get_method(method)
+    values = validate_params(m.schema, params or {}, m.name)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise InvalidInput(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_CAP:
+        raise InvalidInput(
+            f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {max_new_tokens}"
+        )
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InvalidInput("the prompt is empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise InvalidInput(
+                f"the prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}"
+            )
+    return m, values
+
+
 def prepare(
     bundle: ModelBundle,
     prompt: str | Sequence[int],

@@ -1,0 +1,69 @@
+"""Bad input fails fast with a project error and a message that says what to do."""
+
+import time
+
+import pytest
+
+from decoders import (
+    MAX_NEW_TOKENS_CAP,
+    InvalidInput,
+    InvalidParameter,
+    ModelLoadError,
+    UnknownMethod,
+    generate,
+    load_model,
+    stream,
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(prompt=""), InvalidInput, "prompt is empty"),
+        (dict(prompt="   \n"), InvalidInput, "prompt is empty"),
+        (dict(prompt=[]), InvalidInput, "prompt is empty"),
+        (dict(prompt=[1, 10**9]), InvalidInput, "prompt ids must be in"),
+        (dict(prompt="x" * 70_000), InvalidInput, "characters; the limit"),
+        (dict(max_new_tokens=0), InvalidInput, "between 1 and"),
+        (dict(max_new_tokens=-3), InvalidInput, "between 1 and"),
+        (dict(max_new_tokens=MAX_NEW_TOKENS_CAP + 1), InvalidInput, "between 1 and"),
+        (dict(max_new_tokens=2.5), InvalidInput, "must be an integer"),
+        (dict(method="medusa-9000"), UnknownMethod, "valid: autoregressive"),
+        (dict(gamma=4), InvalidParameter, "valid: temperature, top_p, seed"),
+        (dict(temperature=-1), InvalidParameter, "temperature"),
+        (dict(temperature="hot"), InvalidParameter, "expects float"),
+        (dict(seed=1.5), InvalidParameter, "expects int"),
+    ],
+)
+def test_bad_requests(tiny, kwargs, error, message):
+    args = {"prompt": "hello", "max_new_tokens": 4, **kwargs}
+    with pytest.raises(error, match=message):
+        generate(tiny, **args)
+
+
+def test_stream_validates_before_decoding(tiny):
+    with pytest.raises(InvalidInput):
+        stream(tiny, "", "autoregressive", 4)  # raised at call time, not on first next()
+
+
+def test_prompt_plus_budget_longer_than_context_names_both_lengths(tiny):
+    with pytest.raises(
+        InvalidInput, match=r"prompt \(2040 tokens\) plus max_new_tokens \(20\).*context of 2048"
+    ):
+        generate(tiny, [5] * 2040, max_new_tokens=20)
+
+
+def test_unknown_model_without_network_fails_fast_and_points_offline():
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="embedded model works offline"):
+        load_model("no-such-org/no-such-model-123")
+    assert time.perf_counter() - start < 20
+
+
+def test_unknown_dtype(tiny):
+    with pytest.raises(InvalidInput, match="unknown dtype"):
+        load_model("tiny-random", dtype="float8")
+
+
+def test_models_load_once(tiny):
+    assert load_model("tiny-random") is tiny

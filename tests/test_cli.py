@@ -1,0 +1,72 @@
+"""The command line, run as users run it: one JSON object, or one error line and a non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, timeout=180):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "decoders", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_json_output_is_one_trace_object():
+    p = cli(
+        "--model",
+        "tiny-random",
+        "--prompt",
+        "def f(x):",
+        "--raw",
+        "--max-new-tokens",
+        "6",
+        "--json",
+        "--check-lossless",
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["format"] == "decoding-lab-trace" and out["version"] == 1
+    assert len(out["token_ids"]) == 6
+    assert out["stats"]["new_tokens"] == 6
+    assert out["lossless"] == {"identical": True, "first_divergence": None}
+    assert out["events"][0]["type"] == "Prefill" and out["events"][-1]["type"] == "Done"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt", ""], "prompt is empty"),
+        (["--prompt", "hi", "--max-new-tokens", "0"], "between 1 and"),
+        (["--prompt", "hi", "--max-new-tokens", "999999"], "between 1 and"),
+        (["--prompt", "hi", "--method", "nope"], "unknown method 'nope'; valid: autoregressive"),
+        (["--prompt", "hi", "--param", "gamma=3"], "valid: temperature, top_p, seed"),
+        (["--prompt", "hi", "--param", "gamma"], "NAME=VALUE"),
+        (["--prompt", "hi", "--model", "nobody/nothing-here"], "embedded model works offline"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(args, message):
+    p = cli(*args)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], p.stderr
+
+
+@pytest.mark.slow
+def test_embedded_model_text_output():
+    p = cli("--prompt", "Say hello.", "--max-new-tokens", "8", "--check-lossless")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip()
+    assert "lossless: ✓" in p.stderr

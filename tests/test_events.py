@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from decoders.errors import TraceError
+from decoders.events import (
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    Commit,
+    Done,
+    Draft,
+    Forward,
+    JacobiIteration,
+    LayerExit,
+    NgramPool,
+    Prefill,
+    TopK,
+    Verify,
+    event_from_dict,
+    trace_from_json,
+    trace_to_dict,
+)
+
+SAMPLES = [
+    Prefill((1, 2, 3)),
+    Forward(0, "prefill", 3, 30, 12.5),
+    Draft(1, "self:8", (5, 6, 7), (-1, 0, 0), (0.5, 0.25, 0.125)),
+    Verify(1, (0,), 9, "greedy-tree"),
+    Verify(2, (), None, "greedy-chain"),
+    JacobiIteration(3, 0, (4, 5), (True, False)),
+    NgramPool(3, ((1, 2, 3), (4, 5, 6)), 2),
+    LayerExit(4, 10, 12, 0.93),
+    TopK(0, 0, (5, 6), (0.7, 0.2)),
+    Commit(1, (5, 9), ("draft", "correction"), (0.5, 0.9)),
+    Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),
+]
+
+
+def test_every_event_type_has_a_sample():
+    assert {type(e).type for e in SAMPLES} == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
+def test_event_json_round_trip(event):
+    again = event_from_dict(json.loads(json.dumps(event.to_dict())))
+    assert again == event
+    assert type(again) is type(event)
+
+
+def test_events_are_frozen():
+    with pytest.raises(AttributeError):
+        SAMPLES[0].prompt_ids = (9,)
+
+
+def test_trace_round_trip():
+    data = trace_to_dict({"method": "autoregressive", "token_ids": [5, 9]}, SAMPLES)
+    assert data["version"] == SCHEMA_VERSION
+    meta, events = trace_from_json(json.dumps(data))
+    assert events == SAMPLES
+    assert meta == {"method": "autoregressive", "token_ids": [5, 9]}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "not a Decoding Lab trace"),
+        ('{"format": "decoding-lab-trace", "version": 99, "events": []}', "version 99"),
+        ('{"format": "decoding-lab-trace", "version": 1, "events": {}}', "must be a list"),
+        (
+            '{"format": "decoding-lab-trace", "version": 1, "events": [{"type": "Boom"}]}',
+            "unknown event type",
+        ),
+        (
+            '{"format": "decoding-lab-trace", "version": 1, "events": [{"type": "Prefill"}]}',
+            "missing field 'prompt_ids'",
+        ),
+        (
+            '{"format": "decoding-lab-trace", "version": 1, "events": [{"type": "Prefill", "prompt_ids": ["a"]}]}',
+            "expected an integer",
+        ),
+        (
+            '{"format": "decoding-lab-trace", "version": 1, "events": [{"type": "Verify", "step": 1, '
+            '"accepted": [0], "correction": 1.5, "rule": "x"}]}',
+            "expected an integer",
+        ),
+    ],
+)
+def test_corrupt_traces_are_refused_clearly(text, message):
+    with pytest.raises(TraceError, match=message):
+        trace_from_json(text)
+
+
+def test_oversized_trace_is_refused():
+    with pytest.raises(TraceError, match="limit"):
+        trace_from_json("x" * 101, max_bytes=100)

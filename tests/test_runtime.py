@@ -1,0 +1,142 @@
+"""Forward primitives: tree masks, partial depth and cache rollback agree with plain sequential runs."""
+
+import pytest
+import torch
+
+from decoders.runtime import cache_length, crop_cache, forward, keep_cache, new_cache
+from decoders.tree import ancestors, chain, depths, leaf_paths, tree_mask, tree_positions
+
+PROMPT = [1, 504, 3458, 314, 253, 1345, 28, 1024]
+# A tree with two roots, branching at several depths.
+PARENTS = (-1, -1, 0, 0, 1, 2, 2, 5)
+TREE_TOKENS = [42, 77, 1000, 2001, 303, 4404, 55, 9]
+
+
+def prefilled(bundle, prompt=PROMPT):
+    cache = new_cache(bundle)
+    forward(bundle, cache, prompt, step=0, kind="prefill")
+    return cache
+
+
+def sequential_logits(bundle, tokens):
+    """Logits for the last of `tokens`, run as a plain chain after the prompt in a fresh cache."""
+    cache = prefilled(bundle)
+    return forward(bundle, cache, tokens, step=1, kind="target").logits[-1]
+
+
+def test_tree_helpers():
+    assert depths(PARENTS) == [0, 0, 1, 1, 1, 2, 2, 3]
+    assert ancestors(PARENTS, 7) == [0, 2, 5, 7]
+    assert tree_positions(PARENTS, 10) == [10, 10, 11, 11, 11, 12, 12, 13]
+    assert leaf_paths(PARENTS) == [[0, 3], [1, 4], [0, 2, 6], [0, 2, 5, 7]]
+    assert chain(3) == (-1, 0, 1)
+    mask = tree_mask(PARENTS, cache_len=2)[0, 0]
+    allowed = (mask == 0).int().tolist()
+    assert allowed[7] == [1, 1, 1, 0, 1, 0, 0, 1, 0, 1]  # cache + nodes 0, 2, 5, 7
+    assert allowed[1] == [1, 1, 0, 1, 0, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="parent must come before"):
+        depths((-1, 2, 0))
+
+
+def check_tree_matches_sequential(bundle, atol):
+    cache = prefilled(bundle)
+    n = cache_length(cache)
+    out = forward(
+        bundle,
+        cache,
+        TREE_TOKENS,
+        step=1,
+        kind="verify",
+        positions=tree_positions(PARENTS, n),
+        mask=tree_mask(PARENTS, n),
+    )
+    assert out.logits.shape == (len(PARENTS), bundle.model.config.vocab_size)
+    for node in range(len(PARENTS)):
+        path = [TREE_TOKENS[i] for i in ancestors(PARENTS, node)]
+        expected = sequential_logits(bundle, path)
+        torch.testing.assert_close(out.logits[node], expected, atol=atol, rtol=1e-4)
+        assert int(out.logits[node].argmax()) == int(expected.argmax())
+
+
+def test_tree_masked_forward_matches_sequential_branches(tiny):
+    check_tree_matches_sequential(tiny, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_tree_masked_forward_matches_sequential_branches_embedded(embedded):
+    check_tree_matches_sequential(embedded, atol=2e-4)
+
+
+def test_crop_continues_like_a_fresh_cache(tiny):
+    cache = prefilled(tiny)
+    forward(tiny, cache, [5, 6, 7, 8, 9], step=1, kind="verify")
+    crop_cache(cache, len(PROMPT) + 2)  # keep the first two of those five
+    assert cache_length(cache) == len(PROMPT) + 2
+    continued = forward(tiny, cache, [11, 12], step=2, kind="target").logits
+    fresh = new_cache(tiny)
+    reference = forward(tiny, fresh, [*PROMPT, 5, 6, 11, 12], step=0, kind="prefill").logits[-2:]
+    torch.testing.assert_close(continued, reference, atol=1e-5, rtol=1e-4)
+
+
+def test_keep_compacts_an_accepted_tree_path(tiny):
+    cache = prefilled(tiny)
+    n = cache_length(cache)
+    forward(
+        tiny,
+        cache,
+        TREE_TOKENS,
+        step=1,
+        kind="verify",
+        positions=tree_positions(PARENTS, n),
+        mask=tree_mask(PARENTS, n),
+    )
+    path = ancestors(PARENTS, 7)  # nodes 0, 2, 5, 7: not contiguous in the verify input
+    keep_cache(cache, n, path)
+    assert cache_length(cache) == n + len(path)
+    continued = forward(tiny, cache, [99], step=2, kind="target").logits[-1]
+    expected = sequential_logits(tiny, [*(TREE_TOKENS[i] for i in path), 99])
+    torch.testing.assert_close(continued, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_partial_depth_reads_layer_k_through_norm_and_head(tiny, k):
+    model = tiny.model
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        states = model(ids, output_hidden_states=True).hidden_states
+        expected = model.lm_head(model.model.norm(states[k]))[0]
+    out = forward(tiny, new_cache(tiny), PROMPT, step=0, kind="draft", layers=k, hidden_at=(k,))
+    assert out.event.layers == k
+    torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.hidden[k], states[k][0], atol=1e-5, rtol=1e-4)
+    assert model.config.num_hidden_layers == 4  # the model's config is never touched
+
+
+def test_partial_depth_continues_from_its_own_cache(tiny):
+    """A k-layer draft pass over a k-layer cache equals recomputing the k-layer prefix from scratch."""
+    cache = new_cache(tiny)
+    forward(tiny, cache, PROMPT, step=0, kind="draft", layers=2)
+    step = forward(tiny, cache, [7, 8], step=1, kind="draft", layers=2).logits
+    fresh = forward(tiny, new_cache(tiny), [*PROMPT, 7, 8], step=0, kind="draft", layers=2).logits[
+        -2:
+    ]
+    torch.testing.assert_close(step, fresh, atol=1e-5, rtol=1e-4)
+
+
+def test_layer_subsets_and_full_depth(tiny):
+    full = forward(tiny, new_cache(tiny), PROMPT, step=0, kind="target")
+    all_layers = forward(tiny, new_cache(tiny), PROMPT, step=0, kind="target", layers=[0, 1, 2, 3])
+    torch.testing.assert_close(full.logits, all_layers.logits)
+    skip = forward(tiny, new_cache(tiny), PROMPT, step=0, kind="draft", layers=[0, 2, 3])
+    assert skip.event.layers == 3
+    assert not torch.allclose(skip.logits, full.logits)
+    with pytest.raises(ValueError, match="layers must select"):
+        forward(tiny, new_cache(tiny), PROMPT, step=0, kind="draft", layers=[0, 9])
+
+
+def test_forward_event_and_logits_to_keep(tiny):
+    out = forward(tiny, new_cache(tiny), PROMPT, step=3, kind="prefill", logits_to_keep=1)
+    assert out.logits.shape[0] == 1
+    ev = out.event
+    assert (ev.step, ev.kind, ev.n_input_tokens, ev.layers) == (3, "prefill", len(PROMPT), 4)
+    assert ev.wall_ms > 0

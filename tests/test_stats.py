@@ -1,0 +1,45 @@
+from decoders.events import Commit, Draft, Forward, Verify
+from decoders.stats import compute_stats
+
+
+def test_autoregressive_stats():
+    events = [Forward(0, "prefill", 10, 30, 50.0), Commit(0, (1,), ("target",), (0.9,))]
+    for step in range(1, 4):
+        events += [Forward(step, "target", 1, 30, 20.0), Commit(step, (step,), ("target",), (0.5,))]
+    s = compute_stats(events, wall_s=0.2)
+    assert s["new_tokens"] == 4
+    assert s["target_forwards"] == 4
+    assert s["tokens_per_target_forward"] == 1.0
+    assert s["mean_acceptance_length"] is None
+    assert s["tokens_per_s"] == 20.0
+    assert s["time_ms"] == {"prefill": 50.0, "target": 60.0}
+
+
+def test_acceptance_metrics_follow_the_serving_definitions():
+    events = [
+        Forward(0, "prefill", 10, 30, 1.0),
+        Commit(0, (7,), ("target",), (1.0,)),
+        # step 1: 3 chained drafts, 2 accepted + correction
+        Forward(1, "draft", 1, 8, 1.0),
+        Draft(1, "self:8", (1, 2, 3), (-1, 0, 1), (0.9, 0.8, 0.7)),
+        Forward(1, "verify", 4, 30, 1.0),
+        Verify(1, (0, 1), 9, "greedy-chain"),
+        Commit(1, (1, 2, 9), ("draft", "draft", "correction"), (1.0, 1.0, 1.0)),
+        # step 2: a tree of depth 2 (4 nodes), nothing accepted
+        Draft(2, "self:8", (4, 5, 6, 7), (-1, -1, 0, 1), (0.5, 0.4, 0.3, 0.2)),
+        Forward(2, "verify", 5, 30, 1.0),
+        Verify(2, (), 8, "greedy-tree"),
+        Commit(2, (8,), ("correction",), (1.0,)),
+    ]
+    s = compute_stats(events)
+    assert s["new_tokens"] == 5
+    assert s["target_forwards"] == 3
+    assert s["draft_forwards"] == 1
+    assert s["verify_steps"] == 2
+    assert s["accepted_drafts"] == 2
+    assert s["mean_acceptance_length"] == 2.0  # 1 + 2 accepted / 2 verify steps
+    assert s["acceptance_rate"] == round(2 / 7, 4)
+    # position 0 drafted in both steps, accepted once; 1 drafted twice, accepted once; 2 once, never
+    assert s["acceptance_by_position"] == [0.5, 0.5, 0.0]
+    assert s["acceptance_histogram"] == [1, 0, 1]
+    assert s["origins"] == {"target": 1, "draft": 2, "correction": 2}
