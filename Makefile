@@ -1,0 +1,38 @@
+# Common commands. `make app` and `make test` set everything up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup app test test-fast lint format bench browser clean
+
+$(STAMP): requirements.txt requirements-dev.txt scripts/setup.sh
+	VENV=$(VENV) scripts/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+app: setup  ## open the app on the embedded model (http://127.0.0.1:7860)
+	$(PY) app.py
+
+browser:
+	scripts/ensure-chromium.sh
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+test: setup browser lint  ## the whole suite, slow tests included (what CI runs)
+	$(PY) -m pytest -q
+
+test-fast: setup  ## skip the tests that load the embedded model or drive a browser
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
+	$(PY) -m decoders.bench
+
+clean:
+	rm -rf $(VENV) runs test-artifacts .pytest_cache .ruff_cache

@@ -1,0 +1,60 @@
+"""The benchmark runs end to end (tiny model, two prompts) and writes its three outputs."""
+
+import json
+
+import pytest
+
+from decoders import bench
+from decoders.errors import InvalidInput
+
+
+def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nWrite a limerick about tea.\n")
+    rc = bench.main(
+        [
+            "--model",
+            "tiny-random",
+            "--dataset",
+            str(prompts),
+            "--max-new-tokens",
+            "6",
+            "--peers",
+            "hf_greedy,hf_prompt_lookup:4",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "| autoregressive | " in table and "| transformers greedy | " in table
+    assert "Tracing overhead" in table
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = {r["contestant"]: r for r in data["rows"]}
+    assert rows["autoregressive"]["speedup"] == 1.0
+    assert rows["autoregressive"]["tokens_per_target_forward"] == 1.0
+    for r in rows.values():  # every contestant is greedy: all must match our reference
+        assert r["lossless"] == r["n"] == 2, r
+    assert (tmp_path / "out" / "speedup.html").stat().st_size > 1000
+    assert (tmp_path / "out" / "table.md").read_text().startswith("Model tiny-random")
+
+
+def test_datasets():
+    he = bench.load_prompts("humaneval", limit=3)
+    assert [p.id for p in he] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert he[0].chat is False and "def " in he[0].text
+    if bench.DEFAULT_SPEC_BENCH.is_file():
+        tr = bench.load_prompts("spec_bench", category="translation", limit=5)
+        assert len(tr) == 5 and all(p.chat is None for p in tr)
+        with pytest.raises(InvalidInput, match="valid: "):
+            bench.load_prompts("spec_bench", category="poetry")
+    with pytest.raises(InvalidInput, match="no dataset"):
+        bench.load_prompts("/nonexistent/file.txt")
+
+
+def test_method_specs_and_bad_peers(tiny):
+    assert bench.parse_method("lookahead:N=4:W=5") == ("lookahead", {"N": "4", "W": "5"})
+    with pytest.raises(InvalidInput):
+        bench.parse_method("lookahead:N4")
+    with pytest.raises(InvalidInput, match="unknown peer"):
+        bench.hf_peer(tiny, "vllm")
