@@ -1,57 +1,8 @@
 """The app served on a free port and driven through gradio_client, as scripts would use it."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    env = {
-        **os.environ,
-        "DECODING_LAB_MODEL": "tiny-random",
-        "GRADIO_SERVER_PORT": str(port),
-        "HF_HUB_OFFLINE": "1",
-        "GRADIO_ANALYTICS_ENABLED": "False",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "app.py"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"app exited: {proc.stdout.read()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("app did not start in 120 s")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+pytestmark = pytest.mark.slow
 
 
 def test_run_endpoint_streams_the_same_tokens_as_the_engine(server, tiny):
