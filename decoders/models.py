@@ -278,7 +278,7 @@ def _load_pretrained(model_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
     # Local paths and models already in the hub cache load without a network; otherwise fail fast
     # (the hub client would retry for a minute) when the hub cannot even be resolved.
     kwargs: dict[str, Any] = {"trust_remote_code": False}
-    if not local and not _in_hub_cache(model_id) and not _hub_reachable():
+    if not local and not _in_hub_cache(model_id) and not hub_reachable():
         raise ModelLoadError(
             f"cannot load {model_id!r}: no network to reach the Hugging Face hub, and it is not in the "
             f"local cache. {OFFLINE_HINT}"
@@ -303,7 +303,7 @@ def _in_hub_cache(model_id: str) -> bool:
         return False
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     import socket
     from urllib.parse import urlparse
 

@@ -1,26 +1,111 @@
 """The app served on a free port and driven through gradio_client, as scripts would use it."""
 
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+from gradio_client import Client
+
+from conftest import PROMPTS, ROOT
+from decoders import generate
 
 pytestmark = pytest.mark.slow
 
 
-def test_run_endpoint_streams_the_same_tokens_as_the_engine(server, tiny):
-    from gradio_client import Client
-
-    from decoders import generate
-
-    client = Client(server, verbose=False)
-    text, stats = client.predict("def f(x):", "autoregressive", 8, api_name="/run")
-    expected = generate(tiny, "def f(x):", max_new_tokens=8)
-    assert text == expected.text
-    assert stats["new_tokens"] == 8 and stats["finish_reason"] == "length"
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server, verbose=False)
 
 
-def test_bad_input_is_a_message_not_a_traceback(server):
-    from gradio_client import Client
+def test_run_on_the_embedded_model_matches_the_cli(client):
+    text, stats, trace = client.predict(
+        prompt="Write a haiku about the sea.",
+        method="autoregressive",
+        model="SmolLM2-135M-Instruct",
+        max_new_tokens=16,
+        params="{}",
+        api_name="/run",
+    )
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "decoders",
+            "--prompt",
+            "Write a haiku about the sea.",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    expected = json.loads(cli.stdout)
+    assert trace["token_ids"] == expected["token_ids"]
+    assert trace["prompt_ids"] == expected["prompt_ids"]
+    assert text == expected["text"]
+    assert stats["new_tokens"] == len(expected["token_ids"])
+    assert trace["format"] == "decoding-lab-trace" and trace["events"][-1]["type"] == "Done"
+    assert trace["token_text"]  # replayable without a model
 
-    client = Client(server, verbose=False)
-    with pytest.raises(Exception, match="prompt is empty") as info:
-        client.predict("   ", "autoregressive", 8, api_name="/run")
+
+def test_five_concurrent_clients_get_their_own_results(server, tiny):
+    def one(prompt):
+        c = Client(server, verbose=False)
+        return c.predict(
+            prompt=prompt,
+            method="autoregressive",
+            model="tiny-random",
+            max_new_tokens=12,
+            params='{"temperature": 0}',
+            api_name="/run",
+        )
+
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(one, PROMPTS[:5]))
+    for prompt, (text, _stats, trace) in zip(PROMPTS[:5], results, strict=True):
+        expected = generate(tiny, prompt, max_new_tokens=12)
+        assert trace["token_ids"] == expected.token_ids
+        assert trace["prompt"] == prompt and text == expected.text
+
+
+def test_compare_endpoint(client, tiny):
+    out = client.predict(
+        prompt="def f(x):",
+        methods="autoregressive",
+        model="tiny-random",
+        max_new_tokens=6,
+        api_name="/compare",
+    )
+    assert [r["method"] for r in out["rows"]] == ["autoregressive"]
+    assert out["rows"][0]["speedup"] == 1.0 and out["rows"][0]["lossless"] == "reference"
+    assert out["texts"]["autoregressive"] == generate(tiny, "def f(x):", max_new_tokens=6).text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(prompt="   "), "prompt is empty"),
+        (dict(model="evil/model"), "not offered here"),
+        (dict(method="warp-drive"), "unknown method"),
+        (dict(max_new_tokens=100000), "capped at"),
+        (dict(max_new_tokens=0), "between 1 and"),
+        (dict(params='{"temperature": 99}'), "temperature"),
+        (dict(params='{"gamma": 3}'), "unknown parameter"),
+        (dict(params="{nope"), "not valid JSON"),
+    ],
+)
+def test_bad_input_is_a_message_not_a_traceback(client, kwargs, message):
+    args = (
+        dict(
+            prompt="hi", method="autoregressive", model="tiny-random", max_new_tokens=4, params="{}"
+        )
+        | kwargs
+    )
+    with pytest.raises(Exception, match=message) as info:
+        client.predict(**args, api_name="/run")
     assert "Traceback" not in str(info.value)

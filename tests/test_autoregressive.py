@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import PROMPTS
 
+from conftest import PROMPTS
 from decoders import check_lossless, compare_tokens, generate
 from decoders.events import Commit, Done, Forward, Prefill, TopK
 from decoders.sampling import Sampler, top_p_filter

@@ -1,10 +1,13 @@
-"""The page in a real headless Chromium (Debian's, driven by Playwright): run and watch tokens stream."""
+"""The page in a real headless Chromium (Debian's, driven by Playwright): run, watch tokens stream,
+step through, export the trace and import it back. Screenshots land in test-artifacts/."""
 
+import json
 import os
 import shutil
 import time
 
 import pytest
+
 from conftest import ARTIFACTS
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -12,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 @pytest.fixture(scope="module")
-def page():
+def browser():
     if not shutil.which(CHROMIUM):
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing: scripts/ensure-chromium.sh installs it")
@@ -20,25 +23,104 @@ def page():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(
+        b = p.chromium.launch(
             executable_path=CHROMIUM,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        yield page
-        browser.close()
+        yield b
+        b.close()
 
 
-def test_run_streams_tokens_in_the_page(server, page):
+@pytest.fixture()
+def page(browser):
     ARTIFACTS.mkdir(exist_ok=True)
-    page.goto(server)
-    page.get_by_label("Prompt").fill("def fibonacci(n):")
-    output = page.get_by_label("Output")
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def tokens_in(page) -> int:
+    return page.locator("#tokens .dl-tok").count()
+
+
+def open_trace_files(page):
+    page.locator("#prompt textarea").wait_for()  # the app has hydrated
+    if not page.locator("#import input[type=file]").count():
+        page.get_by_text("Trace file: export / import").click()
+    page.locator("#import input[type=file]").wait_for(state="attached", timeout=10_000)
+
+
+def test_run_stream_step_export_import(server, page, tmp_path):
+    page.goto(server + "?model=SmolLM2-135M-Instruct")  # the real model: realistic streaming
+    page.wait_for_function(
+        "document.querySelector('#model input')?.value.startsWith('SmolLM2')", timeout=30_000
+    )
+    page.locator("#prompt textarea").fill("def fibonacci(n):")
+    # Warm run (model load, first compile of the page's plots) so the timing below is the warm case.
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+
+    page.locator("#prompt textarea").fill("Write a haiku about the sea.")
     clicked = time.perf_counter()
-    page.get_by_role("button", name="Run").click()
-    page.wait_for_function("el => el.value.length > 0", arg=output.element_handle(), timeout=30_000)
+    page.locator("#run-btn").click()
+    # Wait for this run's first token: the status says Running only while this run streams.
+    streamed_while_running = page.wait_for_function(
+        """() => {
+            const n = document.querySelectorAll('#tokens .dl-tok').length;
+            return n > 0 && document.querySelector('#status').innerText.includes('Running') ? n : 0;
+        }""",
+        timeout=30_000,
+    ).json_value()
     first_token_s = time.perf_counter() - clicked
-    print(f"first streamed token visible after {first_token_s:.2f} s")
-    page.get_by_text('"finish_reason"').wait_for(timeout=60_000)
-    assert output.input_value()
-    page.screenshot(path=str(ARTIFACTS / "app-run.png"), full_page=True)
+    print(f"\nfirst streamed token visible {first_token_s:.2f} s after clicking Run (model warm)")
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    streaming_s = time.perf_counter() - clicked - first_token_s
+    total = tokens_in(page)
+    print(f"tokens streamed into the page: {(total - 1) / streaming_s:.1f} tok/s after the first")
+    assert 0 < streamed_while_running < total <= 64  # tokens arrived before the end
+    page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
+
+    # Step back: the future turns grey, the step's token is underlined.
+    for _ in range(3):
+        page.locator("#prev").click()
+    page.wait_for_function(
+        "document.querySelectorAll('#tokens .dl-pending').length >= 3", timeout=10_000
+    )
+    assert page.locator("#tokens .dl-now").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "step.png"), full_page=True)
+
+    # Export the trace, then import it back: the replay shows the same tokens.
+    open_trace_files(page)
+    with page.expect_download() as download:
+        page.locator("#export").click()
+    path = tmp_path / "trace.json"
+    download.value.save_as(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "decoding-lab-trace" and len(data["token_ids"]) == total
+
+    # Import it back into a fresh page: no run has happened there, so the views come from the file.
+    page.goto(server)
+    open_trace_files(page)
+    page.locator("#import input[type=file]").set_input_files(str(path))
+    page.get_by_text("Replaying an imported trace").wait_for(timeout=30_000)
+    assert tokens_in(page) == total
+    page.screenshot(path=str(ARTIFACTS / "imported.png"), full_page=True)
+
+    # A corrupt file gets a message, not a crash.
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something-else"}')
+    page.locator("#import input[type=file]").set_input_files(str(bad))
+    page.get_by_text("Could not import the trace").wait_for(timeout=30_000)
+
+
+def test_url_parameters_prefill_and_bad_input_message(server, page):
+    page.goto(server + "?prompt=Hello%20from%20a%20link&max_new_tokens=7&seed=3")
+    page.wait_for_function(
+        "document.querySelector('#prompt textarea')?.value === 'Hello from a link'", timeout=30_000
+    )
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#run-btn").click()
+    page.get_by_text("the prompt is empty").wait_for(timeout=30_000)
+    assert "Traceback" not in page.content()
+    page.screenshot(path=str(ARTIFACTS / "bad-input.png"), full_page=True)

@@ -1,0 +1,130 @@
+"""Visualizer functions on hand-written traces: no model, no server."""
+
+import re
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Done, Draft, Forward, LayerExit, Prefill, TopK, Verify
+from decoders.stats import compute_stats
+from visualizer import (
+    acceptance_by_position,
+    acceptance_histogram,
+    compare_chart,
+    forward_timeline,
+    method_panel,
+    metrics_html,
+    token_spans_html,
+    tokens_per_step,
+)
+from visualizer.tokens import COLOURS, lossless_badge_html
+
+TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 99: "<b>"}
+
+AR = [
+    Prefill((1,)),
+    Forward(0, "prefill", 1, 30, 60.0),
+    TopK(0, 0, (10, 99), (0.8, 0.1)),
+    Commit(0, (10,), ("target",), (0.8,)),
+    Forward(1, "target", 1, 30, 55.0),
+    TopK(1, 1, (11, 12), (0.6, 0.3)),
+    Commit(1, (11,), ("target",), (0.6,)),
+    Forward(2, "target", 1, 30, 50.0),
+    TopK(2, 2, (99, 12), (0.5, 0.4)),
+    Commit(2, (99,), ("target",), (0.5,)),
+]
+AR.append(Done("length", compute_stats(AR)))
+
+SPEC = [
+    Prefill((1,)),
+    Forward(0, "prefill", 1, 30, 60.0),
+    Commit(0, (10,), ("target",), (0.9,)),
+    Forward(1, "draft", 1, 8, 10.0),
+    Draft(1, "self:8", (11, 12, 13), (-1, 0, 1), (0.9, 0.7, 0.4)),
+    Forward(1, "verify", 4, 30, 80.0),
+    Verify(1, (0, 1), 14, "greedy-chain"),
+    Commit(1, (11, 12, 14), ("draft", "draft", "correction"), (0.9, 0.8, 0.7)),
+    Forward(2, "exit", 1, 12, 20.0),
+    LayerExit(2, 4, 12, 0.95),
+    Commit(2, (15,), ("exit",), (0.95,)),
+]
+SPEC.append(Done("length", compute_stats(SPEC)))
+
+
+def test_token_spans_colour_escape_and_hover():
+    html = token_spans_html(SPEC, TEXTS)
+    assert len(re.findall(r'class="dl-tok[" ]', html)) == 5
+    assert (
+        f"background:{COLOURS['draft']}" in html and f"background:{COLOURS['correction']}" in html
+    )
+    assert "hsl(265" in html  # the exit token, shaded by its layer
+    assert "↵" in html  # a newline token stays visible
+    assert "<b>" not in token_spans_html(AR, TEXTS).split("dl-tokens")[1]  # token text is escaped
+    assert "id 11 · step 1 · p=0.900" in html
+    assert "accepted draft" in html and "corrected by target" in html  # legend for what appears
+
+
+def test_token_spans_at_a_step_grey_out_the_future():
+    html = token_spans_html(AR, TEXTS, upto_step=1)
+    assert html.count('class="dl-tok dl-pending"') == 1  # step 2 is still to come
+    assert html.count('class="dl-tok dl-now"') == 1  # step 1 is underlined
+    assert token_spans_html([], TEXTS).count("no tokens yet") == 1
+
+
+def test_timeline_has_lanes_axes_and_stops_at_step():
+    fig = forward_timeline(SPEC)
+    assert isinstance(fig, go.Figure)
+    assert {t.name for t in fig.data} == {"prefill", "draft", "verify", "exit"}
+    assert fig.layout.xaxis.title.text == "time since start (ms)"
+    assert fig.layout.yaxis.title.text == "pass"
+    assert sum(len(t.x) for t in forward_timeline(SPEC, upto_step=1).data) == 3
+    bases = [b for t in fig.data for b in t.base]
+    assert sorted(bases) == [0.0, 60.0, 70.0, 150.0]  # bars laid end to end in time order
+
+
+def test_tokens_per_step_stacks_origins():
+    fig = tokens_per_step(SPEC)
+    by_name = {t.name: list(t.y) for t in fig.data}
+    assert by_name["accepted draft"] == [0, 2, 0]
+    assert by_name["corrected by target"] == [0, 1, 0]
+    assert fig.layout.yaxis.title.text == "tokens committed"
+
+
+def test_acceptance_figures():
+    stats = SPEC[-1].stats
+    hist = acceptance_histogram(stats)
+    assert list(hist.data[0].y) == [0, 0, 1] and hist.layout.xaxis.title.text
+    pos = acceptance_by_position(stats)
+    assert list(pos.data[0].y) == [1.0, 1.0, 0.0]
+    empty = acceptance_histogram(AR[-1].stats)
+    assert "no drafts" in empty.layout.annotations[0].text
+
+
+def test_topk_panel_marks_the_chosen_token():
+    fig = method_panel("autoregressive", AR, TEXTS, 1)
+    bar = fig.data[0]
+    assert list(bar.x) == [0.6, 0.3]
+    assert bar.marker.color[0] != bar.marker.color[1]
+    assert "step 1" in fig.layout.title.text
+    assert "no top-k" in method_panel("autoregressive", SPEC, TEXTS, 1).layout.annotations[0].text
+
+
+def test_metrics_and_badges():
+    html = metrics_html(SPEC[-1].stats, {"status": "identical", "compared": 5})
+    assert "tokens / target forward" in html and "✓ identical to greedy (5 tokens)" in html
+    assert "✗ differs from greedy at token 3" in lossless_badge_html(
+        {"status": "differs", "first_divergence": 3}
+    )
+    assert lossless_badge_html(None) == ""
+
+
+def test_compare_chart():
+    rows = [
+        {"method": "autoregressive", "speedup": 1.0, "tokens_per_target_forward": 1.0},
+        {"method": "lookahead", "speedup": 1.6, "tokens_per_target_forward": 2.1},
+    ]
+    fig = compare_chart(rows)
+    assert [t.name for t in fig.data] == [
+        "speedup vs autoregressive (×)",
+        "tokens / target forward",
+    ]
+    assert fig.layout.yaxis.title.text == "ratio"

@@ -1,0 +1,25 @@
+"""Pure drawing functions: trace events in, Plotly figures or HTML out. No torch, no gradio."""
+
+from .figures import (
+    acceptance_by_position,
+    acceptance_histogram,
+    compare_chart,
+    forward_timeline,
+    tokens_per_step,
+    topk_panel,
+)
+from .panels import method_panel
+from .tokens import lossless_badge_html, metrics_html, token_spans_html
+
+__all__ = [
+    "acceptance_by_position",
+    "acceptance_histogram",
+    "compare_chart",
+    "forward_timeline",
+    "lossless_badge_html",
+    "method_panel",
+    "metrics_html",
+    "token_spans_html",
+    "tokens_per_step",
+    "topk_panel",
+]

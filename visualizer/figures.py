@@ -1,0 +1,223 @@
+"""Plotly figures drawn from trace events. Pure: events in, Figure out (no torch, no gradio)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Event, Forward, TopK
+
+LANES = ("target", "verify", "draft", "exit")  # prefill is drawn in the target lane
+LANE_COLOURS = {
+    "prefill": "#546e7a",
+    "target": "#78909c",
+    "verify": "#2e7d32",
+    "draft": "#66bb6a",
+    "exit": "#8e24aa",
+}
+FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+
+
+def _base_layout(fig: go.Figure, title: str, height: int = 260) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=14)),
+        template="plotly_white",
+        font=FONT,
+        height=height,
+        margin=dict(l=60, r=20, t=40, b=45),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+    )
+    return fig
+
+
+def _empty(title: str, message: str, height: int = 260) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(
+        text=message,
+        showarrow=False,
+        x=0.5,
+        y=0.5,
+        xref="paper",
+        yref="paper",
+        font=dict(size=13, color="#607d8b"),
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _base_layout(fig, title, height)
+
+
+def forward_timeline(events: Sequence[Event], upto_step: int | None = None) -> go.Figure:
+    """Every forward pass as a bar on a time axis, one lane per kind; hover: inputs, layers,
+    tokens committed by that step. The lanes show where a method spends its time."""
+    committed: dict[int, int] = defaultdict(int)
+    for e in events:
+        if isinstance(e, Commit):
+            committed[e.step] += len(e.tokens)
+    rows: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    clock = 0.0
+    for e in events:
+        if not isinstance(e, Forward):
+            continue
+        if upto_step is not None and e.step > upto_step:
+            break
+        kind = e.kind
+        lane = "target" if kind == "prefill" else kind
+        r = rows[kind]
+        r["base"].append(clock)
+        r["x"].append(e.wall_ms)
+        r["y"].append(lane)
+        r["text"].append(
+            f"step {e.step} · {kind}<br>{e.n_input_tokens} input tokens · {e.layers} layers"
+            f"<br>{e.wall_ms:.1f} ms · {committed.get(e.step, 0)} tokens committed this step"
+        )
+        clock += e.wall_ms
+    if not rows:
+        return _empty("Forward passes", "no forward passes yet")
+    fig = go.Figure()
+    for kind, r in rows.items():
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                base=r["base"],
+                x=r["x"],
+                y=r["y"],
+                name=kind,
+                marker=dict(
+                    color=LANE_COLOURS.get(kind, "#90a4ae"), line=dict(width=0.5, color="white")
+                ),
+                hovertext=r["text"],
+                hoverinfo="text",
+            )
+        )
+    used = [lane for lane in LANES if any(lane in r["y"] for r in rows.values())]
+    fig.update_layout(barmode="overlay", bargap=0.25)
+    fig.update_xaxes(title_text="time since start (ms)")
+    fig.update_yaxes(title_text="pass", categoryorder="array", categoryarray=list(reversed(used)))
+    return _base_layout(fig, "Forward passes over time", height=120 + 45 * len(used))
+
+
+def tokens_per_step(events: Sequence[Event], upto_step: int | None = None) -> go.Figure:
+    """Tokens committed by each step, coloured by origin: the 'several tokens per step' picture."""
+    per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for e in events:
+        if isinstance(e, Commit) and (upto_step is None or e.step <= upto_step):
+            for o in e.origins:
+                per_step[e.step][o] += 1
+    if not per_step:
+        return _empty("Tokens per step", "no tokens yet")
+    from .tokens import COLOURS, LABELS
+
+    steps = sorted(per_step)
+    fig = go.Figure()
+    for origin in ("target", "draft", "correction", "bonus", "exit"):
+        ys = [per_step[s].get(origin, 0) for s in steps]
+        if any(ys):
+            fig.add_trace(
+                go.Bar(
+                    x=steps,
+                    y=ys,
+                    name=LABELS.get(origin, origin),
+                    marker_color=COLOURS.get(origin, "#ce93d8"),
+                    marker_line=dict(width=0.5, color="#90a4ae"),
+                )
+            )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="tokens committed", rangemode="tozero", dtick=1)
+    return _base_layout(fig, "Tokens committed per step")
+
+
+def acceptance_histogram(stats: Mapping[str, Any]) -> go.Figure:
+    hist = stats.get("acceptance_histogram") or []
+    if not hist:
+        return _empty("Acceptance histogram", "no drafts: each step commits one target token")
+    fig = go.Figure(
+        go.Bar(
+            x=list(range(len(hist))),
+            y=hist,
+            marker_color="#2e7d32",
+            hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>",
+        )
+    )
+    fig.update_xaxes(title_text="drafts accepted in a step", dtick=1)
+    fig.update_yaxes(title_text="verify steps")
+    return _base_layout(fig, "Acceptance histogram")
+
+
+def acceptance_by_position(stats: Mapping[str, Any]) -> go.Figure:
+    rates = stats.get("acceptance_by_position") or []
+    if not rates:
+        return _empty("Acceptance rate by draft position", "no drafts in this method")
+    fig = go.Figure(
+        go.Bar(
+            x=[f"{j + 1}" for j in range(len(rates))],
+            y=rates,
+            marker_color="#43a047",
+            hovertemplate="position %{x}: %{y:.0%} accepted<extra></extra>",
+        )
+    )
+    fig.update_xaxes(title_text="draft position")
+    fig.update_yaxes(title_text="acceptance rate", range=[0, 1], tickformat=".0%")
+    return _base_layout(fig, "Acceptance rate by draft position")
+
+
+def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """Autoregressive's method panel: the target's top-k candidates at this step, the chosen one dark."""
+    top = next((e for e in events if isinstance(e, TopK) and e.step == step), None)
+    chosen = next((e.tokens[0] for e in events if isinstance(e, Commit) and e.step == step), None)
+    if top is None:
+        return _empty(
+            f"Top candidates at step {step}", "this trace has no top-k detail for this step"
+        )
+    labels = [f"{texts.get(t, '?')!r} ({t})" for t in top.tokens]
+    colours = ["#2e7d32" if t == chosen else "#b0bec5" for t in top.tokens]
+    fig = go.Figure(
+        go.Bar(
+            x=list(top.probs),
+            y=labels,
+            orientation="h",
+            marker_color=colours,
+            hovertemplate="%{y}: p=%{x:.3f}<extra></extra>",
+        )
+    )
+    fig.update_xaxes(title_text="target probability", range=[0, 1], tickformat=".0%")
+    fig.update_yaxes(title_text="candidate token", autorange="reversed")
+    return _base_layout(
+        fig, f"Top-{len(top.tokens)} candidates at step {step} (chosen: dark green)", height=300
+    )
+
+
+def compare_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Speedup vs autoregressive and tokens per target forward, per method, side by side."""
+    if not rows:
+        return _empty("Compare", "run a comparison to see it here")
+    names = [r["method"] for r in rows]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            name="speedup vs autoregressive (×)",
+            x=names,
+            y=[r["speedup"] for r in rows],
+            marker_color="#2e7d32",
+            text=[f"{r['speedup']:.2f}×" for r in rows],
+            textposition="outside",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            name="tokens / target forward",
+            x=names,
+            y=[r["tokens_per_target_forward"] for r in rows],
+            marker_color="#90caf9",
+            text=[f"{r['tokens_per_target_forward']:.2f}" for r in rows],
+            textposition="outside",
+        )
+    )
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#607d8b")
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title_text="method")
+    fig.update_yaxes(title_text="ratio", rangemode="tozero")
+    return _base_layout(fig, "Speedup and tokens per forward (same prompt, same run)", height=340)

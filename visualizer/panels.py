@@ -1,0 +1,23 @@
+"""The method-specific panel: each method names the figure that explains its steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from decoders.events import Event
+
+from .figures import topk_panel
+
+Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
+
+PANELS: dict[str, Panel] = {
+    "autoregressive": topk_panel,
+}
+
+
+def method_panel(
+    method: str, events: Sequence[Event], texts: Mapping[int, str], step: int
+) -> go.Figure:
+    return PANELS.get(method, topk_panel)(events, texts, step)

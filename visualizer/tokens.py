@@ -1,0 +1,169 @@
+"""Token text as coloured spans, one colour language everywhere (DESIGN.md):
+accepted draft (green), rejected (red), corrected (orange), bonus (blue), pending (grey),
+target-decoded tokens in plain ink, early-exit tokens shaded by exit layer.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from decoders.events import Commit, Event, LayerExit
+
+COLOURS = {
+    "draft": "#c8e6c9",  # accepted draft
+    "rejected": "#ffcdd2",
+    "correction": "#ffe0b2",
+    "bonus": "#bbdefb",
+    "target": "#eceff1",
+    "pending": "#f5f5f5",
+    "exit": "hsl(265, 60%, 72%)",  # legend swatch; each exit token is shaded by its layer
+}
+LABELS = {
+    "draft": "accepted draft",
+    "rejected": "rejected draft",
+    "correction": "corrected by target",
+    "bonus": "bonus token",
+    "target": "decoded by target",
+    "pending": "not yet generated",
+    "exit": "early exit (darker = deeper layer)",
+}
+
+STYLE = """
+<style>
+.dl-tokens {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 14px;
+  line-height: 1.9; white-space: pre-wrap; word-break: break-word; color: #1f2937;}
+.dl-tok {border-radius: 3px; padding: 1px 0; margin: 0 1px 0 0; border-bottom: 2px solid transparent;}
+.dl-tok.dl-pending {color: #9e9e9e;}
+.dl-tok.dl-now {border-bottom-color: #37474f;}
+.dl-legend {display: flex; flex-wrap: wrap; gap: 10px; font-size: 12px; margin-bottom: 6px; color: #455a64;}
+.dl-legend span.sw {display: inline-block; width: 12px; height: 12px; border-radius: 2px;
+  vertical-align: -2px; margin-right: 4px; border: 1px solid #cfd8dc;}
+.dl-prompt {color: #78909c;}
+</style>
+"""
+
+
+def exit_colour(layer: int, n_layers: int) -> str:
+    """Shallow exits light violet, deep exits dark: one hue, lightness by depth."""
+    frac = min(max(layer / max(n_layers, 1), 0.0), 1.0)
+    lightness = 92 - 40 * frac
+    return f"hsl(265, 60%, {lightness:.0f}%)"
+
+
+def display_text(text: str) -> str:
+    """Make whitespace visible enough to follow token boundaries without hiding the layout."""
+    return html.escape(text).replace("\n", "↵\n").replace("\t", "⇥")
+
+
+def legend_html(
+    origins: Sequence[str] = ("target", "draft", "correction", "bonus", "pending"),
+) -> str:
+    items = "".join(
+        f'<span><span class="sw" style="background:{COLOURS[o]}"></span>{LABELS[o]}</span>'
+        for o in origins
+    )
+    return f'<div class="dl-legend">{items}</div>'
+
+
+def token_spans_html(
+    events: Sequence[Event],
+    texts: Mapping[int, str],
+    upto_step: int | None = None,
+    *,
+    n_layers: int = 30,
+    prompt_text: str | None = None,
+    legend: bool = True,
+) -> str:
+    """Committed tokens as spans; tokens committed after `upto_step` are shown pending (grey),
+    and those committed at exactly `upto_step` are underlined. Hover shows id, step, probability."""
+    exits = {(e.step, e.position): e.layer for e in events if isinstance(e, LayerExit)}
+    spans: list[str] = []
+    position = 0
+    origins_seen: list[str] = []
+    for event in events:
+        if not isinstance(event, Commit):
+            continue
+        for token, origin, prob in zip(event.tokens, event.origins, event.probs, strict=False):
+            pending = upto_step is not None and event.step > upto_step
+            kind = "pending" if pending else origin
+            colour = COLOURS.get(kind, COLOURS["target"])
+            if kind == "exit":
+                colour = exit_colour(exits.get((event.step, position), 0), n_layers)
+            if kind not in origins_seen:
+                origins_seen.append(kind)
+            classes = (
+                "dl-tok"
+                + (" dl-pending" if pending else "")
+                + (" dl-now" if upto_step is not None and event.step == upto_step else "")
+            )
+            title = f"{texts.get(token, '?')!r} · id {token} · step {event.step} · p={prob:.3f} · {LABELS.get(origin, origin)}"
+            spans.append(
+                f'<span class="{classes}" style="background:{colour}" title="{html.escape(title)}" '
+                f'data-step="{event.step}" data-id="{token}">{display_text(texts.get(token, "?"))}</span>'
+            )
+            position += 1
+    prompt = f'<span class="dl-prompt">{display_text(prompt_text)}</span>' if prompt_text else ""
+    head = (
+        legend_html(tuple(o for o in LABELS if o in origins_seen) or ("target",)) if legend else ""
+    )
+    body = "".join(spans) or '<span class="dl-pending">(no tokens yet)</span>'
+    return f'{STYLE}{head}<div class="dl-tokens">{prompt}{body}</div>'
+
+
+def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = None) -> str:
+    """The headline numbers as cards, with the lossless badge."""
+
+    def card(label: str, value: str, hint: str = "") -> str:
+        return (
+            f'<div class="dl-card" title="{html.escape(hint)}"><div class="dl-v">{value}</div>'
+            f'<div class="dl-l">{label}</div></div>'
+        )
+
+    def num(key: str, fmt: str = "{:.2f}") -> str:
+        v = stats.get(key)
+        return "—" if v is None else fmt.format(v)
+
+    cards = [
+        card("tokens / s", num("tokens_per_s", "{:.1f}"), "new tokens / wall time of the run"),
+        card(
+            "tokens / target forward",
+            num("tokens_per_target_forward"),
+            "new tokens / target passes (prefill + verify + target)",
+        ),
+        card(
+            "mean acceptance length",
+            num("mean_acceptance_length"),
+            "1 + accepted drafts / verify steps",
+        ),
+        card(
+            "acceptance rate", num("acceptance_rate", "{:.0%}"), "accepted drafts / drafted tokens"
+        ),
+        card("new tokens", num("new_tokens", "{}"), ""),
+    ]
+    badge = lossless_badge_html(lossless)
+    return (
+        "<style>.dl-cards{display:flex;flex-wrap:wrap;gap:8px;align-items:stretch}"
+        ".dl-card{background:#f7f9fa;border:1px solid #e0e6ea;border-radius:8px;padding:6px 12px;min-width:110px}"
+        ".dl-v{font-size:20px;font-weight:600;color:#1f2937}.dl-l{font-size:11px;color:#607d8b}"
+        ".dl-badge{border-radius:8px;padding:6px 12px;font-weight:600;display:flex;align-items:center}</style>"
+        f'<div class="dl-cards">{"".join(cards)}{badge}</div>'
+    )
+
+
+def lossless_badge_html(lossless: Mapping[str, Any] | None) -> str:
+    if not lossless:
+        return ""
+    status = lossless.get("status")
+    if status == "identical":
+        text, bg = f"✓ identical to greedy ({lossless.get('compared', '?')} tokens)", "#c8e6c9"
+    elif status == "differs":
+        text, bg = f"✗ differs from greedy at token {lossless.get('first_divergence')}", "#ffcdd2"
+    elif status == "reference":
+        text, bg = "reference: autoregressive greedy", "#eceff1"
+    else:
+        text, bg = str(lossless.get("note", "lossless check: n/a")), "#eceff1"
+    note = lossless.get("caveat")
+    title = f' title="{html.escape(note)}"' if note else ""
+    return f'<div class="dl-badge" style="background:{bg}"{title}>{html.escape(text)}</div>'
