@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
-from decoders.events import MAX_TRACE_BYTES
+from decoders.events import MAX_TRACE_BYTES, Commit, Forward
 from decoders.params import SAMPLING_PARAMS, Param
 from visualizer import (
     acceptance_histogram,
@@ -52,9 +52,9 @@ EXAMPLES = [
     ["A train travels 120 km in 1.5 hours. What is its average speed? Explain step by step."],
 ]
 # While streaming: tokens at most every TOKENS_EVERY_S, figures every FIGURES_EVERY_S (and at the
-# end). On a 2-core machine the browser's redraws compete with the model for the CPU.
-TOKENS_EVERY_S = 0.2
-FIGURES_EVERY_S = 2.0
+# end). Each update costs Python work that competes with the decoding thread for the GIL.
+TOKENS_EVERY_S = 0.25
+FIGURES_EVERY_S = 3.0
 
 try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call.
     import spaces
@@ -142,7 +142,15 @@ def _message(text: str) -> str:
 # --- the page -------------------------------------------------------------------------------------
 
 
+def _warm_up_plotly() -> None:
+    """Plotly builds its validators on first use (~0.4 s): pay that at start-up, not mid-stream."""
+    events = [Forward(0, "prefill", 1, 1, 1.0), Commit(0, (1,), ("target",), (1.0,))]
+    forward_timeline(events).to_json()
+    tokens_per_step(events).to_json()
+
+
 def build_demo() -> gr.Blocks:
+    _warm_up_plotly()
     choices = model_choices()
     method_choices = [(m.title, name) for name, m in METHODS.items()]
     # One control per (method, parameter); only the selected method's group is visible.
@@ -297,8 +305,10 @@ def build_demo() -> gr.Blocks:
                 "⏳ Loading model and starting…",
             )
             try:
-                live_runs = run_live(model_id, prompt_text, method_name, int(budget), params)
-                shown_at = figures_at = 0.0
+                live_runs = run_live(
+                    model_id, prompt_text, method_name, int(budget), params, every_s=TOKENS_EVERY_S
+                )
+                figures_at = 0.0
                 for live in live_runs:
                     trace = live.trace
                     if live.done:
@@ -308,9 +318,6 @@ def build_demo() -> gr.Blocks:
                         )
                         return
                     now = time.perf_counter()
-                    if now - shown_at < TOKENS_EVERY_S:
-                        continue  # the next update carries these tokens too
-                    shown_at = now
                     redraw = now - figures_at >= FIGURES_EVERY_S
                     figures_at = now if redraw else figures_at
                     n = len(trace.token_ids)
@@ -339,7 +346,8 @@ def build_demo() -> gr.Blocks:
             on_run,
             [model, prompt, method, max_new, temperature, top_p, seed, *controls],
             outputs,
-            api_visibility="private",
+            api_name="run_stream",
+            api_visibility="undocumented",  # scripts may stream it too (scripts/bench_ui.py)
             concurrency_id="decode",
             show_progress="hidden",  # our status line says it; animated overlays cost CPU
         )

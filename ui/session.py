@@ -172,8 +172,10 @@ def run_live(
     max_new_tokens: int,
     params: Mapping[str, Any],
     check_lossless: bool = True,
+    every_s: float = 0.0,
 ) -> Iterator[Live]:
-    """Validate, then yield the growing trace after every commit, and once more when done."""
+    """Validate, then yield the growing trace as commits arrive (at most one update per `every_s`
+    after the first), and once more when done."""
     if isinstance(max_new_tokens, float) and max_new_tokens.is_integer():
         max_new_tokens = int(max_new_tokens)
     if isinstance(max_new_tokens, int) and max_new_tokens > UI_MAX_NEW_TOKENS:
@@ -192,7 +194,7 @@ def run_live(
     }
     trace = Trace(meta, texts=token_texts(bundle, run.prompt_ids))
     start = time.perf_counter()
-    for batch in in_background(run_events(run)):
+    for batch in in_background(run_events(run), every_s):
         for event in batch:
             trace.events.append(event)
             if isinstance(event, Commit | TopK | Draft):
@@ -218,12 +220,14 @@ def run_live(
 _END = object()
 
 
-def in_background(events: Iterator[Event]) -> Iterator[list[Event]]:
+def in_background(events: Iterator[Event], every_s: float = 0.0) -> Iterator[list[Event]]:
     """Decode in a worker thread and hand over whatever has arrived, in batches.
 
     The page redraws at its own pace while decoding never waits for it (a slow browser cannot
     slow the model down). Closing this generator (Stop, a dropped connection) stops the worker at
-    its next event, so no run outlives its viewer.
+    its next event, so no run outlives its viewer. After the first batch (the first token should
+    show at once), batches are at least `every_s` apart: a consumer that wakes for every event would
+    take the GIL from the decoding thread dozens of times per token.
     """
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
@@ -244,8 +248,12 @@ def in_background(events: Iterator[Event]) -> Iterator[list[Event]]:
 
     threading.Thread(target=work, daemon=True, name="decode").start()
     try:
+        last = None
         while True:
+            if last is not None:
+                time.sleep(max(0.0, last + every_s - time.perf_counter()))
             batch = [inbox.get()]
+            last = time.perf_counter()
             while not inbox.empty():
                 batch.append(inbox.get_nowait())
             for item in batch:
