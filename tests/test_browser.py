@@ -124,3 +124,39 @@ def test_url_parameters_prefill_and_bad_input_message(server, page):
     page.get_by_text("the prompt is empty").wait_for(timeout=30_000)
     assert "Traceback" not in page.content()
     page.screenshot(path=str(ARTIFACTS / "bad-input.png"), full_page=True)
+
+
+def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
+    page.goto(server + "?model=SmolLM2-135M-Instruct&max_new_tokens=400")
+    page.wait_for_function(
+        "document.querySelector('#max-new-tokens input[type=number]')?.value === '400'",
+        timeout=30_000,
+    )
+    page.locator("#prompt textarea").fill("Tell me a long story about a lighthouse keeper.")
+    page.locator("#run-btn").click()
+    page.wait_for_function(
+        "document.querySelectorAll('#tokens .dl-tok').length > 3"
+        " && document.querySelector('#status').innerText.includes('Running')",
+        timeout=60_000,
+    )
+    page.locator("#stop-btn").click()
+    page.get_by_text("Stopped").wait_for(timeout=10_000)
+    stopped_at = tokens_in(page)
+    page.wait_for_timeout(2500)
+    assert tokens_in(page) == stopped_at < 400  # nothing streams in after Stop
+    # The worker is free: a new run starts and finishes.
+    page.locator("#max-new-tokens input[type=number]").fill("6")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done: 6 tokens").wait_for(timeout=60_000)
+
+
+def test_compare_tab(server, page):
+    page.goto(server)
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#cmp-prompt textarea").fill("def add(a, b):")
+    page.locator("#cmp-btn").click()
+    page.get_by_text("✅ Done.").wait_for(timeout=120_000)
+    assert page.locator("#cmp-table").get_by_text("reference").count() >= 1
+    page.locator("#cmp-plot .js-plotly-plot").wait_for(timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)

@@ -541,7 +541,7 @@ def rows_table(rows: list[dict]) -> list[list]:
     body = [
         [
             r["method"],
-            r["tokens_per_s"],
+            round(r["tokens_per_s"], 1),
             f"{r['speedup']:.2f}×",
             r["tokens_per_target_forward"],
             r["mean_acceptance_length"] if r["mean_acceptance_length"] is not None else "—",
