@@ -107,21 +107,8 @@ def prepare(
     params: Mapping[str, Any] | None = None,
 ) -> Run:
     """Check everything about a request and encode the prompt; raise InvalidInput with a clear message."""
-    m = get_method(method)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise InvalidInput(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_CAP:
-        raise InvalidInput(
-            f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {max_new_tokens}"
-        )
-    values = validate_params(m.schema, params or {}, m.name)
+    m, values = check_request(prompt, method, max_new_tokens, params)
     if isinstance(prompt, str):
-        if not prompt.strip():
-            raise InvalidInput("the prompt is empty")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise InvalidInput(
-                f"the prompt has {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}"
-            )
         text: str | None = prompt
         prompt_ids = bundle.encode(prompt, chat)
     else:
