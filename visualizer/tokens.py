@@ -16,7 +16,7 @@ COLOURS = {
     "rejected": "#ffcdd2",
     "correction": "#ffe0b2",
     "bonus": "#bbdefb",
-    "target": "#eceff1",
+    "target": "#dde4e8",
     "pending": "#f5f5f5",
     "exit": "hsl(265, 60%, 72%)",  # legend swatch; each exit token is shaded by its layer
 }
