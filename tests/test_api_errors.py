@@ -67,3 +67,13 @@ def test_unknown_dtype(tiny):
 
 def test_models_load_once(tiny):
     assert load_model("tiny-random") is tiny
+
+
+def test_a_local_path_loads_through_the_hub_code_path(tiny, tmp_path):
+    """The same from_pretrained path a hub id takes, on a checkpoint saved to disk."""
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    bundle = load_model(str(tmp_path))
+    assert bundle.model_id == str(tmp_path)
+    a = generate(bundle, "def f(x):", max_new_tokens=6, chat=False).token_ids
+    assert a == generate(tiny, "def f(x):", max_new_tokens=6, chat=False).token_ids
