@@ -221,3 +221,75 @@ def compare_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_xaxes(title_text="method")
     fig.update_yaxes(title_text="ratio", rangemode="tozero")
     return _base_layout(fig, "Speedup and tokens per forward (same prompt, same run)", height=340)
+
+
+def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """A chain draft at one step: draft tokens on top (accepted green, first rejected red, never
+    checked grey), the tokens the target committed underneath (orange correction, blue bonus)."""
+    from decoders.events import Draft, Verify
+
+    from .tokens import COLOURS
+
+    draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
+    verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
+    commit = next((e for e in events if isinstance(e, Commit) and e.step == step), None)
+    if draft is None or commit is None:
+        return _empty(
+            f"Draft at step {step}", f"no draft at step {step}: a plain target step", height=220
+        )
+    n_acc = len(verify.accepted) if verify else 0
+    fig = go.Figure()
+    draft_colours = [
+        COLOURS["draft"] if i < n_acc else COLOURS["rejected"] if i == n_acc else COLOURS["pending"]
+        for i in range(len(draft.tokens))
+    ]
+    status = [
+        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked (after a rejection)"
+        for i in range(len(draft.tokens))
+    ]
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(1, len(draft.tokens) + 1)),
+            y=["draft"] * len(draft.tokens),
+            mode="markers+text",
+            marker=dict(
+                symbol="square", size=34, color=draft_colours, line=dict(width=1, color="#90a4ae")
+            ),
+            text=[texts.get(t, "?").replace("\n", "↵")[:6] for t in draft.tokens],
+            textfont=dict(size=11),
+            hovertext=[
+                f"{texts.get(t, '?')!r} · id {t} · {s}"
+                for t, s in zip(draft.tokens, status, strict=True)
+            ],
+            hoverinfo="text",
+            name="draft",
+        )
+    )
+    commit_colours = [COLOURS.get(o, COLOURS["target"]) for o in commit.origins]
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(1, len(commit.tokens) + 1)),
+            y=["target"] * len(commit.tokens),
+            mode="markers+text",
+            marker=dict(
+                symbol="square", size=34, color=commit_colours, line=dict(width=1, color="#90a4ae")
+            ),
+            text=[texts.get(t, "?").replace("\n", "↵")[:6] for t in commit.tokens],
+            textfont=dict(size=11),
+            hovertext=[
+                f"{texts.get(t, '?')!r} · id {t} · {o} · p={p:.3f}"
+                for t, o, p in zip(commit.tokens, commit.origins, commit.probs, strict=True)
+            ],
+            hoverinfo="text",
+            name="committed",
+        )
+    )
+    fig.update_xaxes(
+        title_text="draft position",
+        dtick=1,
+        range=[0.3, max(len(draft.tokens), len(commit.tokens)) + 0.7],
+    )
+    fig.update_yaxes(title_text="", categoryorder="array", categoryarray=["target", "draft"])
+    fig.update_layout(showlegend=False)
+    title = f"Step {step}: {draft.source} drafted {len(draft.tokens)}, accepted {n_acc}"
+    return _base_layout(fig, title, height=230)

@@ -8,12 +8,13 @@ import plotly.graph_objects as go
 
 from decoders.events import Event
 
-from .figures import topk_panel
+from .figures import draft_panel, topk_panel
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
 
 PANELS: dict[str, Panel] = {
     "autoregressive": topk_panel,
+    "prompt_lookup": draft_panel,
 }
 
 

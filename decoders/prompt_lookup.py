@@ -1,0 +1,88 @@
+"""Prompt lookup decoding (Saxena 2023): draft by copying what followed the last n-gram before.
+
+No draft model at all: the draft is found in the text itself. Code edits, summaries and RAG answers
+repeat long spans of their context, so the tokens that followed an earlier occurrence of the
+current suffix are a good guess.
+
+    repeat:
+        x = last committed token (not yet in the KV cache)
+        for n = N .. 1: find the latest earlier occurrence of the last n tokens; draft = next k tokens
+        logits = target([x] + draft)                 # ONE forward verifies the whole draft
+        commit the longest matching prefix + the target's own next token (shared verifier)
+        crop the cache to the committed tokens
+An empty pool (no match) is a plain autoregressive step. Greedy is token-for-token lossless;
+sampling uses the deterministic-draft rejection rule, lossless in distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from .base import Budget, DecodeConfig
+from .events import Commit, Draft, Event, Prefill, Verify
+from .models import ModelBundle
+from .params import Param
+from .runtime import crop_cache, forward, new_cache
+from .tree import chain
+from .verify import greedy_chain, sample_deterministic_chain
+
+PARAMS = (
+    Param("max_ngram", int, 3, "N: longest suffix n-gram to look up (tries N, N-1, …, 1)", 1, 8),
+    Param("num_draft", int, 10, "k: tokens copied into each draft", 1, 32),
+)
+
+
+def lookup(context: Sequence[int], max_ngram: int, k: int) -> tuple[list[int], int]:
+    """The k tokens that followed the latest earlier occurrence of the longest matching suffix.
+    Returns (draft, n) with n the matched n-gram length; ([], 0) when nothing matches."""
+    size = len(context)
+    for n in range(min(max_ngram, size - 1), 0, -1):
+        suffix = list(context[size - n :])
+        # Latest start first; a match must leave at least one token after it, before the suffix.
+        for start in range(size - n - 1, -1, -1):
+            if context[start : start + n] == suffix:
+                return list(context[start + n : start + n + k]), n
+    return [], 0
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+    max_ngram, k = cfg.params["max_ngram"], cfg.params["num_draft"]
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    first = (
+        greedy_chain([], out.logits)
+        if sampler.greedy
+        else sample_deterministic_chain([], out.logits, sampler)
+    )
+    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
+    context = [*prompt_ids, *budget.tokens]
+    step = 0
+    while not budget.done:
+        step += 1
+        # The correction token x comes with this step's forward, so at most remaining - 1 drafts.
+        draft, n = lookup(context, max_ngram, min(k, budget.remaining - 1))
+        if draft:
+            yield Draft(
+                step, f"prompt lookup (n={n})", tuple(draft), chain(len(draft)), (1.0,) * len(draft)
+            )
+        in_cache = len(context) - 1
+        out = forward(
+            bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
+        )
+        yield out.event
+        verdict = (
+            greedy_chain(draft, out.logits)
+            if sampler.greedy
+            else sample_deterministic_chain(draft, out.logits, sampler)
+        )
+        if draft:
+            yield Verify(step, verdict.accepted, verdict.correction, verdict.rule)
+        crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
+        taken = budget.take(verdict.tokens)
+        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
+        context.extend(taken)
