@@ -160,3 +160,40 @@ def test_compare_tab(server, page):
     assert page.locator("#cmp-table").get_by_text("reference").count() >= 1
     page.locator("#cmp-plot .js-plotly-plot").wait_for(timeout=30_000)
     page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
+
+
+def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, page):
+    code = (
+        "Add a docstring to this function:\n\ndef moving_average(values, window):\n"
+        "    averages = []\n    for i in range(len(values) - window + 1):\n"
+        "        averages.append(sum(values[i:i + window]) / window)\n    return averages\n"
+    )
+    from urllib.parse import quote
+
+    page.goto(
+        f"{server}?model=SmolLM2-135M-Instruct&method=prompt_lookup&num_draft=6&max_new_tokens=96"
+        f"&prompt={quote(code)}"
+    )
+    page.wait_for_function(
+        "document.querySelector('#method input')?.value.startsWith('Prompt lookup')", timeout=30_000
+    )
+    page.wait_for_function(
+        "document.querySelector('#prompt_lookup-num_draft input[type=number]')?.value === '6'",
+        timeout=30_000,
+    )
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    page.get_by_text("identical to greedy").wait_for(timeout=60_000)  # the lossless badge
+    assert (
+        page.locator("#tokens .dl-tok[style*='#c8e6c9']").count() > 0
+    )  # accepted drafts shown green
+    # Step back to the last step whose draft the target accepted: the panel draws it.
+    steps = page.evaluate(
+        "Array.from(document.querySelectorAll(\"#tokens .dl-tok[style*='#c8e6c9']\")).map(e => +e.dataset.step)"
+    )
+    slider = page.locator("#step input[type=number]")
+    slider.fill(str(max(steps)))
+    slider.press("Enter")
+    page.get_by_text(f"Step {max(steps)}: prompt lookup").wait_for(timeout=30_000)
+    page.locator("#panel .js-plotly-plot").wait_for(timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "prompt-lookup.png"), full_page=True)

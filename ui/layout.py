@@ -227,11 +227,15 @@ def build_demo() -> gr.Blocks:
                         step = gr.Slider(
                             0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"
                         )
-                        timeline = gr.Plot(label="Forward passes", elem_id="timeline")
+                        timeline = gr.Plot(
+                            label="Forward passes", elem_id="timeline", show_label=False
+                        )
                         with gr.Row():
-                            per_step = gr.Plot(label="Tokens per step", elem_id="per-step")
-                            hist = gr.Plot(label="Acceptance", elem_id="hist")
-                        panel = gr.Plot(label="Method panel", elem_id="panel")
+                            per_step = gr.Plot(
+                                label="Tokens per step", elem_id="per-step", show_label=False
+                            )
+                            hist = gr.Plot(label="Acceptance", elem_id="hist", show_label=False)
+                        panel = gr.Plot(label="Method panel", elem_id="panel", show_label=False)
                         with gr.Accordion("How this method works", open=False):
                             method_help = gr.Markdown(explainer("autoregressive"))
                 timer = gr.Timer(0.6, active=False)
@@ -262,7 +266,7 @@ def build_demo() -> gr.Blocks:
                             interactive=False,
                             elem_id="cmp-table",
                         )
-                        cmp_plot = gr.Plot(label="Speedup", elem_id="cmp-plot")
+                        cmp_plot = gr.Plot(label="Speedup", elem_id="cmp-plot", show_label=False)
                         cmp_texts = gr.HTML()
 
             with gr.Tab("Learn", id="learn"):

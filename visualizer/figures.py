@@ -23,12 +23,15 @@ FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
 def _base_layout(fig: go.Figure, title: str, height: int = 260) -> go.Figure:
     fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=14)),
+        title=dict(text=title, x=0.01, y=0.98, yref="container", yanchor="top", font=dict(size=14)),
         template="plotly_white",
         font=FONT,
-        height=height,
-        margin=dict(l=60, r=20, t=40, b=45),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        height=height + 20,
+        # The title sits in the top strip, the legend in a row of its own between it and the plot.
+        margin=dict(l=60, r=20, t=64, b=45),
+        legend=dict(
+            orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0.0, font=dict(size=11)
+        ),
     )
     return fig
 
