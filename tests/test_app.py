@@ -109,3 +109,43 @@ def test_bad_input_is_a_message_not_a_traceback(client, kwargs, message):
     with pytest.raises(Exception, match=message) as info:
         client.predict(**args, api_name="/run")
     assert "Traceback" not in str(info.value)
+
+
+def test_cancelling_a_stream_ends_its_decode_thread(embedded):
+    """Stop (or a dropped client) must not leave a worker decoding: the thread ends promptly.
+    The embedded model needs ~40 s for 512 tokens, so only a real cancel ends it within 10 s."""
+    import threading
+    import time
+
+    from decoders import METHODS
+    from ui import build_demo
+
+    def decoding() -> int:
+        return sum(t.name == "decode" for t in threading.enumerate())
+
+    demo = build_demo()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_port=None, quiet=True)
+    try:
+        controls = [p.default for m in METHODS.values() for p in m.params]
+        job = Client(url, verbose=False).submit(
+            "tiny-random",
+            "Tell me a long story.",
+            "autoregressive",
+            512,
+            0.0,
+            1.0,
+            0,
+            *controls,
+            api_name="/run_stream",
+        )
+        deadline = time.time() + 30
+        while decoding() == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert decoding() == 1
+        job.cancel()
+        deadline = time.time() + 10
+        while decoding() and time.time() < deadline:
+            time.sleep(0.1)
+        assert decoding() == 0
+    finally:
+        demo.close()

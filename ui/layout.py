@@ -355,8 +355,9 @@ def build_demo() -> gr.Blocks:
             concurrency_id="decode",
             show_progress="hidden",  # our status line says it; animated overlays cost CPU
         )
-        stop_btn.click(
-            lambda: "⏹ Stopped.", None, status, cancels=[run_event], api_visibility="private"
+        # Say "Stopped" only once the cancel has gone through, so no late update overwrites it.
+        stop_btn.click(None, None, None, cancels=[run_event], api_visibility="private").then(
+            lambda: "⏹ Stopped.", None, status, api_visibility="private"
         )
 
         def on_step(trace: Trace | None, s: float):
