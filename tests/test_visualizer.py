@@ -128,3 +128,14 @@ def test_compare_chart():
         "tokens / target forward",
     ]
     assert fig.layout.yaxis.title.text == "ratio"
+
+
+def test_draft_panel_colours_accepted_rejected_and_the_correction():
+    from visualizer import draft_panel
+
+    fig = draft_panel(SPEC, TEXTS, 1)
+    draft, target = fig.data
+    assert list(draft.marker.color) == [COLOURS["draft"], COLOURS["draft"], COLOURS["rejected"]]
+    assert list(target.marker.color) == [COLOURS["draft"], COLOURS["draft"], COLOURS["correction"]]
+    assert "accepted 2" in fig.layout.title.text
+    assert "plain target step" in draft_panel(SPEC, TEXTS, 2).layout.annotations[0].text

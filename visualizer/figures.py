@@ -251,40 +251,27 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         for i in range(len(draft.tokens))
     ]
     fig.add_trace(
-        go.Scatter(
-            x=list(range(1, len(draft.tokens) + 1)),
-            y=["draft"] * len(draft.tokens),
-            mode="markers+text",
-            marker=dict(
-                symbol="square", size=34, color=draft_colours, line=dict(width=1, color="#90a4ae")
-            ),
-            text=[texts.get(t, "?").replace("\n", "↵")[:6] for t in draft.tokens],
-            textfont=dict(size=11),
-            hovertext=[
+        _token_row(
+            draft.tokens,
+            "draft",
+            draft_colours,
+            texts,
+            [
                 f"{texts.get(t, '?')!r} · id {t} · {s}"
                 for t, s in zip(draft.tokens, status, strict=True)
             ],
-            hoverinfo="text",
-            name="draft",
         )
     )
-    commit_colours = [COLOURS.get(o, COLOURS["target"]) for o in commit.origins]
     fig.add_trace(
-        go.Scatter(
-            x=list(range(1, len(commit.tokens) + 1)),
-            y=["target"] * len(commit.tokens),
-            mode="markers+text",
-            marker=dict(
-                symbol="square", size=34, color=commit_colours, line=dict(width=1, color="#90a4ae")
-            ),
-            text=[texts.get(t, "?").replace("\n", "↵")[:6] for t in commit.tokens],
-            textfont=dict(size=11),
-            hovertext=[
+        _token_row(
+            commit.tokens,
+            "target",
+            [COLOURS.get(o, COLOURS["target"]) for o in commit.origins],
+            texts,
+            [
                 f"{texts.get(t, '?')!r} · id {t} · {o} · p={p:.3f}"
                 for t, o, p in zip(commit.tokens, commit.origins, commit.probs, strict=True)
             ],
-            hoverinfo="text",
-            name="committed",
         )
     )
     fig.update_xaxes(
@@ -296,3 +283,20 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     fig.update_layout(showlegend=False)
     title = f"Step {step}: {draft.source} drafted {len(draft.tokens)}, accepted {n_acc}"
     return _base_layout(fig, title, height=230)
+
+
+def _token_row(
+    tokens: Sequence[int], row: str, colours: list[str], texts: Mapping[int, str], hover: list[str]
+) -> go.Scatter:
+    """One row of token boxes at draft positions 1..n (the draft panel's building block)."""
+    return go.Scatter(
+        x=list(range(1, len(tokens) + 1)),
+        y=[row] * len(tokens),
+        mode="markers+text",
+        marker=dict(symbol="square", size=34, color=colours, line=dict(width=1, color="#90a4ae")),
+        text=[texts.get(t, "?").replace("\n", "↵")[:6] for t in tokens],
+        textfont=dict(size=11),
+        hovertext=hover,
+        hoverinfo="text",
+        name=row,
+    )
