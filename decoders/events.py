@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, Literal, Union
 
 from .errors import TraceError
@@ -66,13 +66,16 @@ class Draft(Event):
 
 @dataclass(frozen=True)
 class Verify(Event):
-    """Indices of accepted draft nodes, and the token the target supplied after them."""
+    """Indices of accepted draft nodes, and the token the target supplied after them.
+    `target_probs[i]`: the target's probability of draft node i's token given its ancestors
+    (what the verifier weighed it with); empty in traces from before it was recorded."""
 
     type: ClassVar[str] = "Verify"
     step: int
     accepted: tuple[int, ...]
     correction: int | None
     rule: str
+    target_probs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,8 @@ def event_from_dict(data: Any) -> Event:
     kwargs = {}
     for f in fields(cls):
         if f.name not in data:
+            if f.default is not MISSING:  # added after schema 1 shipped: old traces omit it
+                continue
             raise TraceError(f"{name} event is missing field {f.name!r}")
         kwargs[f.name] = _coerce(data[f.name], hints[f.name], f"{name}.{f.name}")
     return cls(**kwargs)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from . import packing
 from .errors import InvalidInput, ModelLoadError
 
 EMBEDDED_ID = "SmolLM2-135M-Instruct"
@@ -41,6 +42,7 @@ class ModelBundle:
     dtype: torch.dtype
     eos_ids: frozenset[int]
     context_length: int
+    packed: bool = False  # linear weights prepacked for oneDNN (see packing.py)
 
     @property
     def n_layers(self) -> int:
@@ -129,9 +131,13 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
         model, tokenizer = _load_pretrained(model_id, dtype)
     model.to(device).eval()
     model.requires_grad_(False)
+    # Small-batch verification forwards are the hot path of every draft-and-verify method.
+    packed = device.type == "cpu" and dtype == torch.float32 and packing.available()
+    if packed:
+        packing.pack_linears(model)
     eos = _eos_ids(model, tokenizer)
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx)
+    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -29,17 +29,28 @@ from .verify import greedy_chain, sample_deterministic_chain
 PARAMS = (
     Param("max_ngram", int, 3, "N: longest suffix n-gram to look up (tries N, N-1, …, 1)", 1, 8),
     Param("num_draft", int, 10, "k: tokens copied into each draft", 1, 32),
+    Param(
+        "match",
+        str,
+        "earliest",
+        "which earlier occurrence to copy from: the first (usually the prompt) or the latest",
+        choices=("earliest", "latest"),
+    ),
 )
 
 
-def lookup(context: Sequence[int], max_ngram: int, k: int) -> tuple[list[int], int]:
-    """The k tokens that followed the latest earlier occurrence of the longest matching suffix.
-    Returns (draft, n) with n the matched n-gram length; ([], 0) when nothing matches."""
+def lookup(
+    context: Sequence[int], max_ngram: int, k: int, match: str = "earliest"
+) -> tuple[list[int], int]:
+    """The k tokens that followed an earlier occurrence of the longest matching suffix (the first
+    occurrence, or the latest). Returns (draft, n) with n the matched n-gram length; ([], 0) when
+    nothing matches."""
     size = len(context)
     for n in range(min(max_ngram, size - 1), 0, -1):
         suffix = list(context[size - n :])
-        # Latest start first; a match must leave at least one token after it, before the suffix.
-        for start in range(size - n - 1, -1, -1):
+        # A match must leave at least one token after it, before the suffix itself.
+        starts = range(size - n) if match == "earliest" else range(size - n - 1, -1, -1)
+        for start in starts:
             if context[start : start + n] == suffix:
                 return list(context[start + n : start + n + k]), n
     return [], 0
@@ -49,7 +60,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     sampler = cfg.sampler()
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
-    max_ngram, k = cfg.params["max_ngram"], cfg.params["num_draft"]
+    max_ngram, k, match = cfg.params["max_ngram"], cfg.params["num_draft"], cfg.params["match"]
 
     yield Prefill(tuple(prompt_ids))
     out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
@@ -65,7 +76,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     while not budget.done:
         step += 1
         # The correction token x comes with this step's forward, so at most remaining - 1 drafts.
-        draft, n = lookup(context, max_ngram, min(k, budget.remaining - 1))
+        draft, n = lookup(context, max_ngram, min(k, budget.remaining - 1), match)
         if draft:
             yield Draft(
                 step, f"prompt lookup (n={n})", tuple(draft), chain(len(draft)), (1.0,) * len(draft)

@@ -94,3 +94,12 @@ def test_corrupt_traces_are_refused_clearly(text, message):
 def test_oversized_trace_is_refused():
     with pytest.raises(TraceError, match="limit"):
         trace_from_json("x" * 101, max_bytes=100)
+
+
+def test_fields_added_later_have_defaults_for_old_traces():
+    old = (
+        '{"format": "decoding-lab-trace", "version": 1, "events": [{"type": "Verify", "step": 1, '
+        '"accepted": [0], "correction": 7, "rule": "greedy-chain"}]}'
+    )
+    _, events = trace_from_json(old)
+    assert events == [Verify(1, (0,), 7, "greedy-chain", ())]

@@ -32,9 +32,11 @@ def same_as_greedy(bundle, prompt, max_new_tokens, chat=False, **params):
     return res
 
 
-def test_lookup_finds_the_latest_longest_match():
+def test_lookup_finds_the_longest_match_earliest_or_latest():
     ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
-    assert lookup(ctx, 3, 2) == ([7, 8], 2)  # "2 3" latest earlier occurrence, then k=2 tokens
+    assert lookup(ctx, 3, 2, "latest") == ([7, 8], 2)  # "2 3" latest earlier occurrence, then k=2
+    assert lookup(ctx, 3, 2) == ([9, 1], 2)  # the first occurrence (transformers' choice)
+    assert lookup([1, 2, 3, 2], 1, 5, "earliest") == ([3, 2], 1)  # a draft may run into the suffix
     assert lookup([5, 6, 7], 3, 4) == ([], 0)  # empty pool
     assert lookup([4, 4], 2, 3) == ([4], 1)
 

@@ -140,3 +140,18 @@ def test_forward_event_and_logits_to_keep(tiny):
     ev = out.event
     assert (ev.step, ev.kind, ev.n_input_tokens, ev.layers) == (3, "prefill", len(PROMPT), 4)
     assert ev.wall_ms > 0
+
+
+def test_packed_linear_matches_torch_linear():
+    from decoders import packing
+
+    if not packing.available():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU(), torch.nn.Linear(40, 7))
+    x = torch.randn(2, 5, 24)
+    expected = net(x)
+    assert packing.pack_linears(net) == 2
+    assert all(not isinstance(m, torch.nn.Linear) for m in net.modules())
+    with torch.inference_mode():
+        assert torch.allclose(net(x), expected, atol=1e-5)

@@ -1,0 +1,223 @@
+"""The token-tree figure on hand-written traces: no model, no server."""
+
+import random
+
+import plotly.graph_objects as go
+import pytest
+
+from decoders.events import Commit, Draft, Forward, Prefill, Verify
+from visualizer.tokens import COLOURS
+from visualizer.tree_view import token_tree, tree_layout
+
+TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
+TEXTS |= {20: " g", 21: "[", 22: "x)", 30: "longtoken"}
+
+# Step 1: a branching tree. Node 0 (" f") and 2 ("(x") are accepted, node 1 (" g") lost against
+# " f", node 3 ("[") lost against "(x", node 4 hangs under the rejected node 1 (never checked),
+# node 5 ("\n") lost against the target's correction "x)" after "(x".
+#   root -> 0 -> 2 -> 5
+#             -> 3
+#        -> 1 -> 4
+BRANCHING = [
+    Prefill((1,)),
+    Forward(0, "prefill", 1, 30, 60.0),
+    Commit(0, (10,), ("target",), (0.9,)),
+    Forward(1, "draft", 1, 8, 10.0),
+    Draft(
+        1, "medusa", (11, 20, 12, 21, 13, 14), (-1, -1, 0, 0, 1, 2), (0.9, 0.05, 0.6, 0.3, 0.5, 0.4)
+    ),
+    Forward(1, "verify", 7, 30, 80.0),
+    Verify(1, (0, 2), 22, "greedy-tree", (0.85, 0.1, 0.7, 0.2, 0.3, 0.05)),
+    Commit(1, (11, 12, 22), ("draft", "draft", "correction"), (0.85, 0.7, 0.6)),
+]
+
+
+def nodes_by_status(fig: go.Figure) -> dict[str, go.Scatter]:
+    return {t.name: t for t in fig.data if t.mode == "markers+text"}
+
+
+def node_colour(fig: go.Figure, node: int) -> str:
+    """Marker colour of draft node `node` (-1 = root, n = the target's token)."""
+    for t in nodes_by_status(fig).values():
+        if node in t.customdata:
+            return t.marker.color
+    raise AssertionError(f"node {node} not drawn")
+
+
+def hover_of(fig: go.Figure, node: int) -> str:
+    for t in nodes_by_status(fig).values():
+        if node in list(t.customdata):
+            return t.hovertext[list(t.customdata).index(node)]
+    raise AssertionError(f"node {node} not drawn")
+
+
+def position(fig: go.Figure, node: int) -> tuple[float, float]:
+    for t in nodes_by_status(fig).values():
+        if node in list(t.customdata):
+            k = list(t.customdata).index(node)
+            return (t.x[k], t.y[k])
+    raise AssertionError(f"node {node} not drawn")
+
+
+def test_branching_tree_colours_each_status():
+    fig = token_tree(BRANCHING, TEXTS, 1)
+    assert node_colour(fig, -1) == COLOURS["target"]  # root
+    assert node_colour(fig, 0) == COLOURS["draft"]
+    assert node_colour(fig, 2) == COLOURS["draft"]
+    assert node_colour(fig, 1) == COLOURS["rejected"]  # child of the root, lost
+    assert node_colour(fig, 3) == COLOURS["rejected"]  # child of an accepted node, lost
+    assert node_colour(fig, 5) == COLOURS["rejected"]  # child of the last accepted node
+    assert node_colour(fig, 4) == COLOURS["pending"]  # under a rejected node: never checked
+    assert node_colour(fig, 6) == COLOURS["correction"]  # the target's own token
+    assert sum(len(t.x) for t in nodes_by_status(fig).values()) == 8  # root + 6 + correction
+    assert list(nodes_by_status(fig)) == [
+        "root (last committed token)",
+        "accepted draft",
+        "rejected draft",
+        "not checked (an ancestor was rejected)",
+        "corrected by target",
+    ]  # one legend entry per status shown, bonus absent
+    assert (
+        fig.layout.title.text
+        == "Step 1: token tree from medusa: 6 nodes, accepted 2, +1 correction"
+    )
+
+
+def test_branching_tree_bold_path_and_layout():
+    fig = token_tree(BRANCHING, TEXTS, 1)
+    (path,) = [t for t in fig.data if t.name == "accepted path"]
+    assert path.line.width >= 3
+    expected = [position(fig, n) for n in (-1, 0, 2, 6)]  # root, accepted in order, correction
+    assert list(zip(path.x, path.y, strict=True)) == expected
+    assert [x for x, _ in expected] == [0, 1, 2, 3]
+    # The correction hangs under "(x" one column right of it, level with nothing else there.
+    assert position(fig, 6)[0] == position(fig, 2)[0] + 1
+    assert position(fig, 6) != position(fig, 5)
+    (edges,) = [t for t in fig.data if t.name == "edges"]
+    assert sum(v is None for v in edges.x) == 7  # 6 draft edges + the correction's
+    assert fig.layout.xaxis.title.text == "depth"
+    assert fig.layout.yaxis.visible is False
+
+
+def test_branching_tree_hover_and_text():
+    fig = token_tree(BRANCHING, TEXTS, 1)
+    h = hover_of(fig, 2)
+    assert "'(x'" in h and "id 12" in h and "accepted" in h
+    assert "draft p: 0.600" in h and "target p: 0.700" in h and "depth 2" in h
+    assert "rejected" in hover_of(fig, 1) and "draft p: 0.050 · target p: 0.100" in hover_of(fig, 1)
+    assert "not checked" in hover_of(fig, 4)
+    # The root is the last token committed before the step, with its target p.
+    assert "id 10" in hover_of(fig, -1) and "target p: 0.900" in hover_of(fig, -1)
+    corr = hover_of(fig, 6)
+    assert "id 22" in corr and "correction" in corr and "draft p: —" in corr
+    assert "target p: 0.600" in corr
+    labels = [s for t in nodes_by_status(fig).values() for s in t.text]
+    assert "↵" in labels and "def" in labels  # newline visible; root shows "def"
+
+
+def test_whole_chain_accepted_gives_a_bonus():
+    events = [
+        Prefill((1, 10)),
+        Draft(3, "prompt lookup (n=2)", (11, 12, 13), (-1, 0, 1), (1.0, 1.0, 1.0)),
+        Verify(3, (0, 1, 2), 15, "greedy-chain", (0.9, 0.8, 0.7)),
+        Commit(3, (11, 12, 13, 15), ("draft", "draft", "draft", "bonus"), (0.9, 0.8, 0.7, 0.6)),
+    ]
+    fig = token_tree(events, TEXTS, 3)
+    assert node_colour(fig, 3) == COLOURS["bonus"]
+    assert "rejected draft" not in nodes_by_status(fig)
+    assert "id 10" in hover_of(fig, -1)  # no earlier commit: the prompt's last token is the root
+    (path,) = [t for t in fig.data if t.name == "accepted path"]
+    assert list(path.x) == [0, 1, 2, 3, 4] and set(path.y) == {0}  # a chain is one straight row
+    assert fig.layout.title.text.endswith("accepted 3, +1 bonus")
+
+
+def test_commit_cut_short_has_no_extra_node():
+    events = [
+        Prefill((1,)),
+        Draft(1, "self:8", (11, 12), (-1, 0), (0.9, 0.8)),
+        Verify(1, (0, 1), 13, "greedy-chain", (0.9, 0.8)),
+        Commit(1, (11,), ("draft",), (0.9,)),  # the length budget ran out after one token
+    ]
+    fig = token_tree(events, TEXTS, 1)
+    assert sum(len(t.x) for t in nodes_by_status(fig).values()) == 3
+    assert "+1" not in fig.layout.title.text
+    assert "not committed" in hover_of(fig, 1) and "not committed" not in hover_of(fig, 0)
+
+
+def test_step_without_draft_or_verify_is_an_empty_figure():
+    fig = token_tree(BRANCHING, TEXTS, 0)
+    assert fig.data == ()
+    assert "no draft at step 0" in fig.layout.annotations[0].text
+    unverified = token_tree(BRANCHING[:5], TEXTS, 1)
+    assert unverified.data == ()
+    assert "not been verified" in unverified.layout.annotations[0].text
+
+
+def test_old_trace_without_target_probs_shows_a_dash():
+    events = [*BRANCHING[:4], Draft(1, "self:8", (11,), (-1,), (0.9,)), Verify(1, (), 12, "greedy")]
+    events.append(Commit(1, (12,), ("correction",), (0.5,)))
+    fig = token_tree(events, TEXTS, 1)
+    assert "target p: —" in hover_of(fig, 0) and "draft p: 0.900" in hover_of(fig, 0)
+    assert node_colour(fig, 0) == COLOURS["rejected"]
+    assert position(fig, 1)[0] == 1  # nothing accepted: the correction hangs from the root
+    (path,) = [t for t in fig.data if t.name == "accepted path"]
+    assert list(path.x) == [0, 1]
+
+
+def test_token_text_is_escaped_and_truncated():
+    events = [
+        Prefill((1,)),
+        Draft(1, "x", (16, 30), (-1, -1), (0.5, 0.5)),
+        Verify(1, (0,), 14, "g"),
+    ]
+    fig = token_tree(events, TEXTS, 1)
+    labels = [s for t in nodes_by_status(fig).values() for s in t.text]
+    assert "&lt;b&gt;" in labels and "<b>" not in labels  # Plotly would render <b> as markup
+    assert "longto…" in labels
+
+
+def test_tree_layout_properties():
+    parents = (-1, -1, 0, 0, 1, 2)
+    pos = tree_layout(parents)
+    assert len(pos) == 7 and pos[0][0] == 0
+    for i, p in enumerate(parents):
+        assert pos[i + 1][0] == pos[p + 1][0] + 1
+    for v in range(7):
+        kids = [i + 1 for i, p in enumerate(parents) if p + 1 == v]
+        if kids:
+            assert pos[v][1] == pytest.approx(sum(pos[k][1] for k in kids) / len(kids))
+    # Leaves (nodes 3, 4, 5) in depth-first order: 5 (under 2, under 0), then 3, then 4.
+    assert [pos[k][1] for k in (6, 4, 5)] == [0, 1, 2]
+    assert pos[0][1] == pytest.approx((0.5 + 2.0) / 2)  # mean of node 0 (0.5) and node 1 (2.0)
+    assert tree_layout(()) == [(0, 0)]
+    assert tree_layout((-1, 0, 1)) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    with pytest.raises(ValueError):
+        tree_layout((0,))
+
+
+def test_wide_random_tree_renders():
+    rng = random.Random(7)
+    parents = tuple(-1 if i == 0 else rng.randrange(-1, i) for i in range(60))
+    tokens = tuple(rng.choice(list(TEXTS)) for _ in range(60))
+    path = [0]
+    while kids := [i for i, p in enumerate(parents) if p == path[-1]]:
+        path.append(kids[0])
+    events = [
+        Prefill((1,)),
+        Draft(2, "eagle", tokens, parents, tuple(rng.random() for _ in range(60))),
+        Verify(2, tuple(path), 15, "greedy-tree", tuple(rng.random() for _ in range(60))),
+        Commit(
+            2,
+            (*(tokens[i] for i in path), 15),
+            ("draft",) * len(path) + ("bonus",),
+            (0.5,) * (len(path) + 1),
+        ),
+    ]
+    fig = token_tree(events, TEXTS, 2)
+    pos = tree_layout(parents)
+    leaves = [i for i in range(60) if i not in parents]
+    assert sorted(pos[i + 1][1] for i in leaves) == list(range(len(leaves)))  # distinct, even
+    assert sum(len(t.x) for t in nodes_by_status(fig).values()) == 62
+    assert fig.layout.height <= 720 and fig.layout.height >= 280
+    assert node_colour(fig, 60) == COLOURS["bonus"]
+    assert fig.to_json()  # serialises (what gradio sends to the browser)

@@ -1,0 +1,221 @@
+"""The draft token tree of one decoding step, as a Plotly figure. Pure: events in, Figure out.
+
+A tree drafter proposes many continuations at once; the picture shows which branch the target
+took (bold green path, ending in its own correction or bonus token), which siblings it compared
+and turned down (red), and which nodes were never checked because an ancestor lost (grey).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Draft, Event, Prefill, Verify
+
+from .figures import _base_layout, _empty
+from .tokens import COLOURS, LABELS
+
+EDGE_COLOUR = "#b0bec5"
+PATH_COLOUR = "#1b5e20"
+# Legend order and wording; the colour keys are the shared colour language in tokens.py.
+STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (COLOURS key, legend label)
+    "root": ("target", "root (last committed token)"),
+    "accepted": ("draft", LABELS["draft"]),
+    "rejected": ("rejected", LABELS["rejected"]),
+    "not checked": ("pending", "not checked (an ancestor was rejected)"),
+    "correction": ("correction", LABELS["correction"]),
+    "bonus": ("bonus", LABELS["bonus"]),
+}
+PX_PER_LEAF = 28
+MARGINS_PX = 110  # title + legend strip on top, the depth axis below
+MIN_HEIGHT, MAX_HEIGHT = 260, 700
+
+
+def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
+    """(x, y) for the root (first entry) and then each node of a parent array.
+
+    x is the depth (root 0), so a branch reads left to right like text; leaves take y = 0, 1, 2, …
+    in depth-first order (children in index order) and each internal node sits at the mean y of
+    its children, so no two subtrees overlap and every parent is level with its family.
+    """
+    n = len(parents)
+    children: list[list[int]] = [[] for _ in range(n + 1)]  # slot 0 is the root, node i is i + 1
+    depth = [0] * (n + 1)
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"parents[{i}] = {p}: a parent must come before its child (or be -1)")
+        children[p + 1].append(i + 1)
+        depth[i + 1] = depth[p + 1] + 1
+    y = [0.0] * (n + 1)
+    next_leaf = 0
+    stack = [0]
+    while stack:  # iterative pre-order walk: deep chains cannot hit the recursion limit
+        v = stack.pop()
+        if not children[v]:
+            y[v] = float(next_leaf)
+            next_leaf += 1
+        stack.extend(reversed(children[v]))
+    for v in range(n, -1, -1):  # children have larger indices than their parents
+        if children[v]:
+            y[v] = sum(y[c] for c in children[v]) / len(children[v])
+    return [(float(d), yy) for d, yy in zip(depth, y, strict=True)]
+
+
+def _label(text: str) -> str:
+    """Short in-box label: newlines and tabs made visible, cut to fit, escaped for Plotly."""
+    shown = text.replace("\n", "↵").replace("\t", "⇥")
+    return html.escape(shown[:6] + ("…" if len(shown) > 6 else ""), quote=False)
+
+
+def _p(probs: Sequence[float], i: int) -> str:
+    return f"{probs[i]:.3f}" if 0 <= i < len(probs) else "—"
+
+
+def _root_token(events: Sequence[Event], step: int) -> tuple[int | None, str]:
+    """The token the tree hangs from: the last one committed before `step`, else the prompt's last.
+    Returns (token id or None, its target probability as text)."""
+    root: tuple[int | None, str] = (None, "—")
+    for e in events:
+        if isinstance(e, Prefill) and e.prompt_ids and root[0] is None:
+            root = (e.prompt_ids[-1], "—")
+    for e in events:
+        if isinstance(e, Commit) and e.step < step and e.tokens:
+            root = (e.tokens[-1], _p(e.probs, len(e.tokens) - 1))
+    return root
+
+
+def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """The draft tree at `step`, laid out by depth, nodes coloured by what verification made of
+    them, the accepted path bold. Hover: token, id, status, draft p, target p, depth."""
+    title = f"Token tree at step {step}"
+    draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
+    verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
+    commit = next((e for e in events if isinstance(e, Commit) and e.step == step), None)
+    if draft is None:
+        return _empty(title, f"no draft at step {step}: a plain target step")
+    if verify is None:
+        return _empty(title, f"the draft at step {step} has not been verified (yet)")
+
+    n = len(draft.tokens)
+    if len(draft.parents) != n:
+        return _empty(title, f"malformed draft: {n} tokens but {len(draft.parents)} parents")
+    accepted = [a for a in verify.accepted if 0 <= a < n]
+    accepted_set = set(accepted)
+    status: list[str] = []
+    for i, p in enumerate(draft.parents):
+        if i in accepted_set:
+            status.append("accepted")
+        elif p == -1 or p in accepted_set:
+            status.append("rejected")  # compared with the target's choice and lost
+        else:
+            status.append("not checked")
+
+    # The target's own token after the accepted path, unless the budget/EOS cut the commit short.
+    extra: tuple[int, str, str] | None = None  # (token, origin, target p)
+    if commit is not None and len(commit.tokens) > len(accepted):
+        origin = commit.origins[-1] if commit.origins else "correction"
+        extra = (commit.tokens[-1], origin, _p(commit.probs, len(commit.tokens) - 1))
+    extra_parent = accepted[-1] if accepted else -1
+    parents = list(draft.parents) + ([extra_parent] if extra else [])
+    try:
+        pos = tree_layout(parents)
+    except ValueError as exc:
+        return _empty(title, f"malformed draft tree: {exc}")
+
+    root_id, root_p = _root_token(events, step)
+    # One row per drawn node: (slot in `pos`, node index, token id, status, draft p, target p).
+    nodes: list[tuple[int, int, int | None, str, str, str]] = [
+        (0, -1, root_id, "root", "—", root_p)
+    ]
+    for i, t in enumerate(draft.tokens):
+        nodes.append((i + 1, i, t, status[i], _p(draft.probs, i), _p(verify.target_probs, i)))
+    if extra:
+        kind = extra[1] if extra[1] in ("correction", "bonus") else "correction"
+        nodes.append((n + 1, n, extra[0], kind, "—", extra[2]))
+    committed_upto = len(commit.tokens) if commit is not None else len(accepted)
+    on_path = {0, *(a + 1 for a in accepted), *([n + 1] if extra else [])}
+
+    fig = go.Figure()
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    for child, parent in enumerate(parents):
+        ex += [pos[parent + 1][0], pos[child + 1][0], None]
+        ey += [pos[parent + 1][1], pos[child + 1][1], None]
+    fig.add_trace(
+        go.Scatter(
+            x=ex,
+            y=ey,
+            mode="lines",
+            line=dict(width=1, color=EDGE_COLOUR),
+            hoverinfo="skip",
+            showlegend=False,
+            name="edges",
+        )
+    )
+    path_slots = [0, *(a + 1 for a in accepted), *([n + 1] if extra else [])]
+    fig.add_trace(
+        go.Scatter(
+            x=[pos[s][0] for s in path_slots],
+            y=[pos[s][1] for s in path_slots],
+            mode="lines",
+            line=dict(width=4, color=PATH_COLOUR),
+            hoverinfo="skip",
+            showlegend=False,
+            name="accepted path",
+        )
+    )
+
+    n_leaves = int(max(y for _, y in pos)) + 1  # leaves sit at y = 0, 1, …; parents in between
+    height = min(MAX_HEIGHT, max(MIN_HEIGHT, PX_PER_LEAF * n_leaves + MARGINS_PX))
+    per_leaf_px = (height - MARGINS_PX) / n_leaves
+    size = max(8.0, min(32.0, 0.85 * per_leaf_px))  # boxes shrink when a wide tree hits the cap
+    for st, (colour_key, label) in STATUS_STYLE.items():
+        rows = [r for r in nodes if r[3] == st]
+        if not rows:
+            continue
+        hover = []
+        for slot, idx, tok, _, dp, tp in rows:
+            text = texts.get(tok, "?") if tok is not None else "?"
+            note = ""
+            if st == "accepted" and accepted.index(idx) >= committed_upto:
+                note = " (not committed: the length budget or EOS came first)"
+            hover.append(
+                f"{html.escape(repr(text), quote=False)} · id {tok if tok is not None else '?'}"
+                f"<br>{st}{note}<br>draft p: {dp} · target p: {tp}"
+                f"<br>depth {pos[slot][0]:.0f}"
+                + ("" if idx < 0 else f" · node {idx}" if idx < n else " · target's token")
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[r[0]][0] for r in rows],
+                y=[pos[r[0]][1] for r in rows],
+                mode="markers+text",
+                marker=dict(
+                    symbol="square",
+                    size=size,
+                    color=COLOURS[colour_key],
+                    line=dict(
+                        width=[2 if r[0] in on_path else 1 for r in rows],
+                        color=[PATH_COLOUR if r[0] in on_path else "#90a4ae" for r in rows],
+                    ),
+                ),
+                text=[_label(texts.get(r[2], "?")) if r[2] is not None else "root" for r in rows],
+                textfont=dict(size=11 if size >= 24 else 9 if size >= 16 else 7),
+                customdata=[r[1] for r in rows],  # node index: -1 root, n the target's token
+                hovertext=hover,
+                hoverinfo="text",
+                name=label,
+            )
+        )
+
+    max_depth = max(x for x, _ in pos)
+    fig.update_xaxes(
+        title_text="depth", dtick=1, range=[-0.5, max_depth + 0.5], showgrid=False, zeroline=False
+    )
+    fig.update_yaxes(visible=False, range=[n_leaves - 0.5, -0.5])  # first leaf on top
+    title = f"Step {step}: token tree from {draft.source}: {n} nodes, accepted {len(accepted)}"
+    if extra:
+        title += f", +1 {nodes[-1][3]}"
+    return _base_layout(fig, title, height=height)
