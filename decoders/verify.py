@@ -1,8 +1,21 @@
 """Shared verification rules: given a draft and the target's logits over it, what gets committed.
 
-Layout convention: `logits[i]` is the target's prediction for draft position i, i.e. the logits
-computed after the root (the last committed token) and draft[:i]; `logits[len(draft)]` predicts
-the token after the whole draft (the bonus position).
+A draft is a tree given as a parent array (a chain is the tree (-1, 0, 1, …)). The target scores
+the root (the last committed token) and every node in one forward, so `logits` has one row per
+input: `logits[0]` predicts the root's children, `logits[1 + i]` predicts node i's children (for a
+chain: `logits[i]` predicts draft position i, and `logits[len(draft)]` is the bonus row).
+
+Four rules, all pure functions of (draft, logits, sampler):
+- greedy_chain / greedy_tree: the longest draft path that matches the target's argmax, then the
+  target's own token. Token for token what autoregressive greedy would have produced.
+- speculative_chain: Leviathan et al. 2022 / Chen et al. 2023. Draft token d drawn from q is kept
+  with probability min(1, p(d) / q(d)); on rejection the target samples from norm(max(0, p − q));
+  if all are kept, a bonus token comes from p. The output follows p exactly.
+- sample_tree: drafts chosen without randomness (n-gram copies, top-k children) are point masses.
+  At each node the children are tried in order: child c is kept with probability p'(c), where p'
+  is the target's distribution with the children already rejected removed and renormalised; if
+  none is kept the token is drawn from that residual (SpecInfer's multi-draft rule for point-mass
+  drafts). Each token still follows p exactly.
 """
 
 from __future__ import annotations
@@ -13,77 +26,159 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import Sampler
+from .tree import chain
 
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: tuple[int, ...]  # indices of the accepted draft nodes, in order
+    accepted: tuple[int, ...]  # indices of the accepted draft nodes, root to leaf
     tokens: tuple[int, ...]  # what to commit: the accepted drafts, then the target's own token
     origins: tuple[str, ...]
     probs: tuple[float, ...]  # the target's probability of each committed token
-    correction: int  # the target's token after the accepted prefix (a bonus when all were accepted)
+    correction: int  # the target's token after the accepted path (a bonus when it ends at a leaf)
     rule: str
+    target_probs: tuple[float, ...] = ()  # the target's probability of every draft node
+
+
+def _row(parents: Sequence[int], node: int) -> int:
+    """The logits row that predicts `node`'s children (-1 = the root = row 0)."""
+    return 0 if node == -1 else node + 1
+
+
+def _children(parents: Sequence[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    return kids
+
+
+def _node_probs(tokens: Sequence[int], parents: Sequence[int], probs: torch.Tensor) -> tuple:
+    """The target's probability of each draft node given its ancestors (for the views)."""
+    if not tokens:
+        return ()
+    rows = torch.as_tensor([_row(parents, p) for p in parents])
+    picked = probs[rows, torch.as_tensor(list(tokens))]
+    return tuple(round(float(v), 6) for v in picked)
+
+
+def _verdict(
+    path: list[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    last: int,
+    probs: torch.Tensor,
+    rule: str,
+) -> Verdict:
+    """Commit the accepted path, then `last` (drawn from the row after the path's end)."""
+    end = path[-1] if path else -1
+    at_leaf = bool(tokens) and end not in set(parents)
+    committed = (*(tokens[i] for i in path), last)
+    rows = [_row(parents, parents[i]) for i in path] + [_row(parents, end)]
+    return Verdict(
+        accepted=tuple(path),
+        tokens=tuple(committed),
+        origins=("draft",) * len(path)
+        + ("bonus" if at_leaf else "correction" if tokens else "target",),
+        probs=tuple(round(float(probs[r, t]), 6) for r, t in zip(rows, committed, strict=True)),
+        correction=last,
+        rule=rule,
+        target_probs=_node_probs(tokens, parents, probs),
+    )
+
+
+def _check(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> None:
+    assert len(tokens) == len(parents), "one parent per draft token"
+    assert logits.shape[0] == len(tokens) + 1, "need one logit row for the root and for each node"
+
+
+# --- greedy ------------------------------------------------------------------------------------------
+
+
+def greedy_tree(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> Verdict:
+    """Follow the target's argmax down the tree as far as the draft has that child."""
+    _check(tokens, parents, logits)
+    predicted = logits.argmax(dim=-1).tolist()
+    kids = _children(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        want = predicted[_row(parents, node)]
+        match = next((c for c in kids.get(node, ()) if tokens[c] == want), None)
+        if match is None:
+            break
+        path.append(match)
+        node = match
+    probs = torch.softmax(logits.float(), dim=-1)
+    return _verdict(path, tokens, parents, want, probs, "greedy-tree")
 
 
 def greedy_chain(draft: Sequence[int], logits: torch.Tensor) -> Verdict:
     """Longest prefix of the draft that matches the target's argmax, then the target's own token.
     Exactly what autoregressive greedy would have produced, one forward instead of n + 1."""
-    assert logits.shape[0] == len(draft) + 1, (
-        "need one logit row per draft token, plus the bonus row"
-    )
-    predicted = logits.argmax(dim=-1).tolist()
-    n = 0
-    while n < len(draft) and draft[n] == predicted[n]:
-        n += 1
-    probs = torch.softmax(logits[: n + 1].float(), dim=-1)
-    tokens = (*draft[:n], predicted[n])
-    origin = "bonus" if n == len(draft) and draft else "correction" if draft else "target"
-    return Verdict(
-        accepted=tuple(range(n)),
-        tokens=tuple(tokens),
-        origins=("draft",) * n + (origin,),
-        probs=tuple(round(float(probs[i, t]), 6) for i, t in enumerate(tokens)),
-        correction=predicted[n],
-        rule="greedy-chain",
-    )
+    v = greedy_tree(draft, chain(len(draft)), logits)
+    return Verdict(**{**v.__dict__, "rule": "greedy-chain"})
+
+
+# --- sampling ----------------------------------------------------------------------------------------
+
+
+def speculative_chain(
+    draft: Sequence[int], q: torch.Tensor, logits: torch.Tensor, sampler: Sampler
+) -> Verdict:
+    """Speculative sampling. `q[i]` is the draft's distribution that draft[i] was sampled from
+    (already tempered and truncated the same way as the target's)."""
+    parents = chain(len(draft))
+    _check(draft, parents, logits)
+    p = sampler.distribution(logits)
+    for i, d in enumerate(draft):
+        u = float(torch.rand((), generator=sampler.generator))
+        if u * float(q[i, d]) < float(p[i, d]):  # u < p/q without dividing by a tiny q
+            continue
+        residual = (p[i] - q[i].to(p.dtype)).clamp_min(0.0)
+        if float(residual.sum()) <= 0.0:  # p == q up to rounding: nothing to correct towards
+            residual = p[i].clone()
+        t = _draw(residual / residual.sum(), sampler)
+        return _verdict(list(range(i)), draft, parents, t, p, "speculative-sampling")
+    t = _draw(p[len(draft)], sampler)
+    return _verdict(list(range(len(draft))), draft, parents, t, p, "speculative-sampling")
+
+
+def sample_tree(
+    tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor, sampler: Sampler
+) -> Verdict:
+    """Several point-mass drafts per position, kept with the residual rule (see module doc)."""
+    _check(tokens, parents, logits)
+    p = sampler.distribution(logits)
+    kids = _children(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        residual = p[_row(parents, node)].clone()
+        kept = None
+        for c in kids.get(node, ()):
+            mass = float(residual[tokens[c]])
+            u = float(torch.rand((), generator=sampler.generator))
+            if u * float(residual.sum()) < mass:
+                kept = c
+                break
+            residual[tokens[c]] = 0.0  # rejected: the target's token is not this one
+        if kept is None:
+            t = _draw(residual / residual.sum(), sampler)
+            rule = (
+                "sample-deterministic" if all(len(v) <= 1 for v in kids.values()) else "sample-tree"
+            )
+            return _verdict(path, tokens, parents, t, p, rule)
+        path.append(kept)
+        node = kept
 
 
 def sample_deterministic_chain(
     draft: Sequence[int], logits: torch.Tensor, sampler: Sampler
 ) -> Verdict:
-    """Speculative sampling for a draft that came with no distribution (n-grams, lookups): q is a
-    point mass on the draft token, so accept d with probability p(d); on rejection sample from the
-    residual max(0, p - q) normalised, which is p with d removed. The output follows p exactly."""
-    assert logits.shape[0] == len(draft) + 1
-    tokens: list[int] = []
-    probs_out: list[float] = []
-    for i, d in enumerate(draft):
-        p = sampler.distribution(logits[i])
-        u = float(torch.rand((), generator=sampler.generator))
-        if u < float(p[d]):
-            tokens.append(d)
-            probs_out.append(round(float(p[d]), 6))
-            continue
-        residual = p.clone()
-        residual[d] = 0.0
-        residual /= residual.sum()
-        t = int(torch.multinomial(residual.cpu(), 1, generator=sampler.generator))
-        return Verdict(
-            tuple(range(i)),
-            (*tokens, t),
-            ("draft",) * i + ("correction",),
-            (*probs_out, round(float(p[t]), 6)),
-            t,
-            "sample-deterministic",
-        )
-    p = sampler.distribution(logits[len(draft)])
-    t = sampler.pick(logits[len(draft)], p)
-    origin = "bonus" if draft else "target"
-    return Verdict(
-        tuple(range(len(draft))),
-        (*tokens, t),
-        ("draft",) * len(draft) + (origin,),
-        (*probs_out, round(float(p[t]), 6)),
-        t,
-        "sample-deterministic",
-    )
+    """A single point-mass draft (prompt lookup): keep d with probability p(d); on rejection sample
+    from p with d removed. The output follows p exactly."""
+    return sample_tree(draft, chain(len(draft)), logits, sampler)
+
+
+def _draw(probs: torch.Tensor, sampler: Sampler) -> int:
+    return int(torch.multinomial(probs.cpu(), 1, generator=sampler.generator))

@@ -1,0 +1,149 @@
+"""Who writes the draft: the target's own first k layers (`self:k`) or a smaller model.
+
+Both speak one small protocol so `speculative` (chains) and `token_tree` (trees) do not care:
+
+    drafter.begin(context)                 # the draft's cache now holds context[:-1]
+    out = drafter.forward(tokens, ...)     # score new tokens (chain or tree) against that cache
+    drafter.end()                          # forget everything drafted this step
+
+`self:k` (LayerSkip-style early exit) shares the target's KV cache: the target's verification
+forward already wrote layers 0..k-1 for every committed token, so drafting needs no catch-up, and
+`end()` crops the draft's entries from those layers. A separate draft model keeps its own cache
+and, at the start of each step, feeds the tokens committed since it last saw the text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .errors import InvalidParameter
+from .models import ModelBundle, load_model
+from .runtime import ForwardResult, crop_cache, forward, new_cache
+
+SELF_DRAFT = re.compile(r"^self:(\d+)$")
+
+
+class Drafter:
+    label: str
+    layers: int  # decoder layers one draft forward runs (for the views)
+
+    def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        tokens: Sequence[int],
+        step: int,
+        positions: Sequence[int] | None = None,
+        mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> ForwardResult:
+        raise NotImplementedError
+
+    def end(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def cache_length(self) -> int:
+        raise NotImplementedError
+
+
+class SelfDrafter(Drafter):
+    """The target's first k layers, then its final norm and LM head, on the target's own cache."""
+
+    def __init__(self, target: ModelBundle, cache: DynamicCache, k: int) -> None:
+        self.target, self.cache, self.layers = target, cache, k
+        self.label = f"self:{k} (first {k} of {target.n_layers} layers)"
+        self.prefix = 0
+
+    def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
+        self.prefix = len(context) - 1  # the verification forward filled every layer up to here
+        return []
+
+    def forward(self, tokens, step, positions=None, mask=None, logits_to_keep=0) -> ForwardResult:
+        return forward(
+            self.target,
+            self.cache,
+            tokens,
+            step=step,
+            kind="draft",
+            positions=positions,
+            mask=mask,
+            layers=self.layers,
+            logits_to_keep=logits_to_keep,
+        )
+
+    def end(self) -> None:
+        crop_cache(self.cache, self.prefix)  # only layers < k hold draft entries
+
+    @property
+    def cache_length(self) -> int:
+        return self.prefix  # layer 0's view; layers >= k never see drafts
+
+
+class ModelDrafter(Drafter):
+    """A smaller model with the same tokenizer, on its own KV cache."""
+
+    def __init__(self, draft: ModelBundle) -> None:
+        self.draft = draft
+        self.cache = new_cache(draft)
+        self.layers = draft.n_layers
+        self.label = draft.model_id
+        self.seen = 0  # context tokens whose KV the draft cache holds
+
+    def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
+        missing = list(context[self.seen : len(context) - 1])
+        self.seen = len(context) - 1
+        if not missing:
+            return []
+        # Catch up on what was committed since last step (prompt first, then accepted tokens).
+        out = forward(self.draft, self.cache, missing, step=step, kind="draft", logits_to_keep=1)
+        return [out]
+
+    def forward(self, tokens, step, positions=None, mask=None, logits_to_keep=0) -> ForwardResult:
+        return forward(
+            self.draft,
+            self.cache,
+            tokens,
+            step=step,
+            kind="draft",
+            positions=positions,
+            mask=mask,
+            logits_to_keep=logits_to_keep,
+        )
+
+    def end(self) -> None:
+        crop_cache(self.cache, self.seen)
+
+    @property
+    def cache_length(self) -> int:
+        return self.seen
+
+
+def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter:
+    """`self:k` or a model id whose tokenizer matches the target's."""
+    spec = spec.strip()
+    m = SELF_DRAFT.match(spec)
+    if spec == "self" or m:
+        k = int(m.group(1)) if m else max(1, round(target.n_layers / 4))
+        if not 1 <= k <= target.n_layers:  # k = all layers: the target drafts for itself
+            raise InvalidParameter(
+                f"draft 'self:{k}': k must be in 1..{target.n_layers} for this "
+                f"{target.n_layers}-layer model"
+            )
+        return SelfDrafter(target, cache, k)
+    draft = load_model(spec, device=target.device, dtype=target.dtype)
+    if not same_vocabulary(draft, target):
+        raise InvalidParameter(
+            f"draft model {spec!r} does not share the target's tokenizer; "
+            "draft-and-verify needs the same token ids (or use self:k)"
+        )
+    return ModelDrafter(draft)
+
+
+def same_vocabulary(a: ModelBundle, b: ModelBundle) -> bool:
+    return a.tokenizer is b.tokenizer or a.tokenizer.get_vocab() == b.tokenizer.get_vocab()

@@ -1,0 +1,109 @@
+"""Speculative decoding (Leviathan et al. 2022; Chen et al. 2023): a cheap drafter proposes γ
+tokens one by one, the target checks all of them in ONE forward.
+
+    repeat:
+        x = last committed token
+        for j in 1..γ: d_j ~ q(· | context, x, d_<j)          # γ cheap draft forwards
+        p = target([x, d_1 .. d_γ])                           # one target forward, γ + 1 rows
+        greedy:   keep the longest prefix with d_j = argmax p_j, then the target's own token
+        sampling: keep d_j with prob min(1, p_j(d_j) / q_j(d_j)); on the first rejection draw from
+                  norm(max(0, p_j − q_j)); if all are kept, a bonus token from p_{γ+1}
+        adaptive γ: all kept -> γ + 2, a rejection -> γ − 1 (transformers' heuristic schedule)
+
+The drafter is `self:k` (the target's first k layers + its LM head, sharing the target's KV cache,
+LayerSkip-style) or another model with the same tokenizer (e.g. SmolLM2-135M for SmolLM2-1.7B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .base import Budget, DecodeConfig
+from .drafters import make_drafter
+from .events import Commit, Draft, Event, Prefill, Verify
+from .models import ModelBundle
+from .params import Param
+from .runtime import crop_cache, forward, new_cache
+from .tree import chain
+from .verify import greedy_chain, speculative_chain
+
+DRAFT_HELP = (
+    "self:k = the target's first k layers (self = a quarter of them); or a model id with the "
+    "same tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
+)
+
+PARAMS = (
+    Param("draft", str, "self", DRAFT_HELP),
+    Param("gamma", int, 4, "γ: draft tokens per step (the starting value when adaptive)", 1, 16),
+    Param(
+        "schedule",
+        str,
+        "adaptive",
+        "fixed γ, or grow on full acceptance / shrink on rejection",
+        choices=("fixed", "adaptive"),
+    ),
+)
+MAX_GAMMA = 16
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+    drafter = make_drafter(cfg.params["draft"], bundle, cache)
+    gamma, adaptive = cfg.params["gamma"], cfg.params["schedule"] == "adaptive"
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    first = (
+        greedy_chain([], out.logits)
+        if sampler.greedy
+        else speculative_chain([], out.logits[:0], out.logits, sampler)
+    )
+    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
+    context = [*prompt_ids, *budget.tokens]
+    step = 0
+    while not budget.done:
+        step += 1
+        in_cache = len(context) - 1
+        for catch_up in drafter.begin(context, step):
+            yield catch_up.event
+        # The target adds one token of its own, so never draft past remaining - 1.
+        n = min(gamma, budget.remaining - 1)
+        draft: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        feed = context[-1]
+        for _ in range(n):
+            d_out = drafter.forward([feed], step, logits_to_keep=1)
+            yield d_out.event
+            q = sampler.distribution(d_out.logits[-1])
+            feed = sampler.pick(d_out.logits[-1], q)
+            draft.append(feed)
+            q_rows.append(q)
+        drafter.end()
+        if draft:
+            q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
+            yield Draft(step, drafter.label, tuple(draft), chain(len(draft)), q_draft)
+
+        out = forward(
+            bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
+        )
+        yield out.event
+        if sampler.greedy:
+            verdict = greedy_chain(draft, out.logits)
+        else:
+            q_all = torch.stack(q_rows) if q_rows else out.logits[:0]
+            verdict = speculative_chain(draft, q_all, out.logits, sampler)
+        if draft:
+            yield Verify(
+                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
+            )
+        crop_cache(cache, in_cache + 1 + len(verdict.accepted))
+        taken = budget.take(verdict.tokens)
+        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
+        context.extend(taken)
+        if adaptive and draft:
+            gamma = min(MAX_GAMMA, gamma + 2) if len(verdict.accepted) == n else max(1, gamma - 1)

@@ -1,0 +1,247 @@
+"""Token-tree speculative decoding: draft a TREE of likely continuations, verify it in ONE forward.
+
+A chain draft dies at its first wrong token; a tree keeps alternatives at every depth, so the
+target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
+
+    repeat:
+        x = last committed token
+        grow the tree with the drafter, one batched forward per depth:
+            static  (Medusa-style choice list): the paths are fixed ranks, e.g. "0.1" = the 2nd most
+                     likely child of the most likely first token
+            dynamic (EAGLE-2): expand the top_k nodes with the highest cumulative draft
+                     probability at each depth, then keep the `nodes` most confident nodes overall
+        p = target([x, *tree]) with a tree attention mask: node i sees the context + its ancestors
+        greedy:   follow the target's argmax down the tree while the tree has that child
+        sampling: at each node try its children in order with the multi-draft residual rule
+        keep the KV of x and the accepted path only (compacted), commit path + the target's token
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .base import Budget, DecodeConfig
+from .drafters import Drafter, make_drafter
+from .errors import InvalidParameter
+from .events import Commit, Draft, Event, Forward, Prefill, Verify
+from .models import ModelBundle
+from .params import Param
+from .runtime import forward, keep_cache, new_cache
+from .sampling import Sampler
+from .speculative import DRAFT_HELP
+from .tree import depths, feed_mask, tree_mask, tree_positions, with_root
+from .verify import greedy_chain, greedy_tree, sample_tree
+
+# A Medusa-style static tree: 15 nodes, 4 deep, wider where the draft is usually right.
+DEFAULT_CHOICES = "0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0.0"
+MAX_NODES = 64
+
+PARAMS = (
+    Param("draft", str, "self", DRAFT_HELP),
+    Param(
+        "shape",
+        str,
+        "dynamic",
+        "dynamic = EAGLE-2 (expand the most confident nodes); static = the choice list below",
+        choices=("dynamic", "static"),
+    ),
+    Param("depth", int, 4, "dynamic: tree depth (draft forwards per step)", 1, 10),
+    Param(
+        "top_k", int, 3, "dynamic: nodes expanded per depth, and children per expanded node", 1, 8
+    ),
+    Param("nodes", int, 12, "dynamic: draft nodes kept for verification", 1, MAX_NODES),
+    Param(
+        "choices",
+        str,
+        DEFAULT_CHOICES,
+        "static: the tree as paths of child ranks, e.g. '0 1 0.0' (0 = the draft's top token)",
+    ),
+)
+
+
+def parse_choices(text: str) -> list[tuple[int, ...]]:
+    """'0 1 0.0' -> [(0,), (1,), (0, 0)], sorted by depth; every path's parent must be listed."""
+    try:
+        paths = [tuple(int(r) for r in item.split(".")) for item in text.replace(",", " ").split()]
+    except ValueError:
+        raise InvalidParameter(
+            f"choices {text!r}: expected paths like '0 1 0.0' (dot-separated child ranks)"
+        ) from None
+    if not paths or len(paths) > MAX_NODES:
+        raise InvalidParameter(f"choices: give 1..{MAX_NODES} paths, got {len(paths)}")
+    known = set(paths)
+    for path in paths:
+        if any(r < 0 or r >= 16 for r in path):
+            raise InvalidParameter(
+                f"choices: ranks must be in 0..15, got {'.'.join(map(str, path))}"
+            )
+        if len(path) > 1 and path[:-1] not in known:
+            raise InvalidParameter(
+                f"choices: path {'.'.join(map(str, path))} needs its parent "
+                f"{'.'.join(map(str, path[:-1]))} in the list"
+            )
+    return sorted(known, key=lambda p: (len(p), p))
+
+
+@dataclass
+class TreeDraft:
+    """A draft tree under construction; node order = the order nodes were created (parents first)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)  # draft probability given the parent
+    score: list[float] = field(default_factory=list)  # cumulative draft probability of the path
+
+    def add(self, token: int, parent: int, prob: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.probs.append(prob)
+        self.score.append(prob * (self.score[parent] if parent >= 0 else 1.0))
+        return len(self.tokens) - 1
+
+
+class Grower:
+    """Feeds tree nodes to the drafter a level at a time and returns their next-token distributions."""
+
+    def __init__(self, drafter: Drafter, sampler: Sampler, step: int) -> None:
+        self.drafter, self.sampler, self.step = drafter, sampler, step
+        self.fed: list[int] = []
+        self.events: list[Forward] = []
+
+    def root(self, x: int) -> torch.Tensor:
+        out = self.drafter.forward([x], self.step, logits_to_keep=1)
+        self.events.append(out.event)
+        self.base = self.drafter.cache_length + 1  # context + x
+        return self._dist(out.logits)[0]
+
+    def expand(self, tree: TreeDraft, nodes: Sequence[int]) -> list[torch.Tensor]:
+        mask = feed_mask(tree.parents, self.fed, nodes, self.base)
+        positions = [self.base + d for d in (depths(tree.parents)[n] for n in nodes)]
+        out = self.drafter.forward([tree.tokens[n] for n in nodes], self.step, positions, mask)
+        self.events.append(out.event)
+        self.fed.extend(nodes)
+        return list(self._dist(out.logits))
+
+    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
+        # Greedy: rank by the plain softmax. Sampling: by the tempered / truncated distribution.
+        return self.sampler.distribution(logits)
+
+
+def grow_dynamic(grower: Grower, x: int, depth: int, top_k: int, keep: int) -> TreeDraft:
+    """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally."""
+    tree = TreeDraft()
+    frontier = _children(tree, -1, grower.root(x), top_k)
+    for _ in range(depth - 1):
+        best = sorted(frontier, key=lambda n: -tree.score[n])[:top_k]
+        dists = grower.expand(tree, best)
+        frontier = [
+            c for n, dist in zip(best, dists, strict=True) for c in _children(tree, n, dist, top_k)
+        ]
+    # A child's score never exceeds its parent's, so the top `keep` (ties: older first) is a tree.
+    kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))[:keep]
+    return _subtree(tree, sorted(kept))
+
+
+def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: int) -> TreeDraft:
+    """Medusa-style: each path is a list of child ranks under the draft's distribution."""
+    tree = TreeDraft()
+    node_of: dict[tuple[int, ...], int] = {}
+    dist_of: dict[tuple[int, ...], torch.Tensor] = {(): grower.root(x)}
+    for level in range(1, depth + 1):
+        paths = [p for p in choices if len(p) == level and p[:-1] in dist_of]
+        for path in paths:
+            parent = node_of.get(path[:-1], -1)
+            order = torch.argsort(dist_of[path[:-1]], descending=True)
+            token = int(order[path[-1]])
+            node_of[path] = tree.add(token, parent, float(dist_of[path[:-1]][token]))
+        parents_next = [
+            p for p in paths if any(len(c) == level + 1 and c[:-1] == p for c in choices)
+        ]
+        if level < depth and parents_next:
+            dists = grower.expand(tree, [node_of[p] for p in parents_next])
+            dist_of.update(zip(parents_next, dists, strict=True))
+    return tree
+
+
+def _children(tree: TreeDraft, parent: int, dist: torch.Tensor, k: int) -> list[int]:
+    values, tokens = torch.topk(dist, k)
+    return [tree.add(int(t), parent, float(v)) for v, t in zip(values, tokens, strict=True)]
+
+
+def _subtree(tree: TreeDraft, nodes: list[int]) -> TreeDraft:
+    """The tree restricted to `nodes` (ancestor-closed, in creation order), renumbered."""
+    index = {n: i for i, n in enumerate(nodes)}
+    out = TreeDraft()
+    for n in nodes:
+        out.add(tree.tokens[n], index.get(tree.parents[n], -1), tree.probs[n])
+    return out
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    p = cfg.params
+    choices = parse_choices(p["choices"]) if p["shape"] == "static" else []
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+    drafter = make_drafter(p["draft"], bundle, cache)
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    first = (
+        greedy_chain([], out.logits) if sampler.greedy else sample_tree([], [], out.logits, sampler)
+    )
+    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
+    context = [*prompt_ids, *budget.tokens]
+    step = 0
+    while not budget.done:
+        step += 1
+        in_cache, x = len(context) - 1, context[-1]
+        for catch_up in drafter.begin(context, step):
+            yield catch_up.event
+        # The target adds one token after the accepted path: keep paths within remaining - 1.
+        depth_cap = budget.remaining - 1
+        tree = TreeDraft()
+        if depth_cap > 0:
+            grower = Grower(drafter, sampler, step)
+            if choices:
+                tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
+            else:
+                tree = grow_dynamic(grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"])
+            drafter.end()
+            yield from grower.events
+            yield Draft(
+                step,
+                drafter.label,
+                tuple(tree.tokens),
+                tuple(tree.parents),
+                tuple(round(v, 6) for v in tree.probs),
+            )
+
+        # ONE target forward over x and the whole tree.
+        parents = with_root(tree.parents)
+        out = forward(
+            bundle,
+            cache,
+            [x, *tree.tokens],
+            step=step,
+            kind="verify" if tree.tokens else "target",
+            positions=tree_positions(parents, in_cache),
+            mask=tree_mask(parents, in_cache),
+        )
+        yield out.event
+        if sampler.greedy:
+            verdict = greedy_tree(tree.tokens, tree.parents, out.logits)
+        else:
+            verdict = sample_tree(tree.tokens, tree.parents, out.logits, sampler)
+        if tree.tokens:
+            yield Verify(
+                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
+            )
+        keep_cache(cache, in_cache, [0, *(1 + i for i in verdict.accepted)])
+        taken = budget.take(verdict.tokens)
+        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
+        context.extend(taken)
