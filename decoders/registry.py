@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import autoregressive, prompt_lookup, speculative, token_tree
+from . import autoregressive, prompt_lookup, self_speculative, speculative, token_tree
 from .base import Method
 
 METHODS: dict[str, Method] = {
@@ -34,6 +34,13 @@ METHODS: dict[str, Method] = {
             decode=token_tree.decode,
             params=token_tree.PARAMS,
             summary="Drafts a tree of alternatives; one forward with a tree mask verifies every branch.",
+        ),
+        Method(
+            name="self_speculative",
+            title="Draft & Verify (self-speculative, skipped layers)",
+            decode=self_speculative.decode,
+            params=self_speculative.PARAMS,
+            summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
         ),
     )
 }

@@ -56,6 +56,7 @@ def forward(
     layers: int | Sequence[int] | None = None,
     logits_to_keep: int = 0,
     hidden_at: Sequence[int] = (),
+    skip: SkipSet | None = None,
 ) -> ForwardResult:
     """Run `tokens` (appended to `cache`) and return their logits.
 
@@ -64,6 +65,9 @@ def forward(
         `tree.py`. Without one, new tokens attend causally to the cache and each other.
     layers: None = every layer; k = the first k layers; a sequence = exactly those layer indices.
         Partial depth appends KV only for the layers run: crop the cache afterwards.
+    skip: sublayers to leave out (Draft & Verify): every layer runs, minus these attention / MLP
+        blocks. One input token at a time, at an explicit position (skipped attention writes no
+        KV, so the layers' caches differ in length until the cache is cropped back).
     """
     model = bundle.model
     device = bundle.device
@@ -80,7 +84,11 @@ def forward(
     layer_ids = _layer_ids(bundle, layers)
 
     start = time.perf_counter()
-    if layer_ids is None:
+    if skip:
+        assert n == 1 and positions is not None, "skip-layer forwards take one token at a position"
+        logits, hidden = _forward_skipping(bundle, cache, ids, pos, skip)
+        n_layers = bundle.n_layers - len(skip.attn & skip.mlp)
+    elif layer_ids is None:
         out = model(
             input_ids=ids,
             attention_mask=mask,
@@ -155,6 +163,54 @@ def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hi
     if logits_to_keep:
         h = h[:, -logits_to_keep:]
     return bundle.model.lm_head(h)[0], hidden
+
+
+@dataclass(frozen=True)
+class SkipSet:
+    """Which sublayers a self-speculative draft leaves out: layer indices for attention and MLP."""
+
+    attn: frozenset[int] = frozenset()
+    mlp: frozenset[int] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.attn or self.mlp)
+
+    def kept_fraction(self, bundle: ModelBundle) -> float:
+        """Share of the model's weights a draft forward still reads (decoding is memory-bound)."""
+        layer = bundle.model.model.layers[0]
+        attn = sum(p.numel() for p in layer.self_attn.parameters()) or _linear_size(layer.self_attn)
+        mlp = sum(p.numel() for p in layer.mlp.parameters()) or _linear_size(layer.mlp)
+        head = bundle.model.config.vocab_size * bundle.model.config.hidden_size
+        total = bundle.n_layers * (attn + mlp) + head
+        return (total - len(self.attn) * attn - len(self.mlp) * mlp) / total
+
+
+def _linear_size(module: torch.nn.Module) -> int:
+    # Packed linears keep their weights in buffers (packing.py).
+    return sum(
+        m.in_features * m.out_features for m in module.modules() if hasattr(m, "in_features")
+    )
+
+
+def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet):
+    """Each decoder layer written out as its two residual blocks, so either can be left out."""
+    inner = bundle.model.model
+    h = inner.embed_tokens(ids)
+    rope = inner.rotary_emb(h, position_ids=pos)
+    for i, layer in enumerate(inner.layers):
+        if i not in skip.attn:
+            a, _ = layer.self_attn(
+                hidden_states=layer.input_layernorm(h),
+                attention_mask=None,  # one query token: it may see its whole (per-layer) cache
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                position_embeddings=rope,
+            )
+            h = h + a
+        if i not in skip.mlp:
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return bundle.model.lm_head(inner.norm(h))[0], {}
 
 
 # --- KV-cache rollback ------------------------------------------------------------------------------

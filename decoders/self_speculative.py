@@ -1,0 +1,174 @@
+"""Draft & Verify (Zhang et al. 2023): self-speculative decoding by skipping intermediate layers.
+
+The draft is the target itself with a fixed set of attention and MLP sublayers left out, so it
+needs no extra weights and shares the target's KV cache. The set is searched offline with
+Bayesian optimisation (`python -m decoders.search_skip`) and ships in `assets/skip_sets/`.
+
+    repeat:
+        x = last committed token
+        drafting: feed x, then each draft token, through the skipping model; stop when its top
+                  probability falls below the threshold θ, or at max_draft tokens
+        p = target([x, d_1 .. d_n])                  # ONE full forward verifies the draft
+        keep the longest prefix the target agrees with (greedy) / the rejection rule (sampling)
+        adapt θ to the acceptance rate (the paper's rule):
+            AR ← β1·AR + (1 − β1)·accepted/drafted
+            θ' = θ + ε if AR ≤ α else θ − ε;   θ ← β2·θ + (1 − β2)·θ'
+A low acceptance rate raises θ (draft less, stop earlier); a high one lowers it (draft further).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from .base import Budget, DecodeConfig
+from .errors import InvalidParameter
+from .events import Commit, Draft, Event, Prefill, Verify
+from .models import ModelBundle
+from .params import Param
+from .runtime import SkipSet, crop_cache, forward, new_cache
+from .tree import chain
+from .verify import greedy_chain, speculative_chain
+
+SKIP_SETS = Path(__file__).resolve().parent.parent / "assets" / "skip_sets"
+ALPHA, EPSILON, BETA1, BETA2 = 0.85, 0.01, 0.5, 0.9  # target acceptance rate and update rates
+
+PARAMS = (
+    Param(
+        "skip",
+        str,
+        "searched",
+        "sublayers the draft leaves out: 'searched' (the optimised set shipped for this model) "
+        "or e.g. 'attn:10,12 mlp:11,13'",
+    ),
+    Param(
+        "threshold", float, 0.6, "θ: stop drafting when the draft's top probability < θ", 0.0, 1.0
+    ),
+    Param("adaptive", bool, True, "adapt θ to the acceptance rate (Draft & Verify's rule)"),
+    Param("max_draft", int, 10, "most draft tokens per step", 1, 32),
+)
+
+
+def slug(model_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id).strip("-").lower()
+
+
+def skip_set_path(model_id: str) -> Path:
+    return SKIP_SETS / f"{slug(model_id)}.json"
+
+
+def parse_skip(text: str, n_layers: int) -> SkipSet:
+    """'attn:1,3 mlp:2' -> SkipSet(attn={1, 3}, mlp={2})."""
+    parts: dict[str, set[int]] = {"attn": set(), "mlp": set()}
+    for chunk in text.replace(";", " ").split():
+        kind, _, layers = chunk.partition(":")
+        if kind not in parts or not layers:
+            raise InvalidParameter(
+                f"skip {text!r}: expected 'attn:I,J mlp:K' (layer indices), or 'searched'"
+            )
+        try:
+            ids = {int(i) for i in layers.split(",") if i}
+        except ValueError:
+            raise InvalidParameter(f"skip {text!r}: layer indices must be integers") from None
+        if any(not 0 <= i < n_layers for i in ids):
+            raise InvalidParameter(f"skip {text!r}: layers must be in 0..{n_layers - 1}")
+        parts[kind] |= ids
+    return SkipSet(frozenset(parts["attn"]), frozenset(parts["mlp"]))
+
+
+def format_skip(skip: SkipSet) -> str:
+    return " ".join(
+        f"{kind}:{','.join(map(str, sorted(ids)))}"
+        for kind, ids in (("attn", skip.attn), ("mlp", skip.mlp))
+        if ids
+    )
+
+
+def searched_skip(bundle: ModelBundle) -> SkipSet:
+    path = skip_set_path(bundle.model_id)
+    if not path.is_file():
+        raise InvalidParameter(
+            f"no searched skip set for {bundle.model_id!r} (looked for {path.name} in "
+            "assets/skip_sets); run `python -m decoders.search_skip --model ...` or give one, "
+            "e.g. skip='attn:10,12 mlp:11,13'"
+        )
+    data = json.loads(path.read_text())
+    return SkipSet(frozenset(data["attn"]), frozenset(data["mlp"]))
+
+
+def resolve_skip(bundle: ModelBundle, text: str) -> SkipSet:
+    skip = (
+        searched_skip(bundle) if text.strip() == "searched" else parse_skip(text, bundle.n_layers)
+    )
+    if not skip:
+        raise InvalidParameter("skip: leave out at least one sublayer, or the draft IS the target")
+    return skip
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    p = cfg.params
+    skip = resolve_skip(bundle, p["skip"])
+    label = f"skip {len(skip.attn)} attn + {len(skip.mlp)} MLP of {bundle.n_layers} layers"
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+    threshold, rate = p["threshold"], ALPHA
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    first = (
+        greedy_chain([], out.logits)
+        if sampler.greedy
+        else speculative_chain([], out.logits[:0], out.logits, sampler)
+    )
+    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
+    context = [*prompt_ids, *budget.tokens]
+    step = 0
+    while not budget.done:
+        step += 1
+        in_cache = len(context) - 1
+        draft: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        feed = context[-1]
+        for j in range(min(p["max_draft"], budget.remaining - 1)):
+            d_out = forward(
+                bundle, cache, [feed], step=step, kind="draft", positions=[in_cache + j], skip=skip
+            )
+            yield d_out.event
+            q = sampler.distribution(d_out.logits[-1])
+            if float(q.max()) < threshold:  # not confident: stop before this token
+                break
+            feed = sampler.pick(d_out.logits[-1], q)
+            draft.append(feed)
+            q_rows.append(q)
+        crop_cache(cache, in_cache)  # drop the draft's KV from the layers it ran
+        if draft:
+            q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
+            yield Draft(step, label, tuple(draft), chain(len(draft)), q_draft)
+
+        out = forward(
+            bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
+        )
+        yield out.event
+        if sampler.greedy:
+            verdict = greedy_chain(draft, out.logits)
+        else:
+            q_all = torch.stack(q_rows) if q_rows else out.logits[:0]
+            verdict = speculative_chain(draft, q_all, out.logits, sampler)
+        if draft:
+            yield Verify(
+                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
+            )
+        crop_cache(cache, in_cache + 1 + len(verdict.accepted))
+        taken = budget.take(verdict.tokens)
+        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
+        context.extend(taken)
+        if p["adaptive"] and draft:
+            rate = BETA1 * rate + (1 - BETA1) * len(verdict.accepted) / len(draft)
+            nudged = threshold + EPSILON if rate <= ALPHA else threshold - EPSILON
+            threshold = min(1.0, max(0.0, BETA2 * threshold + (1 - BETA2) * nudged))
