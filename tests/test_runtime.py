@@ -155,3 +155,50 @@ def test_packed_linear_matches_torch_linear():
     assert all(not isinstance(m, torch.nn.Linear) for m in net.modules())
     with torch.inference_mode():
         assert torch.allclose(net(x), expected, atol=1e-5)
+
+
+def test_skipping_every_block_leaves_embedding_norm_and_head(tiny):
+    from decoders.runtime import SkipSet
+
+    every = frozenset(range(tiny.n_layers))
+    cache = new_cache(tiny)
+    forward(tiny, cache, [5, 6, 7], step=0, kind="prefill")
+    out = forward(tiny, cache, [9], step=1, kind="draft", positions=[3], skip=SkipSet(every, every))
+    inner = tiny.model.model
+    with torch.inference_mode():
+        expected = tiny.model.lm_head(inner.norm(inner.embed_tokens(torch.tensor([[9]]))))[0]
+    assert torch.allclose(out.logits, expected, atol=1e-5)
+    assert cache_length(cache) == 3  # skipped attention wrote no KV
+    assert out.event.layers == 0
+
+
+def test_skipping_nothing_but_one_mlp_matches_a_reference_layer_loop(tiny):
+    """Skip-forward with one MLP left out equals the layers run by hand without that MLP."""
+    from decoders.runtime import SkipSet
+
+    cache = new_cache(tiny)
+    forward(tiny, cache, [5, 6, 7], step=0, kind="prefill")
+    out = forward(tiny, cache, [9], step=1, kind="draft", positions=[3], skip=SkipSet(mlp={2}))
+    ref_cache = new_cache(tiny)
+    forward(tiny, ref_cache, [5, 6, 7], step=0, kind="prefill")
+    inner = tiny.model.model
+    with torch.inference_mode():
+        ids, pos = torch.tensor([[9]]), torch.tensor([[3]])
+        h = inner.embed_tokens(ids)
+        rope = inner.rotary_emb(h, position_ids=pos)
+        for i, layer in enumerate(inner.layers):
+            a, _ = layer.self_attn(
+                hidden_states=layer.input_layernorm(h),
+                attention_mask=None,
+                position_ids=pos,
+                past_key_values=ref_cache,
+                use_cache=True,
+                position_embeddings=rope,
+            )
+            h = h + a
+            if i != 2:
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+        expected = tiny.model.lm_head(inner.norm(h))[0]
+        full = forward(tiny, new_cache(tiny), [5, 6, 7, 9], step=0, kind="prefill").logits[-1]
+    assert torch.allclose(out.logits, expected, atol=1e-5)
+    assert not torch.allclose(out.logits[0], full, atol=1e-3)  # the skipped MLP mattered

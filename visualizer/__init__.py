@@ -11,6 +11,7 @@ from .figures import (
 )
 from .panels import method_panel
 from .tokens import lossless_badge_html, metrics_html, token_spans_html
+from .tree_view import token_tree, tree_layout
 
 __all__ = [
     "acceptance_by_position",
@@ -22,6 +23,8 @@ __all__ = [
     "method_panel",
     "metrics_html",
     "token_spans_html",
+    "token_tree",
     "tokens_per_step",
     "topk_panel",
+    "tree_layout",
 ]

@@ -9,12 +9,16 @@ import plotly.graph_objects as go
 from decoders.events import Event
 
 from .figures import draft_panel, topk_panel
+from .tree_view import token_tree
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
 
 PANELS: dict[str, Panel] = {
     "autoregressive": topk_panel,
     "prompt_lookup": draft_panel,
+    "speculative": draft_panel,
+    "self_speculative": draft_panel,
+    "token_tree": token_tree,
 }
 
 
