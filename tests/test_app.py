@@ -149,3 +149,52 @@ def test_cancelling_a_stream_ends_its_decode_thread(embedded):
         assert decoding() == 0
     finally:
         demo.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("prompt_lookup", {}),
+        ("speculative", {"draft": "self:2", "gamma": 3}),
+        ("speculative", {"draft": "tiny-random", "schedule": "fixed"}),
+        ("token_tree", {"draft": "tiny-random-2"}),
+        ("token_tree", {"draft": "self:3", "shape": "static"}),
+        ("self_speculative", {"skip": "attn:1 mlp:2", "threshold": 0.0}),
+        ("self_speculative", {}),
+    ],
+)
+def test_every_method_runs_through_the_api_and_is_lossless(client, tiny, method, params):
+    _text, _stats, trace = client.predict(
+        prompt="def f(x):",
+        method=method,
+        model="tiny-random",
+        max_new_tokens=16,
+        params=json.dumps(params),
+        api_name="/run",
+    )
+    expected = generate(tiny, "def f(x):", max_new_tokens=16)
+    assert trace["token_ids"] == expected.token_ids
+    assert trace["method"] == method
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "message"),
+    [
+        ("speculative", {"draft": "self:99"}, "k must be in 1..4"),
+        ("speculative", {"draft": "no/such-model"}, "offline|not offered|could not"),
+        ("token_tree", {"shape": "static", "choices": "0.0"}, "needs its parent"),
+        ("self_speculative", {"skip": "attn:x"}, "integers"),
+        ("self_speculative", {"skip": "mlp:7"}, "layers must be in 0..3"),
+    ],
+)
+def test_bad_method_parameters_are_messages(client, method, params, message):
+    with pytest.raises(Exception, match=message) as info:
+        client.predict(
+            prompt="hi",
+            method=method,
+            model="tiny-random",
+            max_new_tokens=4,
+            params=json.dumps(params),
+            api_name="/run",
+        )
+    assert "Traceback" not in str(info.value)

@@ -197,3 +197,28 @@ def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, p
     page.get_by_text(f"Step {max(steps)}: prompt lookup").wait_for(timeout=30_000)
     page.locator("#panel .js-plotly-plot").wait_for(timeout=30_000)
     page.screenshot(path=str(ARTIFACTS / "prompt-lookup.png"), full_page=True)
+
+
+def test_token_tree_view_from_a_link(server, page):
+    """A token-tree run where the draft is the target itself: every step's tree has an accepted path."""
+    page.goto(
+        f"{server}?model=tiny-random&method=token_tree&draft=tiny-random&shape=static"
+        "&max_new_tokens=24&prompt=def%20f(x):"
+    )
+    page.wait_for_function(
+        "document.querySelector('#method input')?.value.startsWith('Token tree')", timeout=30_000
+    )
+    page.wait_for_function(
+        "document.querySelector('#token_tree-draft textarea, #token_tree-draft input')?.value"
+        " === 'tiny-random'",
+        timeout=30_000,
+    )
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    page.get_by_text("identical to greedy").wait_for(timeout=60_000)
+    slider = page.locator("#step input[type=number]")
+    slider.fill("2")
+    slider.press("Enter")
+    page.get_by_text("Step 2: token tree from tiny-random").wait_for(timeout=30_000)
+    page.locator("#panel .js-plotly-plot").wait_for(timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "token-tree.png"), full_page=True)
