@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import autoregressive, prompt_lookup, self_speculative, speculative, token_tree
+from . import autoregressive, jacobi, prompt_lookup, self_speculative, speculative, token_tree
 from .base import Method
 
 METHODS: dict[str, Method] = {
@@ -41,6 +41,14 @@ METHODS: dict[str, Method] = {
             decode=self_speculative.decode,
             params=self_speculative.PARAMS,
             summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
+        ),
+        Method(
+            name="jacobi",
+            title="Jacobi decoding (parallel fixed-point iteration)",
+            decode=jacobi.decode,
+            params=jacobi.PARAMS,
+            sampling=False,
+            summary="Refines a block of guessed tokens in parallel; commits the converged prefix.",
         ),
     )
 }

@@ -139,3 +139,15 @@ def test_draft_panel_colours_accepted_rejected_and_the_correction():
     assert list(target.marker.color) == [COLOURS["draft"], COLOURS["draft"], COLOURS["correction"]]
     assert "accepted 2" in fig.layout.title.text
     assert "plain target step" in draft_panel(SPEC, TEXTS, 2).layout.annotations[0].text
+
+
+def test_acceptance_panel_shows_histogram_and_rate_per_position():
+    from visualizer import acceptance_panel
+
+    stats = {"acceptance_histogram": [1, 0, 2], "acceptance_by_position": [0.67, 0.5]}
+    fig = acceptance_panel(stats)
+    assert [list(t.y) for t in fig.data] == [[1, 0, 2], [0.67, 0.5]]
+    assert list(fig.data[1].x) == [1, 2]
+    assert "per draft position" in fig.layout.title.text
+    empty = acceptance_panel({"acceptance_histogram": []})
+    assert not empty.data and "no drafts" in empty.layout.annotations[0].text

@@ -20,7 +20,7 @@ from decoders import METHODS, DecodingLabError
 from decoders.events import MAX_TRACE_BYTES, Commit, Forward
 from decoders.params import SAMPLING_PARAMS, Param
 from visualizer import (
-    acceptance_histogram,
+    acceptance_panel,
     compare_chart,
     forward_timeline,
     method_panel,
@@ -112,7 +112,7 @@ def full_views(trace: Trace, status: str) -> tuple:
         metrics_html(trace.stats, trace.meta.get("lossless")),
         timeline,
         per_step,
-        acceptance_histogram(trace.stats),
+        acceptance_panel(trace.stats),
         panel,
         gr.Slider(
             minimum=0,

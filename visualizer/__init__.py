@@ -3,6 +3,7 @@
 from .figures import (
     acceptance_by_position,
     acceptance_histogram,
+    acceptance_panel,
     compare_chart,
     draft_panel,
     forward_timeline,
@@ -16,6 +17,7 @@ from .tree_view import token_tree, tree_layout
 __all__ = [
     "acceptance_by_position",
     "acceptance_histogram",
+    "acceptance_panel",
     "compare_chart",
     "draft_panel",
     "forward_timeline",

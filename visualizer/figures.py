@@ -167,6 +167,46 @@ def acceptance_by_position(stats: Mapping[str, Any]) -> go.Figure:
     return _base_layout(fig, "Acceptance rate by draft position")
 
 
+def acceptance_panel(stats: Mapping[str, Any]) -> go.Figure:
+    """Both acceptance views side by side: how many drafts each step kept, and how often each draft
+    position survives (where the drafter stops agreeing with the target)."""
+    from plotly.subplots import make_subplots
+
+    hist = stats.get("acceptance_histogram") or []
+    rates = stats.get("acceptance_by_position") or []
+    if not hist:
+        return _empty("Acceptance", "no drafts: each step commits one target token")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16)
+    fig.add_trace(
+        go.Bar(
+            x=list(range(len(hist))),
+            y=hist,
+            marker_color="#2e7d32",
+            name="steps",
+            hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Bar(
+            x=list(range(1, len(rates) + 1)),
+            y=rates,
+            marker_color="#81c784",
+            name="rate",
+            hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
+    fig.update_xaxes(title_text="drafts accepted in a step", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="verify steps", row=1, col=1)
+    fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="accepted", range=[0, 1], tickformat=".0%", row=1, col=2)
+    fig.update_layout(showlegend=False)
+    return _base_layout(fig, "Acceptance: per step (left) and per draft position (right)")
+
+
 def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
     """Autoregressive's method panel: the target's top-k candidates at this step, the chosen one dark."""
     top = next((e for e in events if isinstance(e, TopK) and e.step == step), None)
