@@ -70,6 +70,8 @@ class Method:
     lossless: bool = True  # greedy output must equal autoregressive greedy token for token
     sampling: bool = True  # accepts temperature / top_p / seed
     summary: str = ""
+    # Checks that need the model (a draft's layer count, a skip set): run before decoding starts.
+    check: Callable[[Any, Mapping[str, Any]], None] | None = None
 
     @property
     def schema(self) -> tuple[Param, ...]:

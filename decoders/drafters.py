@@ -124,8 +124,8 @@ class ModelDrafter(Drafter):
         return self.seen
 
 
-def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter:
-    """`self:k` or a model id whose tokenizer matches the target's."""
+def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle:
+    """`self`/`self:k` -> k; a model id -> its loaded bundle (same tokenizer required)."""
     spec = spec.strip()
     m = SELF_DRAFT.match(spec)
     if spec == "self" or m:
@@ -135,13 +135,27 @@ def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter
                 f"draft 'self:{k}': k must be in 1..{target.n_layers} for this "
                 f"{target.n_layers}-layer model"
             )
-        return SelfDrafter(target, cache, k)
+        return k
+    if spec.lower().startswith("self"):
+        raise InvalidParameter(f"draft {spec!r}: write self:k with a layer count k, e.g. self:8")
     draft = load_model(spec, device=target.device, dtype=target.dtype)
     if not same_vocabulary(draft, target):
         raise InvalidParameter(
             f"draft model {spec!r} does not share the target's tokenizer; "
             "draft-and-verify needs the same token ids (or use self:k)"
         )
+    return draft
+
+
+def check_draft(target: ModelBundle, params) -> None:
+    resolve_draft(params["draft"], target)
+
+
+def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter:
+    """`self:k` or a model id whose tokenizer matches the target's."""
+    draft = resolve_draft(spec, target)
+    if isinstance(draft, int):
+        return SelfDrafter(target, cache, draft)
     return ModelDrafter(draft)
 
 

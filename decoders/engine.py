@@ -124,6 +124,8 @@ def prepare(
             f"{len(prompt_ids) + max_new_tokens} tokens, longer than the model's context of "
             f"{bundle.context_length} tokens"
         )
+    if m.check is not None:
+        m.check(bundle, values)
     cfg = DecodeConfig(max_new_tokens, bundle.eos_ids, values, detail)
     return Run(bundle, m, text, prompt_ids, cfg)
 

@@ -89,10 +89,39 @@ class JacobiIteration(Event):
 
 @dataclass(frozen=True)
 class NgramPool(Event):
+    """The n-gram pool after a lookahead step: `added` = n-grams the window yielded this step;
+    `hits` = candidates found for the last committed token (what the verify branch checked);
+    `size` = n-grams held; `top` = the most used n-grams with their hit counts so far."""
+
     type: ClassVar[str] = "NgramPool"
     step: int
     added: tuple[tuple[int, ...], ...]
     hits: int
+    size: int = 0
+    top: tuple[tuple[int, ...], ...] = ()  # each: (hit count, *n-gram tokens)
+
+
+@dataclass(frozen=True)
+class LookaheadWindow(Event):
+    """Lookahead's 2D window at one step: `levels[j][i]` is the token at Jacobi level j (0 = the
+    oldest), window position i; `outputs[i]` is the target's new guess on top of column i."""
+
+    type: ClassVar[str] = "LookaheadWindow"
+    step: int
+    levels: tuple[tuple[int, ...], ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AttentionMask(Event):
+    """The attention pattern of one forward among its new inputs (the cached context is visible
+    to all): `visible[i]` lists the input indices input i attends to; `labels[i]` names its branch
+    and slot, e.g. "x", "look L1·3", "verify c2·1"."""
+
+    type: ClassVar[str] = "AttentionMask"
+    step: int
+    labels: tuple[str, ...]
+    visible: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -144,6 +173,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Verify,
         JacobiIteration,
         NgramPool,
+        LookaheadWindow,
+        AttentionMask,
         LayerExit,
         TopK,
         Commit,

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from . import autoregressive, jacobi, prompt_lookup, self_speculative, speculative, token_tree
+from . import (
+    autoregressive,
+    drafters,
+    jacobi,
+    lookahead,
+    prompt_lookup,
+    self_speculative,
+    speculative,
+    token_tree,
+)
 from .base import Method
 
 METHODS: dict[str, Method] = {
@@ -26,6 +35,7 @@ METHODS: dict[str, Method] = {
             title="Speculative decoding (draft model or self:k early exit)",
             decode=speculative.decode,
             params=speculative.PARAMS,
+            check=drafters.check_draft,
             summary="A cheap drafter proposes γ tokens; the target accepts a prefix in one forward.",
         ),
         Method(
@@ -33,6 +43,7 @@ METHODS: dict[str, Method] = {
             title="Token tree (static Medusa-style or dynamic EAGLE-2-style)",
             decode=token_tree.decode,
             params=token_tree.PARAMS,
+            check=token_tree.check,
             summary="Drafts a tree of alternatives; one forward with a tree mask verifies every branch.",
         ),
         Method(
@@ -40,6 +51,7 @@ METHODS: dict[str, Method] = {
             title="Draft & Verify (self-speculative, skipped layers)",
             decode=self_speculative.decode,
             params=self_speculative.PARAMS,
+            check=self_speculative.check,
             summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
         ),
         Method(
@@ -49,6 +61,13 @@ METHODS: dict[str, Method] = {
             params=jacobi.PARAMS,
             sampling=False,
             summary="Refines a block of guessed tokens in parallel; commits the converged prefix.",
+        ),
+        Method(
+            name="lookahead",
+            title="Lookahead decoding (Jacobi window + n-gram verification)",
+            decode=lookahead.decode,
+            params=lookahead.PARAMS,
+            summary="Jacobi trajectories fill an n-gram pool; matching n-grams are verified in the same forward.",
         ),
     )
 }

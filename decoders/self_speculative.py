@@ -109,6 +109,10 @@ def resolve_skip(bundle: ModelBundle, text: str) -> SkipSet:
     return skip
 
 
+def check(bundle: ModelBundle, params) -> None:
+    resolve_skip(bundle, params["skip"])
+
+
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
     p = cfg.params
     skip = resolve_skip(bundle, p["skip"])

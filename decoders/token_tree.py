@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Budget, DecodeConfig
-from .drafters import Drafter, make_drafter
+from .drafters import Drafter, check_draft, make_drafter
 from .errors import InvalidParameter
 from .events import Commit, Draft, Event, Forward, Prefill, Verify
 from .models import ModelBundle
@@ -178,6 +178,12 @@ def _subtree(tree: TreeDraft, nodes: list[int]) -> TreeDraft:
     for n in nodes:
         out.add(tree.tokens[n], index.get(tree.parents[n], -1), tree.probs[n])
     return out
+
+
+def check(bundle: ModelBundle, params) -> None:
+    check_draft(bundle, params)
+    if params["shape"] == "static":
+        parse_choices(params["choices"])
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:

@@ -22,6 +22,7 @@ from decoders.params import SAMPLING_PARAMS, Param
 from visualizer import (
     acceptance_panel,
     compare_chart,
+    extra_panels,
     forward_timeline,
     method_panel,
     metrics_html,
@@ -236,6 +237,11 @@ def build_demo() -> gr.Blocks:
                             )
                             hist = gr.Plot(label="Acceptance", elem_id="hist", show_label=False)
                         panel = gr.Plot(label="Method panel", elem_id="panel", show_label=False)
+                        with gr.Row():  # a method's further views (lookahead: window, pool)
+                            extras = [
+                                gr.Plot(visible=False, elem_id=f"panel{i}", show_label=False)
+                                for i in (2, 3)
+                            ]
                         with gr.Accordion("How this method works", open=False):
                             method_help = gr.Markdown(explainer("autoregressive"))
                 timer = gr.Timer(0.6, active=False)
@@ -369,6 +375,27 @@ def build_demo() -> gr.Blocks:
             on_step,
             [trace_state, step],
             [tokens_html, timeline, per_step, panel],
+            api_visibility="private",
+            show_progress="hidden",
+        )
+
+        def on_panel(trace: Trace | None, s: float | None):
+            """The extra views follow the main panel: same trace, same step."""
+            if trace is None:
+                return [gr.Plot(visible=False) for _ in extras]
+            at = trace.last_step if s is None else min(int(s), trace.last_step)
+            figures = extra_panels(trace.meta.get("method", ""), trace.events, trace.texts, at)
+            return [
+                gr.Plot(value=figures[i], visible=True)
+                if i < len(figures)
+                else gr.Plot(visible=False)
+                for i in range(len(extras))
+            ]
+
+        panel.change(
+            on_panel,
+            [trace_state, step],
+            extras,
             api_visibility="private",
             show_progress="hidden",
         )

@@ -10,7 +10,7 @@ from .figures import (
     tokens_per_step,
     topk_panel,
 )
-from .panels import method_panel
+from .panels import extra_panels, method_panel
 from .tokens import lossless_badge_html, metrics_html, token_spans_html
 from .tree_view import token_tree, tree_layout
 
@@ -20,6 +20,7 @@ __all__ = [
     "acceptance_panel",
     "compare_chart",
     "draft_panel",
+    "extra_panels",
     "forward_timeline",
     "lossless_badge_html",
     "method_panel",

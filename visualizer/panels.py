@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from decoders.events import Event
 
 from .figures import draft_panel, topk_panel
+from .lookahead_views import jacobi_trajectory, lookahead_panel, lookahead_window, ngram_pool
 from .tree_view import token_tree
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
@@ -19,6 +20,8 @@ PANELS: dict[str, Panel] = {
     "speculative": draft_panel,
     "self_speculative": draft_panel,
     "token_tree": token_tree,
+    "jacobi": jacobi_trajectory,
+    "lookahead": lookahead_panel,
 }
 
 
@@ -26,3 +29,15 @@ def method_panel(
     method: str, events: Sequence[Event], texts: Mapping[int, str], step: int
 ) -> go.Figure:
     return PANELS.get(method, topk_panel)(events, texts, step)
+
+
+# Methods with more to show than one panel: drawn under the main one, same step.
+EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
+    "lookahead": (lookahead_window, ngram_pool),
+}
+
+
+def extra_panels(
+    method: str, events: Sequence[Event], texts: Mapping[int, str], step: int
+) -> list[go.Figure]:
+    return [panel(events, texts, step) for panel in EXTRA_PANELS.get(method, ())]

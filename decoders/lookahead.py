@@ -1,0 +1,218 @@
+"""Lookahead decoding (Fu et al. 2024): Jacobi iteration generates n-grams, one forward verifies them.
+
+Each step is ONE target forward over three groups of new inputs, all hanging off x, the last
+committed token:
+
+    lookahead branch   a 2D window: W positions × (N − 1) levels of Jacobi history. Level 0 reads
+                       like a sequence after x; each higher level climbs its column, so every
+                       window token sees x, level 0 up to its column, then its column below it.
+                       The top level's outputs are the next Jacobi guesses; each column's history
+                       plus its new guess is an N-gram for the pool.
+    verification       up to G n-grams from the pool whose first token is x, merged into a trie
+                       (shared prefixes once), each node seeing x and its trie ancestors.
+    x                  itself, predicting the next token as in autoregressive decoding.
+
+Because every group is a tree rooted at x, the shared tree-mask builder makes the combined mask and
+the position ids (position = depth). Greedy: follow the target's argmax down the trie (lossless).
+Sampling: the trie's children are point-mass drafts: the multi-draft residual rule (lossless in
+distribution). The window's KV is discarded each step; x and the accepted trie path are kept.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from .base import Budget, DecodeConfig
+from .events import AttentionMask, Commit, Draft, Event, LookaheadWindow, NgramPool, Prefill, Verify
+from .models import ModelBundle
+from .params import Param
+from .runtime import forward, keep_cache, new_cache
+from .tree import tree_mask, tree_positions
+from .verify import greedy_chain, greedy_tree, sample_tree
+
+PARAMS = (
+    Param("N", int, 4, "n-gram size: the window keeps N − 1 levels of Jacobi history", 2, 8),
+    Param("W", int, 5, "window: positions guessed ahead in parallel (0 = no lookahead)", 0, 16),
+    Param("G", int, 5, "most candidate n-grams verified per step (0 = no verification)", 0, 16),
+    Param("pool_from_prompt", bool, True, "seed the n-gram pool with the prompt's n-grams"),
+    Param("pool_cap", int, 8, "most n-grams kept per first token (oldest dropped)", 1, 64),
+)
+
+
+class NgramStore:
+    """n-grams keyed by their first token, newest last, at most `cap` per key; counts hits."""
+
+    def __init__(self, n: int, cap: int) -> None:
+        self.n, self.cap = n, cap
+        self.by_first: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        self.hits: Counter[tuple[int, ...]] = Counter()
+
+    def add(self, gram: Sequence[int]) -> bool:
+        gram = tuple(gram)
+        bucket = self.by_first.setdefault(gram[0], OrderedDict())
+        new = gram not in bucket
+        bucket[gram] = None
+        bucket.move_to_end(gram)
+        if len(bucket) > self.cap:
+            bucket.popitem(last=False)
+        return new
+
+    def seed(self, tokens: Sequence[int]) -> None:
+        for i in range(len(tokens) - self.n + 1):
+            self.add(tokens[i : i + self.n])
+
+    def candidates(self, first: int, g: int) -> list[tuple[int, ...]]:
+        """The newest g n-grams starting with `first`, without that first token."""
+        bucket = self.by_first.get(first, {})
+        return [gram[1:] for gram in list(bucket)[::-1][:g]]
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.by_first.values())
+
+    def top(self, k: int = 8) -> tuple[tuple[int, ...], ...]:
+        return tuple((count, *gram) for gram, count in self.hits.most_common(k))
+
+
+def trie(paths: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Merge token paths into a prefix tree: (tokens, parents), parents before children."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}
+    for path in paths:
+        node = -1
+        for t in path:
+            if (node, t) not in child:
+                tokens.append(t)
+                parents.append(node)
+                child[(node, t)] = len(tokens) - 1
+            node = child[(node, t)]
+    return tokens, parents
+
+
+def window_parents(levels: Sequence[Sequence[int]], offset: int) -> list[int]:
+    """Parent array of the lookahead window (flattened level by level), as nodes `offset`.. of a
+    tree rooted at input 0 (x): level 0 is a chain; each higher token's parent is the one below."""
+    w = len(levels[0])
+    parents = []
+    for j in range(len(levels)):
+        for i in range(w):
+            if j == 0:
+                parents.append(0 if i == 0 else offset + i - 1)
+            else:
+                parents.append(offset + (j - 1) * w + i)
+    return parents
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    p = cfg.params
+    n, w, g = p["N"], p["W"], p["G"]
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+    pool = NgramStore(n, p["pool_cap"])
+    if p["pool_from_prompt"]:
+        pool.seed(prompt_ids)
+    # Level 0 starts as tokens drawn from the prompt (seeded): Jacobi converges from any guess.
+    rng = random.Random(p.get("seed", 0))
+    levels: list[list[int]] = [[rng.choice(prompt_ids) for _ in range(w)]] if w else []
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    first = (
+        greedy_chain([], out.logits) if sampler.greedy else sample_tree([], [], out.logits, sampler)
+    )
+    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
+    context = [*prompt_ids, *budget.tokens]
+    step = 0
+    while not budget.done:
+        step += 1
+        in_cache, x = len(context) - 1, context[-1]
+        # Verification branch: pool n-grams for x, cut to the budget (the target adds one token).
+        room = budget.remaining - 1
+        full = pool.candidates(x, g) if room > 0 else []
+        grams = list(dict.fromkeys(c[:room] for c in full))  # cut, and once each
+        v_tokens, v_parents = trie(grams)
+
+        # One tree rooted at x: [x] + window (level by level) + trie.
+        look = [t for level in levels for t in level]
+        look_parents = window_parents(levels, 1) if levels else []
+        v_offset = 1 + len(look)
+        parents = [-1, *look_parents, *(v_offset + q if q >= 0 else 0 for q in v_parents)]
+        inputs = [x, *look, *v_tokens]
+        mask = tree_mask(parents, in_cache)
+        if v_tokens:
+            yield Draft(
+                step,
+                f"n-gram pool ({len(grams)} candidates)",
+                tuple(v_tokens),
+                tuple(v_parents),
+                (1.0,) * len(v_tokens),
+            )
+        if cfg.detail:
+            yield AttentionMask(step, _labels(levels, v_parents), _visible(mask, in_cache))
+        out = forward(
+            bundle,
+            cache,
+            inputs,
+            step=step,
+            kind="verify" if v_tokens else "target",
+            positions=tree_positions(parents, in_cache),
+            mask=mask,
+        )
+        yield out.event
+
+        rows = torch.cat([out.logits[:1], out.logits[v_offset:]])
+        if sampler.greedy:
+            verdict = greedy_tree(v_tokens, v_parents, rows)
+        else:
+            verdict = sample_tree(v_tokens, v_parents, rows, sampler)
+        if v_tokens:
+            yield Verify(
+                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
+            )
+            accepted = tuple(v_tokens[i] for i in verdict.accepted)
+            for c in full:  # a hit: the n-gram's continuation was (partly) accepted
+                if accepted and c[: len(accepted)] == accepted[: len(c)]:
+                    pool.hits[(x, *c)] += 1
+
+        # Lookahead: the top level's outputs are the new guesses; full columns yield n-grams.
+        added: list[tuple[int, ...]] = []
+        if levels:
+            top = out.logits[1 + (len(levels) - 1) * w : v_offset].argmax(dim=-1).tolist()
+            yield LookaheadWindow(step, tuple(map(tuple, levels)), tuple(top))
+            if len(levels) == n - 1:
+                for i in range(w):
+                    gram = (*(level[i] for level in levels), top[i])
+                    if pool.add(gram):
+                        added.append(gram)
+                levels = [*levels[1:], top]
+            else:  # warming up: the window grows a level per step until it holds N - 1
+                levels = [*levels, top]
+        if levels or g:
+            yield NgramPool(step, tuple(added), len(grams), len(pool), pool.top())
+        # Keep x and the accepted trie path; the window's KV goes.
+        keep_cache(cache, in_cache, [0, *(v_offset + i for i in verdict.accepted)])
+        taken = budget.take(verdict.tokens)
+        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
+        context.extend(taken)
+
+
+def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:
+    look = [f"look L{j}·{i}" for j, level in enumerate(levels) for i in range(len(level))]
+    depth: list[int] = []
+    for q in v_parents:
+        depth.append(0 if q < 0 else depth[q] + 1)
+    # Trie nodes are shared by candidates, so they are named by node index and depth.
+    verify = [f"verify n{i}·d{d}" for i, d in enumerate(depth)]
+    return ("x", *look, *verify)
+
+
+def _visible(mask: torch.Tensor, in_cache: int) -> tuple[tuple[int, ...], ...]:
+    """Read the mask tensor actually passed to the model back into lists of visible inputs."""
+    new = mask[0, 0, :, in_cache:] == 0
+    return tuple(tuple(int(j) for j in row.nonzero().flatten()) for row in new)

@@ -1,0 +1,166 @@
+"""Jacobi and Lookahead decoding: token-for-token equal to autoregressive greedy, and the combined
+lookahead mask gives every input exactly the logits of its own sequential context."""
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from conftest import PROMPTS
+from decoders import generate
+from decoders.events import AttentionMask, Commit, LookaheadWindow, NgramPool
+from decoders.lookahead import NgramStore, trie, window_parents
+from decoders.runtime import forward, new_cache
+from decoders.tree import ancestors, tree_mask, tree_positions
+
+_REFERENCE: dict = {}
+
+
+def same_as_greedy(bundle, prompt, max_new_tokens, method, **params):
+    res = generate(bundle, prompt, method, max_new_tokens, **params)
+    key = (bundle.model_id, tuple(prompt) if isinstance(prompt, list) else prompt, max_new_tokens)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = generate(bundle, prompt, "autoregressive", max_new_tokens, record=False)
+    ref = _REFERENCE[key]
+    assert res.token_ids == ref.token_ids, (method, params, prompt)
+    assert res.finish_reason == ref.finish_reason
+    return res
+
+
+# --- pieces ------------------------------------------------------------------------------------------
+
+
+def test_trie_merges_shared_prefixes():
+    tokens, parents = trie([(5, 6, 7), (5, 6, 8), (9,), (5, 1)])
+    assert tokens == [5, 6, 7, 8, 9, 1]
+    assert parents == [-1, 0, 1, 1, -1, 0]
+
+
+def test_window_parents_climb_columns_over_a_level0_chain():
+    levels = [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    parents = window_parents(levels, offset=1)  # input 0 is x
+    # level 0: a chain after x; level j, column i: the token below it
+    assert parents == [0, 1, 2, 1, 2, 3, 4, 5, 6]
+    full = [-1, *parents]
+    # the top token of column 2 sees x, level 0 up to column 2, then column 2's lower levels
+    assert ancestors(full, 9) == [0, 1, 2, 3, 6, 9]
+
+
+def test_ngram_store_caps_per_key_and_returns_newest_first():
+    pool = NgramStore(3, cap=2)
+    pool.seed([1, 2, 3, 1, 4, 5, 1, 6, 7])
+    assert pool.candidates(1, 5) == [(6, 7), (4, 5)]  # (1, 2, 3) dropped by the cap
+    assert pool.add((1, 4, 5)) is False  # known: moves to newest
+    assert pool.candidates(1, 1) == [(4, 5)]
+    assert pool.candidates(99, 3) == [] and len(pool) == 6  # 7 trigrams, one capped out
+
+
+def test_combined_mask_matches_sequential_forwards(tiny):
+    """Every input of a lookahead step (window token or trie node) gets the logits it would get
+    from a plain forward over the context plus its own ancestors."""
+    context = tiny.encode("def add(a, b):\n    return", chat=False)
+    levels = [[101, 102, 103], [201, 202, 203]]
+    v_tokens, v_parents = trie([(301, 302), (301, 303), (304,)])
+    look = [t for level in levels for t in level]
+    v_offset = 1 + len(look)
+    parents = [-1, *window_parents(levels, 1), *(v_offset + q if q >= 0 else 0 for q in v_parents)]
+    inputs = [context[-1], *look, *v_tokens]
+    cache = new_cache(tiny)
+    n = len(context) - 1
+    forward(tiny, cache, context[:-1], step=0, kind="prefill")
+    out = forward(
+        tiny,
+        cache,
+        inputs,
+        step=1,
+        kind="verify",
+        positions=tree_positions(parents, n),
+        mask=tree_mask(parents, n),
+    )
+    for node in range(len(inputs)):
+        path = [inputs[a] for a in ancestors(parents, node)]
+        ref = forward(tiny, new_cache(tiny), [*context[:-1], *path], step=0, kind="prefill")
+        assert torch.allclose(out.logits[node], ref.logits[-1], atol=1e-4), node
+
+
+# --- lossless ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [1, 2, 5, 8])
+@pytest.mark.parametrize("prompt", PROMPTS[:4])
+def test_jacobi_lossless_on_tiny(tiny, prompt, block):
+    same_as_greedy(tiny, prompt, 30, "jacobi", block=block)
+
+
+# N × W × G in full; the pool seeding and the prompt alternate across the grid.
+GRID = [
+    (N, W, G, i % 2 == 0, PROMPTS[i % 3])
+    for i, (N, W, G) in enumerate(itertools.product([2, 3, 4, 5], [0, 1, 3, 8], [0, 2, 8]))
+]
+
+
+@pytest.mark.parametrize(("N", "W", "G", "seeded", "prompt"), GRID)
+def test_lookahead_lossless_grid_on_tiny(tiny, N, W, G, seeded, prompt):
+    same_as_greedy(tiny, prompt, 20, "lookahead", N=N, W=W, G=G, pool_from_prompt=seeded)
+
+
+@pytest.mark.slow
+def test_lookahead_accepts_ngrams_on_code_and_emits_its_views(embedded):
+    # Code repeats its prompt (names, signatures): the seeded pool's n-grams get accepted. The
+    # random tiny model never repeats itself, so this needs the real one.
+    from test_prompt_lookup import humaneval
+
+    res = same_as_greedy(embedded, humaneval(0), 40, "lookahead", N=3, W=3, G=4)
+    origins = [o for e in res.events if isinstance(e, Commit) for o in e.origins]
+    assert "draft" in origins  # the pool's n-grams were accepted
+    masks = [e for e in res.events if isinstance(e, AttentionMask)]
+    windows = [e for e in res.events if isinstance(e, LookaheadWindow)]
+    pools = [e for e in res.events if isinstance(e, NgramPool)]
+    assert masks and windows and pools
+    assert all(len(m.labels) == len(m.visible) for m in masks)
+    assert all(0 in v for m in masks for v in m.visible)  # every input sees x
+    assert len(windows[-1].levels) == 2 and len(windows[-1].outputs) == 3  # N - 1 levels × W
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 5])
+def test_budget_edge_cases(tiny, budget):
+    for prompt in PROMPTS[:3]:
+        same_as_greedy(tiny, prompt, budget, "lookahead", N=4, W=3, G=8)
+        same_as_greedy(tiny, prompt, budget, "jacobi", block=8)
+
+
+def test_eos_inside_an_accepted_ngram(tiny):
+    """Treat a token that greedy emits mid-way as EOS: both methods stop right after it."""
+    ref = generate(tiny, PROMPTS[0], "autoregressive", 30, record=False)
+    eos = ref.token_ids[7]
+    fake = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
+    ref_eos = generate(fake, PROMPTS[0], "autoregressive", 30, record=False)
+    assert ref_eos.finish_reason == "eos"
+    prompt_ids = [*tiny.encode(PROMPTS[0], chat=False), *ref.token_ids]  # pool holds the answer
+    for method, params in [("lookahead", dict(N=3, W=2, G=4)), ("jacobi", dict(block=6))]:
+        a = generate(fake, prompt_ids, method, 30, **params)
+        b = generate(fake, prompt_ids, "autoregressive", 30, record=False)
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+
+
+def test_sampling_is_reproducible(tiny):
+    a = generate(tiny, PROMPTS[1], "lookahead", 20, temperature=1.0, seed=3)
+    b = generate(tiny, PROMPTS[1], "lookahead", 20, temperature=1.0, seed=3)
+    assert a.token_ids == b.token_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("jacobi", dict(block=6)),
+        ("lookahead", dict(N=4, W=5, G=5)),
+        ("lookahead", dict(N=3, W=2, G=2)),
+    ],
+)
+def test_lossless_on_the_embedded_model(embedded, method, params):
+    from test_prompt_lookup import humaneval
+
+    for i in (0, 2):
+        same_as_greedy(embedded, humaneval(i), 48, method, **params)

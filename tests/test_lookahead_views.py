@@ -1,0 +1,355 @@
+"""Jacobi and Lookahead figures on hand-written traces, then on real runs of the tiny model."""
+
+import plotly.graph_objects as go
+
+from decoders import generate
+from decoders.events import (
+    AttentionMask,
+    Commit,
+    Draft,
+    JacobiIteration,
+    LookaheadWindow,
+    NgramPool,
+    Prefill,
+    Verify,
+)
+from visualizer.lookahead_views import (
+    JACOBI_STATUS,
+    MASK_BRANCH,
+    MASK_NOTE,
+    WINDOW_STATUS,
+    attention_mask,
+    jacobi_panel,
+    jacobi_trajectory,
+    lookahead_panel,
+    lookahead_window,
+    ngram_pool,
+)
+from visualizer.tokens import COLOURS
+
+TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
+TEXTS |= {17: " x", 20: " g", 21: "[", 22: "x)", 30: "longtoken", 9: ";"}
+
+JACOBI = {name: i for i, name in enumerate(JACOBI_STATUS)}
+WINDOW = {name: i for i, name in enumerate(WINDOW_STATUS)}
+MASK = {name: i for i, name in enumerate(MASK_BRANCH)}
+
+# A block of 4. Step 1: nothing converges; the target's outputs after its own token become the
+# next guesses: (21, 16, 9, +padding 30). Step 2 compares them with the old guesses for the same
+# positions (block 1 shifted by the one committed token: 21, 22, 9): position 0 kept 21, position 1
+# changed 22 -> 16, position 2 kept 9, position 3 is new. The target accepts positions 0 and 1.
+JACOBI_TRACE = [
+    Prefill((1, 10)),
+    Commit(0, (11,), ("target",), (0.9,)),
+    JacobiIteration(1, 1, (20, 21, 22, 9), (True, True, True, True)),
+    Draft(1, "Jacobi guess (block of 4)", (20, 21, 22, 9), (-1, 0, 1, 2), (1.0,) * 4),
+    Verify(1, (), 12, "greedy-chain", (0.1, 0.1, 0.1, 0.1)),
+    Commit(1, (12,), ("correction",), (0.8,)),
+    JacobiIteration(2, 2, (21, 16, 9, 30), (False, True, False, True)),
+    Draft(2, "Jacobi guess (block of 4)", (21, 16, 9, 30), (-1, 0, 1, 2), (1.0,) * 4),
+    Verify(2, (0, 1), 17, "greedy-chain", (0.9, 0.8, 0.1, 0.1)),
+    Commit(2, (21, 16, 17), ("draft", "draft", "correction"), (0.9, 0.8, 0.7)),
+]
+
+
+def heatmap(fig: go.Figure) -> go.Heatmap:
+    (h,) = [t for t in fig.data if isinstance(t, go.Heatmap)]
+    return h
+
+
+def colour_of(h: go.Heatmap, code: int) -> str:
+    """The colour a stepped colour scale gives integer code `code` (zmin = -0.5)."""
+    at = (code - h.zmin) / (h.zmax - h.zmin)
+    scale = list(h.colorscale)
+    for (lo, colour), (hi, _) in zip(scale[::2], scale[1::2], strict=True):
+        if lo <= at <= hi:
+            return colour
+    raise AssertionError(f"code {code} is outside the colour scale")
+
+
+def legend(fig: go.Figure) -> list[str]:
+    return [t.name for t in fig.data if isinstance(t, go.Scatter) and t.showlegend]
+
+
+# --- Jacobi ---------------------------------------------------------------------------------------
+
+
+def test_jacobi_statuses_colours_and_boundary():
+    fig = jacobi_trajectory(JACOBI_TRACE, TEXTS, 2)
+    h = heatmap(fig)
+    assert list(h.y) == [1, 2]  # one row per iteration
+    assert list(h.z[0]) == [JACOBI["changed"]] * 4  # the first guesses are all new
+    assert list(h.z[1]) == [
+        JACOBI["converged"],
+        JACOBI["converged"],
+        JACOBI["unchanged"],
+        JACOBI["changed"],
+    ]
+    assert colour_of(h, JACOBI["converged"]) == COLOURS["draft"]
+    assert colour_of(h, JACOBI["changed"]) == COLOURS["correction"]
+    assert colour_of(h, JACOBI["unchanged"]) == COLOURS["target"]
+    # Fixed-point boundary: before position 0 in iteration 1, after position 1 in iteration 2.
+    (bound,) = [t for t in fig.data if t.name.startswith("fixed point")]
+    assert list(bound.x) == [-0.5, -0.5, None, 1.5, 1.5, None]
+    assert list(bound.y) == [0.5, 1.5, None, 1.5, 2.5, None]
+    assert bound.line.width >= 3
+    assert fig.layout.yaxis.autorange == "reversed"
+    assert list(fig.layout.yaxis.ticktext) == ["iteration 1 · +1", "iteration 2 · +3"]
+    assert "relative to the next uncommitted token" in fig.layout.xaxis.title.text
+    assert fig.layout.title.text == "Step 2: Jacobi iteration 2 accepted 2 of 4 guesses"
+    assert len(legend(fig)) == 3
+
+
+def test_jacobi_hover_and_escaping():
+    h = heatmap(jacobi_trajectory(JACOBI_TRACE, TEXTS, 2))
+    assert h.text[1][1] == "&lt;b&gt;"  # token "<b>" must not turn the text bold
+    assert h.text[0][3] == ";" and h.text[1][3] == "longto…"
+    hover = h.customdata[1][1]
+    assert "'&lt;b&gt;' · id 16" in hover and "converged" in hover and "iteration 2" in hover
+    assert "<b>" not in hover.replace("<br>", "")
+    assert "relative to the next uncommitted token" in hover
+    # A changed guess names the one it replaced: block 1 shifted by the one committed token.
+    assert "converged (was 'x)' · id 22)" in hover
+    assert "changed" in h.customdata[1][3] and "was" not in h.customdata[1][3]  # no old guess
+    assert "unchanged" in h.customdata[1][2] and "was" not in h.customdata[1][2]
+    assert "2 of 4 guesses accepted, 3 committed" in hover
+
+
+def test_jacobi_rows_stop_at_step_and_keep_the_last_16():
+    fig = jacobi_trajectory(JACOBI_TRACE, TEXTS, 1)
+    assert list(heatmap(fig).y) == [1]
+    long = [Prefill((1,)), Commit(0, (10,), ("target",), (1.0,))]
+    for s in range(1, 21):
+        long += [
+            JacobiIteration(s, s, (11, 12), (True, s % 2 == 0)),
+            Verify(s, (), 13, "greedy-chain", ()),
+            Commit(s, (13,), ("correction",), (1.0,)),
+        ]
+    fig = jacobi_trajectory(long, TEXTS, 20)
+    assert list(heatmap(fig).y) == list(range(5, 21))
+    assert "last 16 of 20 iterations" in fig.layout.title.text
+    assert jacobi_panel is jacobi_trajectory
+
+
+def test_jacobi_without_iterations_is_empty():
+    fig = jacobi_trajectory(JACOBI_TRACE, TEXTS, 0)
+    assert fig.data == ()
+    assert "no Jacobi iteration yet" in fig.layout.annotations[0].text
+
+
+# --- Lookahead: window ----------------------------------------------------------------------------
+
+# N = 3, W = 3: two levels and the new guesses; columns 0 and 2 yield new n-grams, column 1's
+# n-gram (11, 14, 17) was already in the pool.
+WINDOW_TRACE = [
+    Prefill((1, 10)),
+    Commit(0, (10,), ("target",), (0.9,)),
+    LookaheadWindow(1, ((21, 22, 30),), (13, 14, 15)),
+    NgramPool(1, (), 0, 6, ()),
+    Commit(1, (11,), ("target",), (0.9,)),
+    LookaheadWindow(2, ((10, 11, 12), (13, 14, 15)), (16, 17, 9)),
+    NgramPool(2, ((10, 13, 16), (12, 15, 9)), 0, 9, ()),
+    Commit(2, (12,), ("target",), (0.9,)),
+    NgramPool(3, (), 2, 9, ()),  # a step with verification only (as with W = 0)
+    Commit(3, (13,), ("target",), (0.9,)),
+]
+
+
+def test_window_grid_and_added_columns():
+    fig = lookahead_window(WINDOW_TRACE, TEXTS, 2)
+    h = heatmap(fig)
+    added, hist, guess = WINDOW["added"], WINDOW["history"], WINDOW["guess"]
+    assert [list(r) for r in h.z] == [
+        [added, hist, added],  # level 0 (bottom row)
+        [added, hist, added],  # level 1
+        [added, guess, added],  # the target's new guesses on top
+    ]
+    assert [list(r) for r in h.text] == [
+        ["def", " f", "(x"],
+        ["):", "↵", " retur…"],
+        ["&lt;b&gt;", " x", ";"],
+    ]
+    assert list(fig.layout.yaxis.ticktext) == ["level 0 (oldest)", "level 1", "new guesses"]
+    assert colour_of(h, added) == COLOURS["draft"]
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert sorted((s.x0, s.x1) for s in rects) == [(-0.5, 0.5), (1.5, 2.5)]
+    assert all(s.y0 == -0.5 and s.y1 == 2.5 for s in rects)
+    assert "added to the pool this step" in h.customdata[0][0]
+    assert "already in the pool" in h.customdata[2][1]
+    assert "position x+1" in h.customdata[0][0] and "position x+3" in h.customdata[1][1]
+    assert "new guess for position x+5" in h.customdata[2][2]
+    assert (
+        fig.layout.title.text
+        == "Step 2: window of 2 levels × 3 after x = ' f'; 2 new n-grams for the pool"
+    )
+
+
+def test_window_warm_up_and_empty_steps():
+    fig = lookahead_window(WINDOW_TRACE, TEXTS, 1)
+    assert len(heatmap(fig).z) == 2  # one level + the new guesses
+    assert "warming up (1 of 2 levels)" in fig.layout.xaxis.title.text
+    assert "fills one level per step" in fig.layout.xaxis.title.text
+    assert "none yet" in heatmap(fig).customdata[0][0]
+    w0 = lookahead_window(WINDOW_TRACE, TEXTS, 3)
+    assert w0.data == () and "W = 0" in w0.layout.annotations[0].text
+    s0 = lookahead_window(WINDOW_TRACE, TEXTS, 0)
+    assert s0.data == () and "no lookahead window at step 0" in s0.layout.annotations[0].text
+
+
+# --- Lookahead: pool ------------------------------------------------------------------------------
+
+POOL_TRACE = [
+    Prefill((1,)),
+    Commit(4, (10,), ("target",), (0.9,)),
+    # Two candidates after x = "def": (" f", "(x") and ("[", "x)"); the target takes " f" and then
+    # wants something other than "(x", so "[" (a sibling of " f") lost and "x)" was never compared.
+    Draft(5, "n-gram pool (2 candidates)", (11, 12, 21, 22), (-1, 0, -1, 2), (1.0,) * 4),
+    NgramPool(5, (), 2, 9, ((1, 13, 14, 16), (3, 10, 11, 12), (2, 15, 16, 17))),
+    Verify(5, (0,), 17, "greedy-tree", ()),
+    Commit(5, (11, 17), ("draft", "correction"), (0.9, 0.8)),
+]
+
+
+def test_pool_bars_sorted_with_counts_and_labels():
+    fig = ngram_pool(POOL_TRACE, TEXTS, 5)
+    (bars,) = [t for t in fig.data if isinstance(t, go.Bar)]
+    assert list(bars.x) == [3, 2, 1]
+    assert list(fig.layout.yaxis.ticktext) == [
+        "def| f|(x",
+        " return|&lt;b&gt;| x",
+        "):|↵|&lt;b&gt;",
+    ]
+    assert fig.layout.yaxis.autorange == "reversed"  # most hits on top
+    assert "ids 10, 11, 12" in bars.customdata[0]
+    assert (
+        fig.layout.title.text
+        == "Step 5: pool holds 9 n-grams; 2 candidates checked, 1 token accepted"
+    )
+
+
+def test_pool_candidate_paths_mark_accepted_tokens():
+    fig = ngram_pool(POOL_TRACE, TEXTS, 5)
+    boxes = {t.name: t for t in fig.data if isinstance(t, go.Scatter)}
+    cells = {name: sorted(zip(t.x, t.y, t.text, strict=True)) for name, t in boxes.items()}
+    assert cells["x (last committed token)"] == [(0, 0, "def"), (0, 1, "def")]
+    assert cells["accepted draft"] == [(1, 0, " f")]
+    assert cells["rejected draft"] == [(1, 1, "["), (2, 0, "(x")]
+    assert cells["not checked (an ancestor was rejected)"] == [(2, 1, "x)")]
+    assert boxes["accepted draft"].marker.color == COLOURS["draft"]
+    assert list(fig.layout.yaxis2.ticktext) == ["candidate 1", "candidate 2"]
+
+
+def test_pool_without_hits_or_candidates_and_empty_steps():
+    fig = ngram_pool(WINDOW_TRACE, TEXTS, 2)
+    texts = [a.text for a in fig.layout.annotations]
+    assert "no n-gram has been hit yet" in texts
+    assert "no pool n-gram starts with x: nothing to verify" in texts
+    empty = ngram_pool(POOL_TRACE, TEXTS, 0)
+    assert empty.data == () and "no n-gram pool at step 0" in empty.layout.annotations[0].text
+
+
+# --- Lookahead: attention mask --------------------------------------------------------------------
+
+MASK_LABELS = (
+    "x",
+    "look L0·0",
+    "look L0·1",
+    "look L1·0",
+    "look L1·1",
+    "verify n0·d0",
+    "verify n1·d1",
+)
+MASK_VISIBLE = ((0,), (0, 1), (0, 1, 2), (0, 1, 3), (0, 1, 2, 4), (0, 5), (0, 5, 6))
+MASK_TRACE = [
+    Prefill((1,)),
+    Commit(2, (10,), ("target",), (0.9,)),
+    Draft(3, "n-gram pool (1 candidates)", (15, 16), (-1, 0), (1.0, 1.0)),
+    AttentionMask(3, MASK_LABELS, MASK_VISIBLE),
+    LookaheadWindow(3, ((11, 12), (13, 14)), (20, 21)),
+    NgramPool(3, ((11, 13, 20), (12, 14, 21)), 1, 5, ()),
+    Verify(3, (), 22, "greedy-tree", ()),
+    Commit(3, (22,), ("correction",), (0.5,)),
+    LookaheadWindow(4, ((13, 14), (20, 21)), (9, 9)),
+    Commit(4, (30,), ("target",), (0.5,)),
+]
+
+
+def test_mask_matrix_matches_visible_lists_and_branches():
+    fig = attention_mask(MASK_TRACE, TEXTS, 3)
+    h = heatmap(fig)
+    n = len(MASK_LABELS)
+    assert len(h.z) == n and all(len(r) == n for r in h.z)
+    for r, row in enumerate(h.z):
+        assert [c for c in range(n) if row[c] != MASK["masked"]] == list(MASK_VISIBLE[r])
+    look, ver = MASK["lookahead"], MASK["verify"]
+    assert list(h.z[4]) == [look, look, look, 0, look, 0, 0]  # look L1·1: x, L0·0, L0·1, itself
+    assert list(h.z[6]) == [ver, 0, 0, 0, 0, ver, ver]
+    assert h.z[0][0] == MASK["x"]
+    assert colour_of(h, look) != colour_of(h, ver)
+    assert fig.layout.yaxis.autorange == "reversed"  # row 0 on top
+    assert "key 2: look L0·1 '(x' · id 12" in h.customdata[4][2] and "visible" in h.customdata[4][2]
+    assert "masked" in h.customdata[4][3]
+
+
+def test_mask_ticks_separators_and_note():
+    fig = attention_mask(MASK_TRACE, TEXTS, 3)
+    ticks = list(fig.layout.yaxis.ticktext)
+    assert ticks == list(fig.layout.xaxis.ticktext)
+    assert (
+        ticks[0] == "x def" and ticks[3] == "look L1·0 ):" and ticks[6] == "verify n1·d1 &lt;b&gt;"
+    )
+    lines = [(s.x0, s.line.dash) for s in fig.layout.shapes if s.x0 == s.x1]
+    assert lines == [(0.5, None), (2.5, "dot"), (4.5, None)]  # x | L0 : L1 | verify
+    assert MASK_NOTE in fig.layout.xaxis.title.text
+    assert fig.layout.title.text.endswith("(1 x · 4 lookahead · 2 verify)")
+
+
+def test_mask_missing_and_panel_dispatch():
+    assert attention_mask(MASK_TRACE, TEXTS, 4).data == ()
+    assert (
+        "no attention mask at step 4"
+        in attention_mask(MASK_TRACE, TEXTS, 4).layout.annotations[0].text
+    )
+    assert len(heatmap(lookahead_panel(MASK_TRACE, TEXTS, 3)).z) == len(MASK_LABELS)
+    assert list(lookahead_panel(MASK_TRACE, TEXTS, 4).layout.yaxis.ticktext)[-1] == "new guesses"
+
+
+# --- end to end on the tiny model -----------------------------------------------------------------
+
+
+def token_ids(events) -> set[int]:
+    ids: set[int] = set()
+    for e in events:
+        for name in ("prompt_ids", "tokens", "outputs"):
+            ids.update(getattr(e, name, ()))
+        for group in (*getattr(e, "levels", ()), *getattr(e, "added", ()), *getattr(e, "top", ())):
+            ids.update(group)
+        if isinstance(e, Verify) and e.correction is not None:
+            ids.add(e.correction)
+    return ids
+
+
+def test_views_render_real_runs(tiny):
+    look = generate(tiny, "def f(x):", "lookahead", 24, N=3, W=4, G=3)
+    jac = generate(tiny, "def f(x):", "jacobi", 16, block=4)
+    for res, views in (
+        (look, (lookahead_window, ngram_pool, attention_mask, lookahead_panel)),
+        (jac, (jacobi_trajectory,)),
+    ):
+        texts = {t: tiny.token_text(t) for t in token_ids(res.events)}
+        last = max(getattr(e, "step", 0) for e in res.events)
+        for step in range(last + 2):
+            for view in views:
+                fig = view(res.events, texts, step)
+                assert isinstance(fig, go.Figure) and fig.layout.title.text
+    texts = {t: tiny.token_text(t) for t in token_ids(look.events)}
+    mask = next(e for e in look.events if isinstance(e, AttentionMask) and e.step == 2)
+    z = heatmap(attention_mask(look.events, texts, 2)).z
+    assert len(z) == len(mask.labels) and all(len(r) == len(mask.labels) for r in z)
+    assert sum(lb.startswith("look") for lb in mask.labels) == 2 * 4  # N - 1 = 2 levels × W = 4
+    window = heatmap(lookahead_window(look.events, texts, 2))
+    assert len(window.z) == 3 and len(window.z[0]) == 4
+    jac_steps = [e.step for e in jac.events if isinstance(e, JacobiIteration)]
+    assert len(heatmap(jacobi_trajectory(jac.events, texts, jac_steps[-1])).y) == min(
+        16, len(jac_steps)
+    )
