@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .base import Budget, DecodeConfig
-from .events import Commit, Draft, Event, JacobiIteration, Prefill, Verify
+from .events import Draft, Event, JacobiIteration
 from .models import ModelBundle
 from .params import Param
-from .runtime import crop_cache, forward, new_cache
+from .runtime import new_cache
+from .steps import start, verify_chain
 from .tree import chain
-from .verify import greedy_chain
 
 PARAMS = (Param("block", int, 8, "m: tokens guessed and refined in parallel", 1, 32),)
 
@@ -35,19 +35,14 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = greedy_chain([], out.logits)
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    context = [*prompt_ids, *budget.tokens]
+    sampler = cfg.sampler()  # greedy: Jacobi's fixed point is defined by argmax
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     # Initial guess: the tail of the prompt (any tokens work; the fixed point does not depend on it).
     guesses = (list(prompt_ids[-m:]) * m)[:m]
     previous: list[int] | None = None
     step = 0
     while not budget.done:
         step += 1
-        in_cache = len(context) - 1
         block = guesses[: max(0, min(m, budget.remaining - 1))]
         changed = tuple(
             previous is None or i >= len(previous) or g != previous[i] for i, g in enumerate(block)
@@ -61,21 +56,11 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 chain(len(block)),
                 (1.0,) * len(block),
             )
-        out = forward(
-            bundle, cache, [context[-1], *block], step=step, kind="verify" if block else "target"
+        verdict, logits = yield from verify_chain(
+            bundle, cache, context, block, sampler, budget, step
         )
-        yield out.event
-        verdict = greedy_chain(block, out.logits)
-        if block:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
-        crop_cache(cache, in_cache + 1 + len(verdict.accepted))
-        taken = budget.take(verdict.tokens)
-        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
-        context.extend(taken)
         # The target's outputs after the committed ones are the refined guesses for what follows.
-        outputs = out.logits.argmax(dim=-1).tolist()
+        outputs = logits.argmax(dim=-1).tolist()
         guesses = outputs[len(verdict.accepted) + 1 :]
         previous = block[len(verdict.accepted) + 1 :]  # the old guesses for those same positions
         guesses += [guesses[-1] if guesses else context[-1]] * (m - len(guesses))

@@ -27,17 +27,18 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .base import Budget, DecodeConfig
-from .events import AttentionMask, Commit, Draft, Event, LookaheadWindow, NgramPool, Prefill, Verify
+from .events import AttentionMask, Draft, Event, LookaheadWindow, NgramPool, Verify
 from .models import ModelBundle
 from .params import Param
 from .runtime import forward, keep_cache, new_cache
+from .steps import commit, start
 from .tree import tree_mask, tree_positions
-from .verify import greedy_chain, greedy_tree, sample_tree
+from .verify import greedy_tree, sample_tree
 
 PARAMS = (
     Param("N", int, 4, "n-gram size: the window keeps N − 1 levels of Jacobi history", 2, 8),
-    Param("W", int, 5, "window: positions guessed ahead in parallel (0 = no lookahead)", 0, 16),
-    Param("G", int, 5, "most candidate n-grams verified per step (0 = no verification)", 0, 16),
+    Param("W", int, 2, "window: positions guessed ahead in parallel (0 = no lookahead)", 0, 16),
+    Param("G", int, 3, "most candidate n-grams verified per step (0 = no verification)", 0, 16),
     Param("pool_from_prompt", bool, True, "seed the n-gram pool with the prompt's n-grams"),
     Param("pool_cap", int, 8, "most n-grams kept per first token (oldest dropped)", 1, 64),
 )
@@ -120,14 +121,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     rng = random.Random(p.get("seed", 0))
     levels: list[list[int]] = [[rng.choice(prompt_ids) for _ in range(w)]] if w else []
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = (
-        greedy_chain([], out.logits) if sampler.greedy else sample_tree([], [], out.logits, sampler)
-    )
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    context = [*prompt_ids, *budget.tokens]
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     step = 0
     while not budget.done:
         step += 1
@@ -197,9 +191,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             yield NgramPool(step, tuple(added), len(grams), len(pool), pool.top())
         # Keep x and the accepted trie path; the window's KV goes.
         keep_cache(cache, in_cache, [0, *(v_offset + i for i in verdict.accepted)])
-        taken = budget.take(verdict.tokens)
-        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
-        context.extend(taken)
+        yield commit(step, verdict, budget, context)
 
 
 def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:

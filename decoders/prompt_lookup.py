@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from .base import Budget, DecodeConfig
-from .events import Commit, Draft, Event, Prefill, Verify
+from .events import Draft, Event
 from .models import ModelBundle
 from .params import Param
-from .runtime import crop_cache, forward, new_cache
+from .runtime import new_cache
+from .steps import start, verify_chain
 from .tree import chain
-from .verify import greedy_chain, sample_deterministic_chain
 
 PARAMS = (
     Param("max_ngram", int, 3, "N: longest suffix n-gram to look up (tries N, N-1, …, 1)", 1, 8),
@@ -50,9 +50,9 @@ def lookup(
         suffix = list(context[size - n :])
         # A match must leave at least one token after it, before the suffix itself.
         starts = range(size - n) if match == "earliest" else range(size - n - 1, -1, -1)
-        for start in starts:
-            if context[start : start + n] == suffix:
-                return list(context[start + n : start + n + k]), n
+        for at in starts:
+            if context[at : at + n] == suffix:
+                return list(context[at + n : at + n + k]), n
     return [], 0
 
 
@@ -62,16 +62,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     max_ngram, k, match = cfg.params["max_ngram"], cfg.params["num_draft"], cfg.params["match"]
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = (
-        greedy_chain([], out.logits)
-        if sampler.greedy
-        else sample_deterministic_chain([], out.logits, sampler)
-    )
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    context = [*prompt_ids, *budget.tokens]
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     step = 0
     while not budget.done:
         step += 1
@@ -81,21 +72,4 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             yield Draft(
                 step, f"prompt lookup (n={n})", tuple(draft), chain(len(draft)), (1.0,) * len(draft)
             )
-        in_cache = len(context) - 1
-        out = forward(
-            bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
-        )
-        yield out.event
-        verdict = (
-            greedy_chain(draft, out.logits)
-            if sampler.greedy
-            else sample_deterministic_chain(draft, out.logits, sampler)
-        )
-        if draft:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
-        crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
-        taken = budget.take(verdict.tokens)
-        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
-        context.extend(taken)
+        yield from verify_chain(bundle, cache, context, draft, sampler, budget, step)

@@ -27,12 +27,12 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import Commit, Draft, Event, Prefill, Verify
+from .events import Draft, Event
 from .models import ModelBundle
 from .params import Param
 from .runtime import SkipSet, crop_cache, forward, new_cache
+from .steps import start, verify_chain
 from .tree import chain
-from .verify import greedy_chain, speculative_chain
 
 SKIP_SETS = Path(__file__).resolve().parent.parent / "assets" / "skip_sets"
 ALPHA, EPSILON, BETA1, BETA2 = 0.85, 0.01, 0.5, 0.9  # target acceptance rate and update rates
@@ -122,16 +122,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     threshold, rate = p["threshold"], ALPHA
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = (
-        greedy_chain([], out.logits)
-        if sampler.greedy
-        else speculative_chain([], out.logits[:0], out.logits, sampler)
-    )
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    context = [*prompt_ids, *budget.tokens]
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     step = 0
     while not budget.done:
         step += 1
@@ -155,23 +146,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
             yield Draft(step, label, tuple(draft), chain(len(draft)), q_draft)
 
-        out = forward(
-            bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
+        verdict, _ = yield from verify_chain(
+            bundle, cache, context, draft, sampler, budget, step, q_rows
         )
-        yield out.event
-        if sampler.greedy:
-            verdict = greedy_chain(draft, out.logits)
-        else:
-            q_all = torch.stack(q_rows) if q_rows else out.logits[:0]
-            verdict = speculative_chain(draft, q_all, out.logits, sampler)
-        if draft:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
-        crop_cache(cache, in_cache + 1 + len(verdict.accepted))
-        taken = budget.take(verdict.tokens)
-        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
-        context.extend(taken)
         if p["adaptive"] and draft:
             rate = BETA1 * rate + (1 - BETA1) * len(verdict.accepted) / len(draft)
             nudged = threshold + EPSILON if rate <= ALPHA else threshold - EPSILON

@@ -22,12 +22,12 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .drafters import make_drafter
-from .events import Commit, Draft, Event, Prefill, Verify
+from .events import Draft, Event
 from .models import ModelBundle
 from .params import Param
-from .runtime import crop_cache, forward, new_cache
+from .runtime import new_cache
+from .steps import start, verify_chain
 from .tree import chain
-from .verify import greedy_chain, speculative_chain
 
 DRAFT_HELP = (
     "self:k = the target's first k layers (self = a quarter of them); or a model id with the "
@@ -55,20 +55,10 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     drafter = make_drafter(cfg.params["draft"], bundle, cache)
     gamma, adaptive = cfg.params["gamma"], cfg.params["schedule"] == "adaptive"
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = (
-        greedy_chain([], out.logits)
-        if sampler.greedy
-        else speculative_chain([], out.logits[:0], out.logits, sampler)
-    )
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    context = [*prompt_ids, *budget.tokens]
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     step = 0
     while not budget.done:
         step += 1
-        in_cache = len(context) - 1
         for catch_up in drafter.begin(context, step):
             yield catch_up.event
         # The target adds one token of its own, so never draft past remaining - 1.
@@ -88,22 +78,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
             yield Draft(step, drafter.label, tuple(draft), chain(len(draft)), q_draft)
 
-        out = forward(
-            bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
+        verdict, _ = yield from verify_chain(
+            bundle, cache, context, draft, sampler, budget, step, q_rows
         )
-        yield out.event
-        if sampler.greedy:
-            verdict = greedy_chain(draft, out.logits)
-        else:
-            q_all = torch.stack(q_rows) if q_rows else out.logits[:0]
-            verdict = speculative_chain(draft, q_all, out.logits, sampler)
-        if draft:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
-        crop_cache(cache, in_cache + 1 + len(verdict.accepted))
-        taken = budget.take(verdict.tokens)
-        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
-        context.extend(taken)
         if adaptive and draft:
             gamma = min(MAX_GAMMA, gamma + 2) if len(verdict.accepted) == n else max(1, gamma - 1)

@@ -26,14 +26,15 @@ import torch
 from .base import Budget, DecodeConfig
 from .drafters import Drafter, check_draft, make_drafter
 from .errors import InvalidParameter
-from .events import Commit, Draft, Event, Forward, Prefill, Verify
+from .events import Draft, Event, Forward, Verify
 from .models import ModelBundle
 from .params import Param
 from .runtime import forward, keep_cache, new_cache
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
+from .steps import commit, start
 from .tree import depths, feed_mask, tree_mask, tree_positions, with_root
-from .verify import greedy_chain, greedy_tree, sample_tree
+from .verify import greedy_tree, sample_tree
 
 # A Medusa-style static tree: 15 nodes, 4 deep, wider where the draft is usually right.
 DEFAULT_CHOICES = "0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0.0"
@@ -194,14 +195,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = (
-        greedy_chain([], out.logits) if sampler.greedy else sample_tree([], [], out.logits, sampler)
-    )
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    context = [*prompt_ids, *budget.tokens]
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     step = 0
     while not budget.done:
         step += 1
@@ -248,6 +242,4 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
             )
         keep_cache(cache, in_cache, [0, *(1 + i for i in verdict.accepted)])
-        taken = budget.take(verdict.tokens)
-        yield Commit(step, tuple(taken), verdict.origins[: len(taken)], verdict.probs[: len(taken)])
-        context.extend(taken)
+        yield commit(step, verdict, budget, context)
