@@ -40,6 +40,12 @@ PARAMS = (
     Param("W", int, 2, "window: positions guessed ahead in parallel (0 = no lookahead)", 0, 16),
     Param("G", int, 3, "most candidate n-grams verified per step (0 = no verification)", 0, 16),
     Param("pool_from_prompt", bool, True, "seed the n-gram pool with the prompt's n-grams"),
+    Param(
+        "pool_from_output",
+        bool,
+        False,
+        "also add the output's own n-grams as they are committed (beyond the paper)",
+    ),
     Param("pool_cap", int, 8, "most n-grams kept per first token (oldest dropped)", 1, 64),
 )
 
@@ -191,7 +197,13 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             yield NgramPool(step, tuple(added), len(grams), len(pool), pool.top())
         # Keep x and the accepted trie path; the window's KV goes.
         keep_cache(cache, in_cache, [0, *(v_offset + i for i in verdict.accepted)])
-        yield commit(step, verdict, budget, context)
+        committed = commit(step, verdict, budget, context)
+        yield committed
+        if p["pool_from_output"]:  # n-grams that end in the tokens just committed
+            for i in range(
+                max(0, len(context) - len(committed.tokens) - n + 1), len(context) - n + 1
+            ):
+                pool.add(context[i : i + n])
 
 
 def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:

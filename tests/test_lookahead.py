@@ -95,14 +95,16 @@ def test_jacobi_lossless_on_tiny(tiny, prompt, block):
 
 # N × W × G in full; the pool seeding and the prompt alternate across the grid.
 GRID = [
-    (N, W, G, i % 2 == 0, PROMPTS[i % 3])
+    (N, W, G, i % 2 == 0, i % 3 == 0, PROMPTS[i % 3])
     for i, (N, W, G) in enumerate(itertools.product([2, 3, 4, 5], [0, 1, 3, 8], [0, 2, 8]))
 ]
 
 
-@pytest.mark.parametrize(("N", "W", "G", "seeded", "prompt"), GRID)
-def test_lookahead_lossless_grid_on_tiny(tiny, N, W, G, seeded, prompt):
-    same_as_greedy(tiny, prompt, 20, "lookahead", N=N, W=W, G=G, pool_from_prompt=seeded)
+@pytest.mark.parametrize(("N", "W", "G", "seeded", "own", "prompt"), GRID)
+def test_lookahead_lossless_grid_on_tiny(tiny, N, W, G, seeded, own, prompt):
+    same_as_greedy(
+        tiny, prompt, 20, "lookahead", N=N, W=W, G=G, pool_from_prompt=seeded, pool_from_output=own
+    )
 
 
 @pytest.mark.slow
@@ -138,7 +140,10 @@ def test_eos_inside_an_accepted_ngram(tiny):
     ref_eos = generate(fake, PROMPTS[0], "autoregressive", 30, record=False)
     assert ref_eos.finish_reason == "eos"
     prompt_ids = [*tiny.encode(PROMPTS[0], chat=False), *ref.token_ids]  # pool holds the answer
-    for method, params in [("lookahead", dict(N=3, W=2, G=4)), ("jacobi", dict(block=6))]:
+    for method, params in [
+        ("lookahead", dict(N=3, W=2, G=4, pool_from_output=True)),
+        ("jacobi", dict(block=6)),
+    ]:
         a = generate(fake, prompt_ids, method, 30, **params)
         b = generate(fake, prompt_ids, "autoregressive", 30, record=False)
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
@@ -156,7 +161,7 @@ def test_sampling_is_reproducible(tiny):
     [
         ("jacobi", dict(block=6)),
         ("lookahead", dict(N=4, W=5, G=5)),
-        ("lookahead", dict(N=3, W=2, G=2)),
+        ("lookahead", dict(N=3, W=2, G=2, pool_from_output=True)),
     ],
 )
 def test_lossless_on_the_embedded_model(embedded, method, params):
