@@ -45,6 +45,8 @@ class PackedLinear(nn.Module):
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
         self.register_buffer("packed_weight", packed, persistent=False)
+        # The plain weight stays too, so state_dict / save_pretrained / tied embeddings still work.
+        self.weight = linear.weight
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -155,6 +155,7 @@ def test_packed_linear_matches_torch_linear():
     assert all(not isinstance(m, torch.nn.Linear) for m in net.modules())
     with torch.inference_mode():
         assert torch.allclose(net(x), expected, atol=1e-5)
+    assert set(net.state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # still saveable
 
 
 def test_skipping_every_block_leaves_embedding_norm_and_head(tiny):
