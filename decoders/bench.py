@@ -16,6 +16,7 @@ import argparse
 import gzip
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -125,8 +126,11 @@ class Contestant:
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, str]]:
-    """'lookahead:N=4:W=5' -> ('lookahead', {'N': '4', 'W': '5'})."""
-    name, *parts = spec.split(":")
+    """'lookahead:N=4:W=5' -> ('lookahead', {'N': '4', 'W': '5'}); values may hold ':' too
+    ('speculative:draft=self:8')."""
+    name, *parts = re.split(r":(?=[A-Za-z_]\w*=)", spec)
+    if ":" in name:
+        raise InvalidInput(f"method spec {spec!r}: expected NAME:KEY=VALUE[:KEY=VALUE]")
     params = {}
     for part in parts:
         key, sep, value = part.partition("=")

@@ -54,6 +54,10 @@ def test_datasets():
 
 def test_method_specs_and_bad_peers(tiny):
     assert bench.parse_method("lookahead:N=4:W=5") == ("lookahead", {"N": "4", "W": "5"})
+    assert bench.parse_method("speculative:draft=self:8:gamma=3") == (
+        "speculative",
+        {"draft": "self:8", "gamma": "3"},
+    )
     with pytest.raises(InvalidInput):
         bench.parse_method("lookahead:N4")
     with pytest.raises(InvalidInput, match="unknown peer"):
