@@ -48,7 +48,7 @@ def open_trace_files(page):
     page.locator("#prompt textarea").wait_for()  # the app has hydrated
     if not page.locator("#import input[type=file]").count():
         page.get_by_text("Trace file: export / import").click()
-    page.locator("#import input[type=file]").wait_for(state="attached", timeout=10_000)
+    page.locator("#import input[type=file]").wait_for(state="attached", timeout=30_000)
 
 
 def test_run_stream_step_export_import(server, page, tmp_path):
@@ -85,7 +85,7 @@ def test_run_stream_step_export_import(server, page, tmp_path):
     for _ in range(3):
         page.locator("#prev").click()
     page.wait_for_function(
-        "document.querySelectorAll('#tokens .dl-pending').length >= 3", timeout=10_000
+        "document.querySelectorAll('#tokens .dl-pending').length >= 3", timeout=30_000
     )
     assert page.locator("#tokens .dl-now").count() == 1
     page.screenshot(path=str(ARTIFACTS / "step.png"), full_page=True)
