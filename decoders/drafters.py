@@ -28,8 +28,13 @@ SELF_DRAFT = re.compile(r"^self:(\d+)$")
 
 
 class Drafter:
-    label: str
-    layers: int  # decoder layers one draft forward runs (for the views)
+    """Runs draft forwards on `bundle` against `cache`. After `begin(context)` the cache holds
+    context[:-1] (`prefix` tokens); `end()` crops back to it, forgetting this step's drafts."""
+
+    def __init__(self, bundle: ModelBundle, cache: DynamicCache, depth: int | None, label: str):
+        self.bundle, self.cache, self.depth, self.label = bundle, cache, depth, label
+        self.layers = depth or bundle.n_layers  # decoder layers one draft forward runs
+        self.prefix = 0
 
     def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
         raise NotImplementedError
@@ -42,86 +47,50 @@ class Drafter:
         mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
     ) -> ForwardResult:
-        raise NotImplementedError
+        return forward(
+            self.bundle,
+            self.cache,
+            tokens,
+            step=step,
+            kind="draft",
+            positions=positions,
+            mask=mask,
+            layers=self.depth,
+            logits_to_keep=logits_to_keep,
+        )
 
     def end(self) -> None:
-        raise NotImplementedError
+        crop_cache(self.cache, self.prefix)
 
     @property
     def cache_length(self) -> int:
-        raise NotImplementedError
+        return self.prefix
 
 
 class SelfDrafter(Drafter):
     """The target's first k layers, then its final norm and LM head, on the target's own cache."""
 
     def __init__(self, target: ModelBundle, cache: DynamicCache, k: int) -> None:
-        self.target, self.cache, self.layers = target, cache, k
-        self.label = f"self:{k} (first {k} of {target.n_layers} layers)"
-        self.prefix = 0
+        super().__init__(target, cache, k, f"self:{k} (first {k} of {target.n_layers} layers)")
 
     def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
         self.prefix = len(context) - 1  # the verification forward filled every layer up to here
         return []
-
-    def forward(self, tokens, step, positions=None, mask=None, logits_to_keep=0) -> ForwardResult:
-        return forward(
-            self.target,
-            self.cache,
-            tokens,
-            step=step,
-            kind="draft",
-            positions=positions,
-            mask=mask,
-            layers=self.layers,
-            logits_to_keep=logits_to_keep,
-        )
-
-    def end(self) -> None:
-        crop_cache(self.cache, self.prefix)  # only layers < k hold draft entries
-
-    @property
-    def cache_length(self) -> int:
-        return self.prefix  # layer 0's view; layers >= k never see drafts
 
 
 class ModelDrafter(Drafter):
     """A smaller model with the same tokenizer, on its own KV cache."""
 
     def __init__(self, draft: ModelBundle) -> None:
-        self.draft = draft
-        self.cache = new_cache(draft)
-        self.layers = draft.n_layers
-        self.label = draft.model_id
-        self.seen = 0  # context tokens whose KV the draft cache holds
+        super().__init__(draft, new_cache(draft), None, draft.model_id)
 
     def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
-        missing = list(context[self.seen : len(context) - 1])
-        self.seen = len(context) - 1
+        missing = list(context[self.prefix : len(context) - 1])
+        self.prefix = len(context) - 1
         if not missing:
             return []
         # Catch up on what was committed since last step (prompt first, then accepted tokens).
-        out = forward(self.draft, self.cache, missing, step=step, kind="draft", logits_to_keep=1)
-        return [out]
-
-    def forward(self, tokens, step, positions=None, mask=None, logits_to_keep=0) -> ForwardResult:
-        return forward(
-            self.draft,
-            self.cache,
-            tokens,
-            step=step,
-            kind="draft",
-            positions=positions,
-            mask=mask,
-            logits_to_keep=logits_to_keep,
-        )
-
-    def end(self) -> None:
-        crop_cache(self.cache, self.seen)
-
-    @property
-    def cache_length(self) -> int:
-        return self.seen
+        return [self.forward(missing, step, logits_to_keep=1)]
 
 
 def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle:

@@ -32,7 +32,7 @@ from .models import ModelBundle
 from .params import Param
 from .runtime import forward, keep_cache, new_cache
 from .steps import commit, start
-from .tree import tree_mask, tree_positions
+from .tree import depths, tree_mask, tree_positions
 from .verify import greedy_tree, sample_tree
 
 PARAMS = (
@@ -208,11 +208,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
 
 def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:
     look = [f"look L{j}·{i}" for j, level in enumerate(levels) for i in range(len(level))]
-    depth: list[int] = []
-    for q in v_parents:
-        depth.append(0 if q < 0 else depth[q] + 1)
     # Trie nodes are shared by candidates, so they are named by node index and depth.
-    verify = [f"verify n{i}·d{d}" for i, d in enumerate(depth)]
+    verify = [f"verify n{i}·d{d}" for i, d in enumerate(depths(v_parents))]
     return ("x", *look, *verify)
 
 

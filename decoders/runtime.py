@@ -178,18 +178,11 @@ class SkipSet:
     def kept_fraction(self, bundle: ModelBundle) -> float:
         """Share of the model's weights a draft forward still reads (decoding is memory-bound)."""
         layer = bundle.model.model.layers[0]
-        attn = sum(p.numel() for p in layer.self_attn.parameters()) or _linear_size(layer.self_attn)
-        mlp = sum(p.numel() for p in layer.mlp.parameters()) or _linear_size(layer.mlp)
+        attn = sum(p.numel() for p in layer.self_attn.parameters())
+        mlp = sum(p.numel() for p in layer.mlp.parameters())
         head = bundle.model.config.vocab_size * bundle.model.config.hidden_size
         total = bundle.n_layers * (attn + mlp) + head
         return (total - len(self.attn) * attn - len(self.mlp) * mlp) / total
-
-
-def _linear_size(module: torch.nn.Module) -> int:
-    # Packed linears keep their weights in buffers (packing.py).
-    return sum(
-        m.in_features * m.out_features for m in module.modules() if hasattr(m, "in_features")
-    )
 
 
 def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet):

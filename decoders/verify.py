@@ -21,7 +21,7 @@ Four rules, all pure functions of (draft, logits, sampler):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -116,7 +116,7 @@ def greedy_chain(draft: Sequence[int], logits: torch.Tensor) -> Verdict:
     """Longest prefix of the draft that matches the target's argmax, then the target's own token.
     Exactly what autoregressive greedy would have produced, one forward instead of n + 1."""
     v = greedy_tree(draft, chain(len(draft)), logits)
-    return Verdict(**{**v.__dict__, "rule": "greedy-chain"})
+    return replace(v, rule="greedy-chain")
 
 
 # --- sampling ----------------------------------------------------------------------------------------

@@ -156,13 +156,13 @@ def acceptance_by_position(stats: Mapping[str, Any]) -> go.Figure:
         return _empty("Acceptance rate by draft position", "no drafts in this method")
     fig = go.Figure(
         go.Bar(
-            x=[f"{j + 1}" for j in range(len(rates))],
+            x=list(range(1, len(rates) + 1)),
             y=rates,
             marker_color="#43a047",
             hovertemplate="position %{x}: %{y:.0%} accepted<extra></extra>",
         )
     )
-    fig.update_xaxes(title_text="draft position")
+    fig.update_xaxes(title_text="draft position", dtick=1)
     fig.update_yaxes(title_text="acceptance rate", range=[0, 1], tickformat=".0%")
     return _base_layout(fig, "Acceptance rate by draft position")
 
@@ -172,37 +172,14 @@ def acceptance_panel(stats: Mapping[str, Any]) -> go.Figure:
     position survives (where the drafter stops agreeing with the target)."""
     from plotly.subplots import make_subplots
 
-    hist = stats.get("acceptance_histogram") or []
-    rates = stats.get("acceptance_by_position") or []
-    if not hist:
+    if not stats.get("acceptance_histogram"):
         return _empty("Acceptance", "no drafts: each step commits one target token")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16)
-    fig.add_trace(
-        go.Bar(
-            x=list(range(len(hist))),
-            y=hist,
-            marker_color="#2e7d32",
-            name="steps",
-            hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Bar(
-            x=list(range(1, len(rates) + 1)),
-            y=rates,
-            marker_color="#81c784",
-            name="rate",
-            hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>",
-        ),
-        row=1,
-        col=2,
-    )
-    fig.update_xaxes(title_text="drafts accepted in a step", dtick=1, row=1, col=1)
-    fig.update_yaxes(title_text="verify steps", row=1, col=1)
-    fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=2)
-    fig.update_yaxes(title_text="accepted", range=[0, 1], tickformat=".0%", row=1, col=2)
+    for col, part in enumerate((acceptance_histogram(stats), acceptance_by_position(stats)), 1):
+        for trace in part.data:
+            fig.add_trace(trace, row=1, col=col)
+        fig.update_xaxes(part.layout.xaxis, row=1, col=col)
+        fig.update_yaxes(part.layout.yaxis, row=1, col=col)
     fig.update_layout(showlegend=False)
     return _base_layout(fig, "Acceptance: per step (left) and per draft position (right)")
 

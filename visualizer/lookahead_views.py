@@ -28,6 +28,7 @@ from decoders.events import (
     NgramPool,
     Verify,
 )
+from decoders.tree import depths, leaf_paths
 
 from .figures import _base_layout, _empty
 from .tokens import COLOURS, LABELS
@@ -416,19 +417,12 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
 
 
 def _trie_paths(parents: Sequence[int]) -> list[list[int]]:
-    """Root-to-leaf paths (node indices) of a parent array whose parents come first."""
-    has_child = {p for p in parents if p >= 0}
-    paths = []
-    for i in range(len(parents)):
-        if i in has_child:
-            continue
-        path, node, seen = [], i, 0
-        while 0 <= node < len(parents) and seen <= len(parents):
-            path.append(node)
-            node = parents[node]
-            seen += 1
-        paths.append(path[::-1])
-    return paths
+    """Root-to-leaf paths of the step's trie; none for a malformed parent array (imported trace)."""
+    try:
+        depths(parents)  # validates: parents come before children
+    except ValueError:
+        return []
+    return leaf_paths(parents)
 
 
 def _note_in(fig: go.Figure, axis: str, text: str) -> None:
@@ -446,7 +440,7 @@ def _note_in(fig: go.Figure, axis: str, text: str) -> None:
 
 
 def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    """Left: the pool's most-hit n-grams as bars (hit counts before this step's check). Right: the
+    """Left: the pool's most-hit n-grams as bars (hit counts including this step's check). Right: the
     candidate n-grams the verification branch checked at `step`, one root-to-leaf path of the trie
     per row, each token green (accepted), red (compared and lost) or grey (never compared)."""
     title = f"n-gram pool at step {step}"
@@ -467,7 +461,7 @@ def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         column_widths=[0.45, 0.55],
         horizontal_spacing=0.2,
         subplot_titles=(
-            "most-hit n-grams (hits before this step's check)",
+            "most-hit n-grams (hits so far)",
             f"candidates after x = {x_text}",
         ),
     )
