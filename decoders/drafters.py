@@ -1,10 +1,12 @@
-"""Who writes the draft: the target's own first k layers (`self:k`) or a smaller model.
+"""Who writes the draft: the target's own first k layers (`self:k`), a smaller model, or a
+trained EAGLE head (`eagle`, see eagle.py).
 
-Both speak one small protocol so `speculative` (chains) and `token_tree` (trees) do not care:
+All speak one small protocol so `speculative` (chains) and `token_tree` (trees) do not care:
 
     drafter.begin(context)                 # the draft's cache now holds context[:-1]
     out = drafter.forward(tokens, ...)     # score new tokens (chain or tree) against that cache
     drafter.end()                          # forget everything drafted this step
+    drafter.observe(features)              # (feature-level drafters) what the target just kept
 
 `self:k` (LayerSkip-style early exit) shares the target's KV cache: the target's verification
 forward already wrote layers 0..k-1 for every committed token, so drafting needs no catch-up, and
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -24,12 +28,17 @@ from .errors import InvalidParameter
 from .models import ModelBundle, load_model
 from .runtime import ForwardResult, crop_cache, forward, new_cache
 
+if TYPE_CHECKING:
+    from .eagle import EagleHead
+
 SELF_DRAFT = re.compile(r"^self:(\d+)$")
 
 
 class Drafter:
     """Runs draft forwards on `bundle` against `cache`. After `begin(context)` the cache holds
     context[:-1] (`prefix` tokens); `end()` crops back to it, forgetting this step's drafts."""
+
+    needs_features = False  # True: hand it the target's final features of every kept input
 
     def __init__(self, bundle: ModelBundle, cache: DynamicCache, depth: int | None, label: str):
         self.bundle, self.cache, self.depth, self.label = bundle, cache, depth, label
@@ -46,7 +55,10 @@ class Drafter:
         positions: Sequence[int] | None = None,
         mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        parents: Sequence[int] | None = None,
     ) -> ForwardResult:
+        """`parents[i]`: which earlier input of this step (0 = x) token i continues; token-level
+        drafters read that from the mask, feature-level ones (EAGLE) need it to pick a feature."""
         return forward(
             self.bundle,
             self.cache,
@@ -61,6 +73,9 @@ class Drafter:
 
     def end(self) -> None:
         crop_cache(self.cache, self.prefix)
+
+    def observe(self, features: torch.Tensor) -> None:
+        """The target's final features for the inputs it just kept; token-level drafters ignore them."""
 
     @property
     def cache_length(self) -> int:
@@ -93,9 +108,15 @@ class ModelDrafter(Drafter):
         return [self.forward(missing, step, logits_to_keep=1)]
 
 
-def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle:
-    """`self`/`self:k` -> k; a model id -> its loaded bundle (same tokenizer required)."""
+def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHead:
+    """`self`/`self:k` -> k; `eagle` -> the model's trained head (`eagle:<file>`: that head); a
+    model id -> its loaded bundle (same tokenizer required)."""
     spec = spec.strip()
+    if spec.lower() == "eagle" or spec.lower().startswith("eagle:"):
+        from .eagle import load_head
+
+        path = spec.partition(":")[2].strip()
+        return load_head(target, Path(path) if path else None)
     m = SELF_DRAFT.match(spec)
     if spec == "self" or m:
         k = int(m.group(1)) if m else max(1, round(target.n_layers / 4))
@@ -125,7 +146,11 @@ def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter
     draft = resolve_draft(spec, target)
     if isinstance(draft, int):
         return SelfDrafter(target, cache, draft)
-    return ModelDrafter(draft)
+    if isinstance(draft, ModelBundle):
+        return ModelDrafter(draft)
+    from .eagle import EagleDrafter
+
+    return EagleDrafter(target, draft)
 
 
 def same_vocabulary(a: ModelBundle, b: ModelBundle) -> bool:

@@ -33,6 +33,7 @@ class ForwardResult:
     )  # [n_kept, vocab], float32, for the last `logits_to_keep` inputs (all if 0)
     hidden: dict[int, torch.Tensor]  # layer -> [n_inputs, d]; layer L = after L decoder layers
     event: Forward
+    features: torch.Tensor | None = None  # [n_inputs, d] what the LM head reads (after the norm)
 
 
 def new_cache(bundle: ModelBundle) -> DynamicCache:
@@ -57,6 +58,7 @@ def forward(
     logits_to_keep: int = 0,
     hidden_at: Sequence[int] = (),
     skip: SkipSet | None = None,
+    features: bool = False,
 ) -> ForwardResult:
     """Run `tokens` (appended to `cache`) and return their logits.
 
@@ -68,6 +70,7 @@ def forward(
     skip: sublayers to leave out (Draft & Verify): every layer runs, minus these attention / MLP
         blocks. One input token at a time, at an explicit position (skipped attention writes no
         KV, so the layers' caches differ in length until the cache is cropped back).
+    features: also return the final features (the norm's output, every input) for EAGLE's head.
     """
     model = bundle.model
     device = bundle.device
@@ -83,36 +86,48 @@ def forward(
         mask = mask.to(device=device, dtype=bundle.dtype)
     layer_ids = _layer_ids(bundle, layers)
 
+    captured: list[torch.Tensor] = []
+    hook = (
+        model.model.norm.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+        if features
+        else None
+    )
     start = time.perf_counter()
-    if skip:
-        assert n == 1 and positions is not None, "skip-layer forwards take one token at a position"
-        logits, hidden = _forward_skipping(bundle, cache, ids, pos, skip)
-        n_layers = bundle.n_layers - len(skip.attn & skip.mlp)
-    elif layer_ids is None:
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            output_hidden_states=bool(hidden_at),
-        )
-        logits = out.logits[0]
-        hidden = {layer: out.hidden_states[layer][0] for layer in hidden_at}
-        n_layers = bundle.n_layers
-    else:
-        logits, hidden = _forward_layers(
-            bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at
-        )
-        n_layers = len(layer_ids)
+    try:
+        if skip:
+            assert n == 1 and positions is not None, (
+                "skip-layer forwards take one token at a position"
+            )
+            logits, hidden = _forward_skipping(bundle, cache, ids, pos, skip)
+            n_layers = bundle.n_layers - len(skip.attn & skip.mlp)
+        elif layer_ids is None:
+            out = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                output_hidden_states=bool(hidden_at),
+            )
+            logits = out.logits[0]
+            hidden = {layer: out.hidden_states[layer][0] for layer in hidden_at}
+            n_layers = bundle.n_layers
+        else:
+            logits, hidden = _forward_layers(
+                bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at
+            )
+            n_layers = len(layer_ids)
+    finally:
+        if hook is not None:
+            hook.remove()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall_ms = (time.perf_counter() - start) * 1000.0
     event = Forward(
         step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=round(wall_ms, 3)
     )
-    return ForwardResult(logits.float(), hidden, event)
+    return ForwardResult(logits.float(), hidden, event, captured[-1] if captured else None)
 
 
 def _layer_ids(bundle: ModelBundle, layers: int | Sequence[int] | None) -> list[int] | None:

@@ -30,8 +30,9 @@ from .steps import start, verify_chain
 from .tree import chain
 
 DRAFT_HELP = (
-    "self:k = the target's first k layers (self = a quarter of them); or a model id with the "
-    "same tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
+    "self:k = the target's first k layers (self = a quarter of them); eagle = the trained EAGLE "
+    "head shipped for this model (eagle:<file> for another); or a model id with the same "
+    "tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
 )
 
 PARAMS = (
@@ -55,7 +56,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     drafter = make_drafter(cfg.params["draft"], bundle, cache)
     gamma, adaptive = cfg.params["gamma"], cfg.params["schedule"] == "adaptive"
 
-    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     step = 0
     while not budget.done:
         step += 1
@@ -79,7 +80,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             yield Draft(step, drafter.label, tuple(draft), chain(len(draft)), q_draft)
 
         verdict, _ = yield from verify_chain(
-            bundle, cache, context, draft, sampler, budget, step, q_rows
+            bundle, cache, context, draft, sampler, budget, step, q_rows, drafter
         )
         if adaptive and draft:
             gamma = min(MAX_GAMMA, gamma + 2) if len(verdict.accepted) == n else max(1, gamma - 1)

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from .base import Budget
+from .drafters import Drafter
 from .events import Commit, Event, Prefill, Verify
 from .models import ModelBundle
 from .runtime import crop_cache, forward
@@ -25,11 +26,18 @@ def start(
     prompt_ids: list[int],
     sampler: Sampler,
     budget: Budget,
+    drafter: Drafter | None = None,
 ) -> Generator[Event, None, list[int]]:
-    """Prefill the prompt and commit the target's first token; returns the context so far."""
+    """Prefill the prompt and commit the target's first token; returns the context so far.
+    A feature-level `drafter` is handed the prompt's features."""
     yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    wants = drafter is not None and drafter.needs_features
+    out = forward(
+        bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1, features=wants
+    )
     yield out.event
+    if wants:
+        drafter.observe(out.features)
     first = (
         greedy_chain([], out.logits)
         if sampler.greedy
@@ -55,13 +63,21 @@ def verify_chain(
     budget: Budget,
     step: int,
     q_rows: Sequence[torch.Tensor] | None = None,
+    drafter: Drafter | None = None,
 ) -> Generator[Event, None, tuple[Verdict, torch.Tensor]]:
     """ONE target forward over [x, *draft]; keep the verdict's tokens, crop the rest of the cache.
     `q_rows`: the draft's distributions (speculative sampling); None for point-mass drafts.
+    A feature-level `drafter` is handed the features of the kept inputs.
     Returns the verdict and the forward's logits."""
     in_cache = len(context) - 1
+    wants = drafter is not None and drafter.needs_features
     out = forward(
-        bundle, cache, [context[-1], *draft], step=step, kind="verify" if draft else "target"
+        bundle,
+        cache,
+        [context[-1], *draft],
+        step=step,
+        kind="verify" if draft else "target",
+        features=wants,
     )
     yield out.event
     if sampler.greedy:
@@ -74,5 +90,7 @@ def verify_chain(
     if draft:
         yield Verify(step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs)
     crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
+    if wants:
+        drafter.observe(out.features[: 1 + len(verdict.accepted)])
     yield commit(step, verdict, budget, context)
     return verdict, out.logits

@@ -121,7 +121,12 @@ class Grower:
     def expand(self, tree: TreeDraft, nodes: Sequence[int]) -> list[torch.Tensor]:
         mask = feed_mask(tree.parents, self.fed, nodes, self.base)
         positions = [self.base + d for d in (depths(tree.parents)[n] for n in nodes)]
-        out = self.drafter.forward([tree.tokens[n] for n in nodes], self.step, positions, mask)
+        # Inputs this step: x, then the fed nodes in order; a node continues its parent's input.
+        slot = {-1: 0, **{node: 1 + i for i, node in enumerate(self.fed)}}
+        parents = [slot[tree.parents[n]] for n in nodes]
+        out = self.drafter.forward(
+            [tree.tokens[n] for n in nodes], self.step, positions, mask, parents=parents
+        )
         self.events.append(out.event)
         self.fed.extend(nodes)
         return list(self._dist(out.logits))
@@ -195,7 +200,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
 
-    context = yield from start(bundle, cache, prompt_ids, sampler, budget)
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     step = 0
     while not budget.done:
         step += 1
@@ -231,6 +236,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             kind="verify" if tree.tokens else "target",
             positions=tree_positions(parents, in_cache),
             mask=tree_mask(parents, in_cache),
+            features=drafter.needs_features,
         )
         yield out.event
         if sampler.greedy:
@@ -241,5 +247,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             yield Verify(
                 step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
             )
-        keep_cache(cache, in_cache, [0, *(1 + i for i in verdict.accepted)])
+        kept = [0, *(1 + i for i in verdict.accepted)]
+        keep_cache(cache, in_cache, kept)
+        if drafter.needs_features:
+            drafter.observe(out.features[kept])
         yield commit(step, verdict, budget, context)

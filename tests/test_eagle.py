@@ -1,0 +1,299 @@
+"""EAGLE drafting (decoders/eagle.py, decoders/train_eagle.py).
+
+A head is fitted in-test to tiny-random's own greedy text on the test prompts, so that drafts are
+often accepted and every path (history catch-up, predicted features, tree parents, the target's
+features handed back after verification) carries weight. Each drafted node's probability is then
+recomputed from scratch, without any cache, and both methods are checked token for token against
+autoregressive greedy.
+"""
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+import torch
+from test_speculative import (
+    CHI2_9DOF_1E3,
+    bin_counts,
+    next_token_probs,
+    pit,
+    sampled_second_tokens,
+    uniformity_chi2,
+)
+
+from conftest import PROMPTS
+from decoders import InvalidParameter, generate, stream
+from decoders.eagle import EagleHead, head_path, load_head, save_head
+from decoders.events import Commit, Draft, Forward, Verify
+from decoders.train_eagle import draft_vocabulary, main, target_features, train, windows
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny, tmp_path_factory):
+    """(head, path): a head fitted to tiny-random's greedy continuations of the test prompts."""
+    docs = []
+    for prompt in PROMPTS:
+        ref = generate(tiny, prompt, "autoregressive", 60, chat=False, record=False)
+        docs.append(tiny.encode(prompt, chat=False) + list(ref.token_ids))
+    feats, tokens, starts = target_features(tiny, docs)
+    data = {"features": feats, "tokens": tokens, "starts": starts}
+    args = argparse.Namespace(
+        vocab=4096, window=32, batch_size=4, epochs=80, lr=1e-2, seed=0, cls_weight=1.0
+    )
+    head, score = train(tiny, data, args)
+    path = tmp_path_factory.mktemp("eagle") / "fitted.safetensors"
+    save_head(head, path, {"model": tiny.model_id, **score})
+    return head, path
+
+
+def spec(fitted) -> str:
+    return f"eagle:{fitted[1]}"
+
+
+def same_as_greedy(bundle, prompt, method, max_new_tokens, **params):
+    res = generate(bundle, prompt, method, max_new_tokens, chat=False, **params)
+    ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=False, record=False)
+    assert res.token_ids == ref.token_ids, params
+    assert res.finish_reason == ref.finish_reason
+    return res
+
+
+def accepted(res) -> int:
+    return sum(len(e.accepted) for e in res.events if isinstance(e, Verify))
+
+
+# --- the head and its file ------------------------------------------------------------------------
+
+
+def test_the_fitted_head_drafts_what_the_target_writes(fitted, tiny):
+    head = load_head(tiny, fitted[1])
+    res = same_as_greedy(tiny, PROMPTS[0], "speculative", 40, draft=spec(fitted), gamma=4)
+    # Drafts are often right, so the accepted-path bookkeeping is exercised for real.
+    assert res.stats["tokens_per_target_forward"] > 2.0, res.stats
+    assert max(len(e.accepted) for e in res.events if isinstance(e, Verify)) == 4
+    assert len(head.vocab) <= 4097 and head.vocab.tolist() == sorted(head.vocab.tolist())
+
+
+def test_saved_heads_load_as_float16_files_with_their_record(fitted, tiny):
+    head, path = fitted
+    record = json.loads(path.with_suffix(".json").read_text())
+    assert record["model"] == tiny.model_id and "held_out" in record
+    loaded = load_head(tiny, path)
+    assert loaded.vocab.tolist() == head.vocab.tolist()
+    w = head.fc.weight.detach()
+    assert torch.allclose(loaded.fc.weight.float(), w.half().float())
+
+
+def test_draft_vocabulary_is_the_most_predicted_tokens_plus_eos(tiny):
+    docs = [tiny.encode(p, chat=False) for p in PROMPTS]
+    feats, tokens, starts = target_features(tiny, docs)
+    data = {"features": feats, "tokens": tokens, "starts": starts}
+    vocab = draft_vocabulary(tiny, data, 5)
+    predicted = (feats @ tiny.model.lm_head.weight.T).argmax(-1)
+    top = torch.bincount(predicted).topk(1).indices.item()
+    assert top in vocab.tolist() and set(tiny.eos_ids) <= set(vocab.tolist())
+    assert len(vocab) <= 5 + len(tiny.eos_ids)
+
+
+def test_training_windows_cover_every_pair_and_never_cross_documents():
+    # Documents [0, 4), [4, 5) (one token: no pair), [5, 10); windows of at most 2 pairs.
+    spans = windows({"tokens": torch.zeros(10), "starts": [0, 4, 5]}, 2)
+    assert spans == [(0, 3), (2, 4), (5, 8), (7, 10)]
+    pairs = [(i, i + 1) for a, b in spans for i in range(a, b - 1)]
+    assert pairs == [(0, 1), (1, 2), (2, 3), (5, 6), (6, 7), (7, 8), (8, 9)]
+
+
+def test_missing_head_is_a_clear_error(tiny, tmp_path):
+    with pytest.raises(InvalidParameter, match=r"no trained EAGLE head.*train_eagle"):
+        load_head(tiny, tmp_path / "none.safetensors")
+    with pytest.raises(InvalidParameter, match="no trained EAGLE head"):
+        stream(tiny, PROMPTS[0], "speculative", 8, draft=f"eagle:{tmp_path}/none.safetensors")
+
+
+def test_a_head_for_another_shape_is_a_clear_error(fitted, embedded):
+    with pytest.raises(InvalidParameter, match="does not fit this model"):
+        load_head(embedded, fitted[1])
+
+
+# --- drafting is what the head computes from scratch ----------------------------------------------
+
+
+def reference_probs(head, bundle, context, path):
+    """The head's draft distribution after `path` (draft tokens after x = context[-1]), computed
+    without a cache: real target features for the context, then the head's own predictions."""
+    ids = torch.tensor([context[:-1]])
+    with torch.inference_mode():
+        feats = list(bundle.model.model(input_ids=ids).last_hidden_state[0])
+        tokens = [*context[1:], *path]
+        for i in range(len(path) + 1):
+            n = len(context) - 1 + i
+            embeds = bundle.model.model.embed_tokens(torch.tensor([tokens[:n]]))
+            pred = head(embeds, torch.stack(feats[:n])[None], torch.arange(n)[None])[0, -1]
+            feats.append(pred)
+        logits = pred @ bundle.model.lm_head.weight[head.vocab].T
+    probs = torch.zeros(bundle.model.config.vocab_size)
+    probs[head.vocab] = torch.softmax(logits, -1)
+    return probs
+
+
+def contexts_by_step(res, prompt_ids):
+    context, out = list(prompt_ids), {}
+    for e in res.events:
+        if isinstance(e, Draft):
+            out[e.step] = (list(context), e)
+        if isinstance(e, Commit):
+            context += e.tokens
+    return out
+
+
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("speculative", {"gamma": 5, "schedule": "fixed"}),
+        ("token_tree", {"shape": "dynamic", "depth": 3, "top_k": 2, "nodes": 6}),
+        ("token_tree", {"shape": "static", "choices": "0 1 0.0 0.1 1.0 0.0.0"}),
+    ],
+)
+def test_every_drafted_probability_matches_the_head_run_from_scratch(fitted, tiny, method, params):
+    head = load_head(tiny, fitted[1])
+    prompt_ids = tiny.encode(PROMPTS[5], chat=False)
+    res = same_as_greedy(tiny, PROMPTS[5], method, 30, draft=spec(fitted), **params)
+    steps = contexts_by_step(res, prompt_ids)
+    assert len(steps) >= 3
+    for context, draft in list(steps.values())[:4]:
+        for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+            path = []
+            while parent >= 0:
+                path.insert(0, draft.tokens[parent])
+                parent = draft.parents[parent]
+            expected = float(reference_probs(head, tiny, context, path)[token])
+            assert draft.probs[i] == pytest.approx(expected, abs=1e-4), (draft.step, i)
+    # Draft forwards are one layer deep and cheap; the first of a step carries the catch-up.
+    drafts = [e for e in res.events if isinstance(e, Forward) and e.kind == "draft"]
+    assert drafts and all(e.layers == 1 for e in drafts)
+
+
+# --- lossless -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+@pytest.mark.parametrize(
+    "gamma, schedule", [(1, "fixed"), (3, "fixed"), (4, "adaptive"), (12, "fixed")]
+)
+def test_speculative_with_eagle_is_lossless(fitted, tiny, prompt, gamma, schedule):
+    same_as_greedy(
+        tiny, PROMPTS[prompt], "speculative", 48, draft=spec(fitted), gamma=gamma, schedule=schedule
+    )
+
+
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"shape": "dynamic"},
+        {"shape": "dynamic", "depth": 8, "top_k": 1, "nodes": 8},
+        {"shape": "dynamic", "depth": 2, "top_k": 4, "nodes": 16},
+        {"shape": "static"},
+    ],
+)
+def test_token_tree_with_eagle_is_lossless(fitted, tiny, prompt, params):
+    same_as_greedy(tiny, PROMPTS[prompt], "token_tree", 48, draft=spec(fitted), **params)
+
+
+@pytest.mark.parametrize("method", ["speculative", "token_tree"])
+@pytest.mark.parametrize("budget", [1, 2, 3, 5])
+def test_eagle_drafts_never_run_past_the_budget(fitted, tiny, method, budget):
+    params = {"gamma": 8, "schedule": "fixed"} if method == "speculative" else {"depth": 8}
+    res = same_as_greedy(tiny, PROMPTS[0], method, budget, draft=spec(fitted), **params)
+    assert len(res.token_ids) == budget
+    for e in res.events:
+        if isinstance(e, Draft):
+            committed = sum(
+                len(c.tokens) for c in res.events if isinstance(c, Commit) and c.step < e.step
+            )
+            assert max(depth_of(e.parents)) <= budget - committed - 1
+
+
+def depth_of(parents):
+    out = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+@pytest.mark.parametrize("method", ["speculative", "token_tree"])
+def test_eos_inside_an_accepted_draft_stops_like_autoregressive(fitted, tiny, method):
+    free = same_as_greedy(tiny, PROMPTS[0], method, 40, draft=spec(fitted))
+    # A token first committed as an accepted draft, not at the end of its step's commit.
+    pos, eos, position = 0, None, None
+    seen: set[int] = set()
+    for e in (e for e in free.events if isinstance(e, Commit)):
+        for j, (t, o) in enumerate(zip(e.tokens, e.origins, strict=True)):
+            if eos is None and o == "draft" and j < len(e.tokens) - 1 and t not in seen:
+                eos, position = t, pos + j
+            seen.add(t)
+        pos += len(e.tokens)
+    assert eos is not None
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
+    res = same_as_greedy(bundle, PROMPTS[0], method, 40, draft=spec(fitted))
+    assert res.finish_reason == "eos" and res.token_ids == free.token_ids[: position + 1]
+
+
+def test_eagle_sampling_follows_the_target_distribution(fitted, tiny):
+    """The second token (the first verified step) at temperature 1 follows the target exactly."""
+    prompt_ids = tiny.encode(PROMPTS[0], chat=False)
+    firsts, seconds, runs = sampled_second_tokens(
+        tiny, prompt_ids, "speculative", range(200), 1.0, draft=spec(fitted), gamma=1
+    )
+    p = next_token_probs(tiny, [[*prompt_ids, t] for t in firsts], 1.0)
+    u = pit(seconds, p, p, seed=1)
+    assert uniformity_chi2(u) < CHI2_9DOF_1E3, bin_counts(u)
+    kept = sum(bool(next(e for e in r.events if isinstance(e, Verify)).accepted) for r in runs)
+    assert 0 < kept < len(runs)  # the rule both keeps and rejects
+
+
+# --- the training command and the shipped heads ---------------------------------------------------
+
+
+def test_the_training_command_writes_a_head_that_decodes_losslessly(tiny, tmp_path, capsys):
+    out = tmp_path / "head.safetensors"
+    args = "--model tiny-random --prompts 8 --chunks 4 --chunk-chars 400 --completion-tokens 16"
+    assert main([*args.split(), "--epochs", "1", "--vocab", "512", "--out", str(out)]) == 0
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["command"].startswith("python -m decoders.train_eagle --model tiny-random")
+    assert record["data"]["self_distilled_prompts"] == 8 and record["vocab"] <= 513
+    same_as_greedy(tiny, PROMPTS[1], "speculative", 20, draft=f"eagle:{out}")
+
+
+@pytest.mark.parametrize("model_id", ["tiny-random", "SmolLM2-135M-Instruct"])
+def test_shipped_heads_exist_with_the_command_that_made_them(model_id):
+    path = head_path(model_id)
+    record = json.loads(path.with_suffix(".json").read_text())
+    assert path.is_file() and record["command"].startswith("python -m decoders.train_eagle")
+    assert record["held_out"]["top1"] >= (0.0 if model_id == "tiny-random" else 0.4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [0, 2, 7])
+@pytest.mark.parametrize("method", ["speculative", "token_tree"])
+def test_lossless_on_the_embedded_model_with_the_shipped_head(embedded, task, method):
+    from test_prompt_lookup import humaneval
+
+    res = same_as_greedy(embedded, humaneval(task), method, 48, draft="eagle")
+    # The trained head is really drafting: well over one token per target forward.
+    assert res.stats["tokens_per_target_forward"] > 1.5, res.stats
+
+
+def test_eagle_head_shapes_follow_the_target(tiny):
+    head = EagleHead(tiny.model.config, torch.arange(10))
+    d = tiny.model.config.hidden_size
+    assert head.fc.in_features == 2 * d and head.fc.out_features == d
