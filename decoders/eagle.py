@@ -115,6 +115,10 @@ def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
         ) from None
     head.to(device=bundle.device, dtype=bundle.dtype).eval().requires_grad_(False)
     head.vocab = head.vocab.long()
+    # The target's LM head restricted to the draft vocabulary, for drafting (not saved).
+    rows = bundle.model.lm_head.weight[head.vocab].detach()
+    head.lm_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=bundle.device)
+    head.lm_head.weight = nn.Parameter(rows, requires_grad=False)
     if bundle.packed:
         packing.pack_linears(head)
     _loaded[key] = head
@@ -132,7 +136,6 @@ class EagleDrafter(Drafter):
             target, DynamicCache(), 1, "eagle (1 trained layer on the target's features)"
         )
         self.head = head
-        self.lm_rows = target.model.lm_head.weight[head.vocab].detach()  # [V_draft, d]
         self.embed = target.model.model.embed_tokens
         self.features = torch.empty(0, target.model.config.hidden_size, device=target.device)
         self.filled = 0  # entries in the head's cache built from real target features
@@ -200,7 +203,7 @@ class EagleDrafter(Drafter):
             float("-inf"),
             device=device,
         )
-        logits[:, self.head.vocab] = (kept @ self.lm_rows.T).float()
+        logits[:, self.head.vocab] = self.head.lm_head(kept).float()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall_ms = (time.perf_counter() - start) * 1000.0

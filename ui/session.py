@@ -25,7 +25,7 @@ from decoders.events import (
     trace_from_json,
     trace_to_dict,
 )
-from decoders.models import EMBEDDED_ID, TINY_ID, ModelBundle, hub_reachable
+from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
 # Target models that share the embedded model's tokenizer (so it can draft for them later).
@@ -59,6 +59,19 @@ def resolve_model(model: str | None) -> str:
     if model in ids or ALLOW_ANY_MODEL:
         return model
     raise InvalidInput(f"model {model!r} is not offered here; choose one of: {', '.join(ids)}")
+
+
+def check_draft(params: Mapping[str, Any]) -> None:
+    """A public page loads only what it offers: `self`, `self:k`, the shipped `eagle` head, or an
+    offered or built-in model as draft; other ids and `eagle:<file>` need
+    DECODING_LAB_ALLOW_ANY_MODEL=1."""
+    draft = str(params.get("draft", "self")).strip()
+    if ALLOW_ANY_MODEL or draft in ("self", "eagle", *TINY_SEEDS) or draft.startswith("self:"):
+        return
+    if draft not in {v for _, v in model_choices()}:
+        raise InvalidInput(
+            f"draft {draft!r} is not offered here; use self, self:k, eagle, or one of the models"
+        )
 
 
 def get_bundle(model: str | None) -> ModelBundle:
@@ -181,6 +194,7 @@ def run_live(
     if isinstance(max_new_tokens, int) and max_new_tokens > UI_MAX_NEW_TOKENS:
         raise InvalidInput(f"max_new_tokens is capped at {UI_MAX_NEW_TOKENS} here")
     check_request(prompt, method, max_new_tokens, params)  # before loading a model
+    check_draft(params)
     bundle = get_bundle(model)
     run = prepare(bundle, prompt, method, max_new_tokens, params=params)
     meta = {
