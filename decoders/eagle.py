@@ -31,7 +31,7 @@ from . import packing
 from .drafters import Drafter
 from .errors import InvalidParameter
 from .events import Forward
-from .models import ModelBundle
+from .models import ModelBundle, slug
 from .runtime import ForwardResult, crop_cache
 
 HEADS = Path(__file__).resolve().parent.parent / "assets" / "eagle"
@@ -66,12 +66,6 @@ class EagleHead(nn.Module):
             use_cache=cache is not None,
             position_embeddings=self.rotary(h, position_ids=positions),
         )
-
-
-def slug(model_id: str) -> str:
-    from .self_speculative import slug as _slug
-
-    return _slug(model_id)
 
 
 def head_path(model_id: str) -> Path:
@@ -114,7 +108,6 @@ def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
             f"draft 'eagle': {path.name} does not fit this model ({e})"
         ) from None
     head.to(device=bundle.device, dtype=bundle.dtype).eval().requires_grad_(False)
-    head.vocab = head.vocab.long()
     # The target's LM head restricted to the draft vocabulary, for drafting (not saved).
     rows = bundle.model.lm_head.weight[head.vocab].detach()
     head.lm_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=bundle.device)

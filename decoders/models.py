@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass
@@ -84,6 +85,11 @@ class ModelBundle:
 
 _cache: dict[tuple[str, str, str], ModelBundle] = {}
 _lock = threading.Lock()  # loads are rare and large: one at a time
+
+
+def slug(model_id: str) -> str:
+    """A model id as a file name, for per-model assets (skip sets, EAGLE heads)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id).strip("-").lower()
 
 
 def default_device() -> torch.device:

@@ -19,7 +19,6 @@ A low acceptance rate raises θ (draft less, stop earlier); a high one lowers it
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
 from .events import Draft, Event
-from .models import ModelBundle
+from .models import ModelBundle, slug
 from .params import Param
 from .runtime import SkipSet, crop_cache, forward, new_cache
 from .steps import start, verify_chain
@@ -51,10 +50,6 @@ PARAMS = (
     Param("adaptive", bool, True, "adapt θ to the acceptance rate (Draft & Verify's rule)"),
     Param("max_draft", int, 10, "most draft tokens per step", 1, 32),
 )
-
-
-def slug(model_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id).strip("-").lower()
 
 
 def skip_set_path(model_id: str) -> Path:

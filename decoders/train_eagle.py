@@ -219,11 +219,11 @@ def run_head(
 
 
 def losses(
-    head: EagleHead, weight: torch.Tensor, pred, nexts, valid, cls_weight: float = CLS_WEIGHT
+    w: torch.Tensor, pred, nexts, valid, cls_weight: float = CLS_WEIGHT
 ) -> dict[str, torch.Tensor]:
+    """EAGLE-1's losses; `w` is the target's LM head cut to the draft vocabulary."""
     pred, nexts = pred[valid], nexts[valid]
     reg = F.smooth_l1_loss(pred, nexts)
-    w = weight[head.vocab]
     with torch.no_grad():
         target = torch.softmax(nexts @ w.T, -1)
     logits = pred @ w.T
@@ -233,7 +233,7 @@ def losses(
 
 
 def evaluate(head, bundle, data, spans, batch) -> dict[str, float]:
-    weight, embed = bundle.model.lm_head.weight, bundle.model.model.embed_tokens
+    w, embed = bundle.model.lm_head.weight[head.vocab], bundle.model.model.embed_tokens
     totals: dict[str, float] = {}
     count = 0
     head.eval()
@@ -241,7 +241,7 @@ def evaluate(head, bundle, data, spans, batch) -> dict[str, float]:
         for i in range(0, len(spans), batch):
             pred, nexts, valid = run_head(head, embed, data, spans[i : i + batch], 0.0)
             n = int(valid.sum())
-            for k, v in losses(head, weight, pred, nexts, valid).items():
+            for k, v in losses(w, pred, nexts, valid).items():
                 totals[k] = totals.get(k, 0.0) + float(v) * n
             count += n
     head.train()
@@ -262,7 +262,7 @@ def train(
     steps = args.epochs * math.ceil(len(spans) / args.batch_size)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=steps, pct_start=0.05)
-    weight, embed = bundle.model.lm_head.weight.detach(), bundle.model.model.embed_tokens
+    w, embed = bundle.model.lm_head.weight[vocab].detach(), bundle.model.model.embed_tokens
     print(
         f"training: vocab {len(vocab)}, {len(spans)} spans, {steps} steps, "
         f"{sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters",
@@ -272,7 +272,7 @@ def train(
     for epoch in range(args.epochs):
         for span_batch in batches(spans, args.batch_size, rng):
             pred, nexts, valid = run_head(head, embed, data, span_batch, FEATURE_NOISE)
-            out = losses(head, weight, pred, nexts, valid, args.cls_weight)
+            out = losses(w, pred, nexts, valid, args.cls_weight)
             opt.zero_grad()
             out["loss"].backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
