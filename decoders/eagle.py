@@ -76,7 +76,7 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
     """float16 weights (halves the file; drafting still runs in the target's dtype) + a JSON record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
-        k: (v.detach().half() if v.is_floating_point() else v.detach()).contiguous()
+        k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().contiguous()
         for k, v in head.state_dict().items()
         if not k.startswith("rotary.")
     }

@@ -24,13 +24,16 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import importlib.metadata
+import importlib.util
 import json
 import math
+import multiprocessing
 import random
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,32 +50,64 @@ CLS_WEIGHT = 0.1  # EAGLE-1's weight of the classification loss
 # --- data ---------------------------------------------------------------------------------------
 
 
+SKIP_DIRS = {"test", "tests", "testing", "idlelib", "site-packages", "lib2to3", "turtledemo"}
+
+
 def stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo"}
-    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    return _python_files(Path(sysconfig.get_paths()["stdlib"]))
+
+
+def _python_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(root).parts))
+
+
+def source_files(sources: list[str]) -> tuple[list[Path], list[str]]:
+    """The .py files of each source ('stdlib', or an installed package such as 'numpy'), and a
+    label per source with its version, for the head's record."""
+    files, labels = [], []
+    for name in sources:
+        if name == "stdlib":
+            files += stdlib_files()
+            labels.append(f"Python {sys.version.split()[0]} standard library")
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(f"error: --sources: no installed package {name!r}")
+        files += _python_files(Path(next(iter(spec.submodule_search_locations))))
+        # The import name can differ from the distribution's (sklearn is scikit-learn).
+        dists = importlib.metadata.packages_distributions().get(name, [name])
+        try:
+            labels.append(f"{name} {importlib.metadata.version(dists[0])}")
+        except importlib.metadata.PackageNotFoundError:
+            labels.append(name)
+    return files, labels
 
 
 def function_prompts(files: list[Path]) -> list[str]:
     """Every documented top-level function, cut right after its docstring: signature + docstring,
-    the shape of a code-completion prompt."""
-    prompts = []
-    for path in files:
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+    the shape of a code-completion prompt. Files are parsed in parallel, results kept in order."""
+    if len(files) < 64:
+        return [p for path in files for p in _file_prompts(path)]
+    with multiprocessing.get_context("fork").Pool() as pool:  # workers only parse text
+        return [p for found in pool.map(_file_prompts, files, chunksize=16) for p in found]
+
+
+def _file_prompts(path: Path) -> list[str]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines, prompts = source.splitlines(), []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or not node.body:
             continue
-        lines = source.splitlines()
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or not node.body:
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or not 40 <= len(doc) <= 1200 or len(node.body) < 2:
-                continue
-            header = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
-            if len(header) <= 2000:
-                prompts.append(header)
+        doc = ast.get_docstring(node)
+        if not doc or not 40 <= len(doc) <= 1200 or len(node.body) < 2:
+            continue
+        header = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
+        if len(header) <= 2000:
+            prompts.append(header)
     return prompts
 
 
@@ -118,29 +153,39 @@ def complete(
 
 @torch.inference_mode()
 def target_features(
-    bundle: ModelBundle, docs: list[list[int]]
+    bundle: ModelBundle, docs: list[list[int]], batch: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The target's final (post-norm) features for every position of every document, concatenated,
-    with the token ids and each document's start offset."""
+    """The target's final (post-norm) features for every position of every document, concatenated
+    in document order (float32, on the model's device), with the token ids and each document's
+    start offset. Documents of similar length share a right-padded forward: causal attention keeps
+    the padding out of every real position."""
     inner = bundle.model.model
-    feats, tokens, starts, total = [], [], [], 0
-    for doc in docs:
-        ids = torch.tensor([doc], device=bundle.device)
-        feats.append(inner(input_ids=ids).last_hidden_state[0].float().cpu())
-        tokens.append(ids[0].cpu())
-        starts.append(total)
-        total += len(doc)
-    return torch.cat(feats), torch.cat(tokens), starts
+    feats: list[torch.Tensor | None] = [None] * len(docs)
+    order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
+    for k in range(0, len(order), batch):
+        group = order[k : k + batch]
+        width = max(len(docs[i]) for i in group)
+        ids = torch.tensor([docs[i] + [0] * (width - len(docs[i])) for i in group])
+        hidden = inner(input_ids=ids.to(bundle.device)).last_hidden_state.float()
+        for row, i in enumerate(group):
+            feats[i] = hidden[row, : len(docs[i])]
+    starts = [0]
+    for doc in docs[:-1]:
+        starts.append(starts[-1] + len(doc))
+    tokens = torch.tensor([t for doc in docs for t in doc], device=bundle.device)
+    return torch.cat(feats), tokens, starts
 
 
 def build_data(bundle: ModelBundle, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    files = stdlib_files()
+    files, labels = source_files(args.sources.split(","))
     prompts = function_prompts(files)
     rng.shuffle(prompts)
     prompts = sorted(prompts[: args.prompts], key=len)  # similar lengths batch with little padding
     t0 = time.perf_counter()
-    print(f"self-distilling {len(prompts)} stdlib function prompts", file=sys.stderr)
+    print(
+        f"self-distilling {len(prompts)} function prompts from {files and labels}", file=sys.stderr
+    )
     docs = complete(bundle, prompts, args.completion_tokens, args.batch)
     chunks = code_chunks(files, args.chunks, args.chunk_chars, rng)
     docs += [bundle.encode(c, chat=False)[:512] for c in chunks]
@@ -150,7 +195,13 @@ def build_data(bundle: ModelBundle, args: argparse.Namespace) -> dict[str, Any]:
         f"data: {len(docs)} documents, {len(tokens)} tokens in {time.perf_counter() - t0:.0f} s",
         file=sys.stderr,
     )
-    return {"features": feats, "tokens": tokens, "starts": starts, "n_prompts": len(prompts)}
+    return {
+        "features": feats,
+        "tokens": tokens,
+        "starts": starts,
+        "n_prompts": len(prompts),
+        "sources": labels,
+    }
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -160,13 +211,13 @@ def draft_vocabulary(bundle: ModelBundle, data: dict[str, Any], size: int) -> to
     """The `size` tokens the target predicts most often on the training data (FR-Spec's frequency
     ranking), plus EOS: the head only scores these, which keeps each draft step cheap."""
     head = bundle.model.lm_head.weight
-    counts = torch.zeros(head.shape[0], dtype=torch.long)
+    counts = torch.zeros(head.shape[0], dtype=torch.long, device=head.device)
     with torch.inference_mode():
         for chunk in data["features"].split(4096):
             counts += torch.bincount((chunk @ head.T).argmax(-1), minlength=head.shape[0])
     size = min(size, head.shape[0])
     vocab = set(torch.topk(counts, size).indices.tolist()) | set(bundle.eos_ids)
-    return torch.tensor(sorted(vocab), dtype=torch.long)
+    return torch.tensor(sorted(vocab), dtype=torch.long, device=head.device)
 
 
 def windows(data: dict[str, Any], length: int) -> list[tuple[int, int]]:
@@ -196,11 +247,11 @@ def run_head(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pad a batch of spans; returns predicted features, target features, and the valid mask."""
     width = max(b - a for a, b in span_batch) - 1
-    d = data["features"].shape[1]
-    feats = torch.zeros(len(span_batch), width, d)
-    nexts = torch.zeros(len(span_batch), width, d)
-    ids = torch.zeros(len(span_batch), width, dtype=torch.long)
-    valid = torch.zeros(len(span_batch), width, dtype=torch.bool)
+    d, dev = data["features"].shape[1], data["features"].device
+    feats = torch.zeros(len(span_batch), width, d, device=dev)
+    nexts = torch.zeros(len(span_batch), width, d, device=dev)
+    ids = torch.zeros(len(span_batch), width, dtype=torch.long, device=dev)
+    valid = torch.zeros(len(span_batch), width, dtype=torch.bool, device=dev)
     for r, (a, b) in enumerate(span_batch):
         n = b - a - 1
         feats[r, :n] = data["features"][a : b - 1]
@@ -209,7 +260,7 @@ def run_head(
         valid[r, :n] = True
     if noise:
         feats = feats + torch.randn_like(feats) * noise * feats.pow(2).mean().sqrt()
-    positions = torch.arange(width).expand(len(span_batch), -1)
+    positions = torch.arange(width, device=dev).expand(len(span_batch), -1)
     with torch.no_grad():
         embeds = embed(ids)
     # Padding sits after each span's real positions, so causal attention never lets a real
@@ -249,12 +300,15 @@ def evaluate(head, bundle, data, spans, batch) -> dict[str, float]:
 
 
 def train(
-    bundle: ModelBundle, data: dict[str, Any], args: argparse.Namespace
+    bundle: ModelBundle,
+    data: dict[str, Any],
+    args: argparse.Namespace,
+    on_epoch: Callable[[EagleHead, dict], None] | None = None,
 ) -> tuple[EagleHead, dict]:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     vocab = draft_vocabulary(bundle, data, args.vocab)
-    head = EagleHead(bundle.model.config, vocab)
+    head = EagleHead(bundle.model.config, vocab).to(bundle.device)
     spans = windows(data, args.window)
     rng.shuffle(spans)
     held = max(1, len(spans) // 20)
@@ -286,11 +340,12 @@ def train(
                     file=sys.stderr,
                     flush=True,
                 )
-        print(
-            f"epoch {epoch + 1}: held-out {evaluate(head, bundle, data, val, 16)}", file=sys.stderr
-        )
-    score = evaluate(head, bundle, data, val, 16)
-    return head, {
+        score = evaluate(head, bundle, data, val, args.batch_size)
+        print(f"epoch {epoch + 1}: held-out {score}", file=sys.stderr)
+        if on_epoch:
+            on_epoch(head, {"held_out": score, "epochs_done": epoch + 1})
+    score = evaluate(head, bundle, data, val, args.batch_size)
+    return head.cpu(), {
         "held_out": score,
         "train_tokens": int(sum(b - a - 1 for a, b in spans)),
         "minutes": round((time.perf_counter() - t0) / 60, 1),
@@ -302,9 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m decoders.train_eagle", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--model", default="embedded")
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when there is one)")
     ap.add_argument(
-        "--prompts", type=int, default=800, help="stdlib function prompts to self-distill"
+        "--sources",
+        default="stdlib",
+        help="comma-separated code sources: stdlib and/or installed packages (numpy,scipy,...)",
     )
+    ap.add_argument("--prompts", type=int, default=800, help="function prompts to self-distill")
     ap.add_argument("--completion-tokens", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=300, help="raw stdlib source chunks")
     ap.add_argument("--chunk-chars", type=int, default=1500)
@@ -319,46 +378,58 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--data-only", action="store_true", help="build (and cache) the data, then stop"
     )
+    ap.add_argument("--no-cache", action="store_true", help="do not cache the built data on disk")
     ap.add_argument(
         "--out", type=Path, default=None, help="default: assets/eagle/<model>.safetensors"
     )
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    bundle = load_model(args.model)
-    key = f"{bundle.model_id}-{args.prompts}-{args.completion_tokens}-{args.chunks}-{args.chunk_chars}-{args.seed}"
-    cached = cache_dir() / "eagle-data" / (key.replace("/", "--") + ".pt")
+    # float32 everywhere: the head learns the features the CPU default (float32) will feed it.
+    bundle = load_model(args.model, device=args.device, dtype="float32")
+    sources = "" if args.sources == "stdlib" else f"-{args.sources}"
+    key = f"{bundle.model_id}-{args.prompts}-{args.completion_tokens}-{args.chunks}-{args.chunk_chars}-{args.seed}{sources}"
+    cached = cache_dir() / "eagle-data" / (key.replace("/", "--").replace(",", "+") + ".pt")
     if cached.is_file():
-        data = torch.load(cached)
+        data = torch.load(cached, map_location=bundle.device)
     else:
         data = build_data(bundle, args)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(data, cached)
+        if not args.no_cache:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(data, cached)
     if args.data_only:
         return 0
-    head, score = train(bundle, data, args)
     out = args.out or head_path(bundle.model_id)
-    command = "python -m decoders.train_eagle " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    record = {
-        "model": bundle.model_id,
-        "vocab": len(head.vocab),
-        **score,
-        "data": {
-            "self_distilled_prompts": data["n_prompts"],
-            "completion_tokens": args.completion_tokens,
-            "raw_chunks": args.chunks,
-            "source": f"Python {sys.version.split()[0]} standard library",
-        },
-        "epochs": args.epochs,
-        "lr": args.lr,
-        "cls_weight": args.cls_weight,
-        "command": command.strip(),
-        "date": datetime.date.today().isoformat(),
-    }
-    save_head(head, out, record)
-    print(json.dumps(record, indent=2))
+    given = list(argv if argv is not None else sys.argv[1:])
+    if "--out" in given:  # where the file went is not how it was made
+        i = given.index("--out")
+        del given[i : i + 2]
+
+    def record(head: EagleHead, score: dict) -> dict:
+        return {
+            "model": bundle.model_id,
+            "vocab": len(head.vocab),
+            **score,
+            "data": {
+                "self_distilled_prompts": data["n_prompts"],
+                "completion_tokens": args.completion_tokens,
+                "raw_chunks": args.chunks,
+                "sources": data.get(
+                    "sources", [f"Python {sys.version.split()[0]} standard library"]
+                ),
+                "device": str(bundle.device),
+            },
+            "epochs": args.epochs,
+            "lr": args.lr,
+            "cls_weight": args.cls_weight,
+            "command": ("python -m decoders.train_eagle " + " ".join(given)).strip(),
+            "date": datetime.date.today().isoformat(),
+        }
+
+    # Each epoch's head is written too, so a run cut short still leaves its best so far.
+    head, score = train(bundle, data, args, lambda h, s: save_head(h, out, record(h, s)))
+    save_head(head, out, record(head, score))
+    print(json.dumps(record(head, score), indent=2))
     return 0
 
 

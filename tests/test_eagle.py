@@ -270,6 +270,7 @@ def test_the_training_command_writes_a_head_that_decodes_losslessly(tiny, tmp_pa
     assert main([*args.split(), "--epochs", "1", "--vocab", "512", "--out", str(out)]) == 0
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["command"].startswith("python -m decoders.train_eagle --model tiny-random")
+    assert "--out" not in record["command"]
     assert record["data"]["self_distilled_prompts"] == 8 and record["vocab"] <= 513
     same_as_greedy(tiny, PROMPTS[1], "speculative", 20, draft=f"eagle:{out}")
 
