@@ -10,6 +10,9 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
                      likely child of the most likely first token
             dynamic (EAGLE-2): expand the top_k nodes with the highest cumulative draft
                      probability at each depth, then keep the `nodes` most confident nodes overall
+        lookup > 0: graft the prompt-lookup continuation (the tokens that followed the first earlier
+                     occurrence of the context's suffix) onto the tree as one more branch
+                     (SpecInfer merges the trees of several drafters the same way)
         p = target([x, *tree]) with a tree attention mask: node i sees the context + its ancestors
         greedy:   follow the target's argmax down the tree while the tree has that child
         sampling: at each node try its children in order with the multi-draft residual rule
@@ -29,6 +32,7 @@ from .errors import InvalidParameter
 from .events import Draft, Event, Forward, Verify
 from .models import ModelBundle
 from .params import Param
+from .prompt_lookup import lookup
 from .runtime import forward, keep_cache, new_cache
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
@@ -59,6 +63,15 @@ PARAMS = (
         str,
         DEFAULT_CHOICES,
         "static: the tree as paths of child ranks, e.g. '0 1 0.0' (0 = the draft's top token)",
+    ),
+    Param(
+        "lookup",
+        int,
+        0,
+        "prompt-lookup branch: also graft up to this many tokens copied from an earlier "
+        "occurrence of the last 1-3 tokens (as prompt_lookup drafts) onto the tree; 0 = off",
+        0,
+        32,
     ),
 )
 
@@ -172,6 +185,20 @@ def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: i
     return tree
 
 
+def graft(tree: TreeDraft, branch: Sequence[int]) -> int:
+    """Merge a chain into the tree: walk the nodes that already spell its prefix, add the rest
+    (point-mass drafts, probability 1). Returns the number of nodes added."""
+    node, added = -1, 0
+    for token in branch:
+        child = next(
+            (c for c, p in enumerate(tree.parents) if p == node and tree.tokens[c] == token), None
+        )
+        if child is None:
+            child, added = tree.add(token, node, 1.0), added + 1
+        node = child
+    return added
+
+
 def _children(tree: TreeDraft, parent: int, dist: torch.Tensor, k: int) -> list[int]:
     values, tokens = torch.topk(dist, k)
     return [tree.add(int(t), parent, float(v)) for v, t in zip(values, tokens, strict=True)]
@@ -218,9 +245,13 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tree = grow_dynamic(grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"])
             drafter.end()
             yield from grower.events
+            label = drafter.label
+            copied, n = lookup(context, 3, min(p["lookup"], depth_cap)) if p["lookup"] else ([], 0)
+            if copied:
+                label += f" + prompt lookup (n={n}, {graft(tree, copied)} new nodes)"
             yield Draft(
                 step,
-                drafter.label,
+                label,
                 tuple(tree.tokens),
                 tuple(tree.parents),
                 tuple(round(v, 6) for v in tree.probs),
