@@ -12,7 +12,9 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
                      probability at each depth, then keep the `nodes` most confident nodes overall
         lookup > 0: graft the prompt-lookup continuation (the tokens that followed the first earlier
                      occurrence of the context's suffix) onto the tree as one more branch
-                     (SpecInfer merges the trees of several drafters the same way)
+                     (SpecInfer merges the trees of several drafters the same way);
+                     with trust = t, a match of >= t tokens is the whole draft and the
+                     drafter is skipped (SAM-Decoding switches on match length the same way)
         p = target([x, *tree]) with a tree attention mask: node i sees the context + its ancestors
         greedy:   follow the target's argmax down the tree while the tree has that child
         sampling: at each node try its children in order with the multi-draft residual rule
@@ -72,6 +74,15 @@ PARAMS = (
         "occurrence of the last 1-3 tokens (as prompt_lookup drafts) onto the tree; 0 = off",
         0,
         32,
+    ),
+    Param(
+        "trust",
+        int,
+        0,
+        "with lookup: when the copied chain matched at least this many tokens (1-3), draft it "
+        "alone and skip the drafter this step (SAM-Decoding's switch); 0 = always grow the tree",
+        0,
+        3,
     ),
 )
 
@@ -217,6 +228,8 @@ def check(bundle: ModelBundle, params) -> None:
     check_draft(bundle, params)
     if params["shape"] == "static":
         parse_choices(params["choices"])
+    if params["trust"] and not params["lookup"]:
+        raise InvalidParameter("token_tree: trust only applies with a lookup branch (lookup > 0)")
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
@@ -232,12 +245,16 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     while not budget.done:
         step += 1
         in_cache, x = len(context) - 1, context[-1]
-        for catch_up in drafter.begin(context, step):
-            yield catch_up.event
         # The target adds one token after the accepted path: keep paths within remaining - 1.
         depth_cap = budget.remaining - 1
-        tree = TreeDraft()
-        if depth_cap > 0:
+        tree, label = TreeDraft(), drafter.label
+        copied, n = lookup(context, 3, min(p["lookup"], depth_cap)) if p["lookup"] else ([], 0)
+        if copied and p["trust"] and n >= p["trust"]:
+            graft(tree, copied)  # a long match: the copied chain alone is the draft
+            label = f"prompt lookup (n={n}, trusted: drafter skipped)"
+        elif depth_cap > 0:
+            for catch_up in drafter.begin(context, step):
+                yield catch_up.event
             grower = Grower(drafter, sampler, step)
             if choices:
                 tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
@@ -245,10 +262,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tree = grow_dynamic(grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"])
             drafter.end()
             yield from grower.events
-            label = drafter.label
-            copied, n = lookup(context, 3, min(p["lookup"], depth_cap)) if p["lookup"] else ([], 0)
             if copied:
                 label += f" + prompt lookup (n={n}, {graft(tree, copied)} new nodes)"
+        if tree.tokens:
             yield Draft(
                 step,
                 label,

@@ -336,6 +336,9 @@ def test_eos_inside_an_accepted_path_stops_like_autoregressive(tiny, draft):
         ({"shape": "static", "choices": "0 a"}, "dot-separated"),
         ({"draft": "self:0"}, r"1\.\.4"),
         ({"draft": "self:9"}, r"1\.\.4"),
+        ({"lookup": 33}, r"lookup.*\[0, 32\]"),
+        ({"lookup": 8, "trust": 4}, r"trust.*\[0, 3\]"),
+        ({"trust": 2}, "lookup > 0"),
     ],
 )
 def test_invalid_parameters_are_clear_errors(tiny, params, message):
@@ -374,28 +377,41 @@ def root_paths(tokens, parents) -> set[tuple[int, ...]]:
     return set(paths.values())
 
 
-def check_lookup_branch(res, prompt_ids, budget, size) -> dict[int, int]:
+def check_lookup_branch(res, prompt_ids, budget, size, trust=0) -> dict[int, int]:
     """Every step's tree holds the prompt-lookup chain recomputed from the committed context (cut
-    to the budget), grafted after the drafter's nodes as point masses, and its label says so.
-    Returns, per step, how many of the kept tokens came from grafted nodes."""
+    to the budget), grafted after the drafter's nodes as point masses, and its label says so; with
+    `trust`, a match of at least that many tokens is the whole draft and the drafter never runs.
+    Returns, per step, how many of the kept tokens came from copied nodes."""
     context, done, kept_copies = list(prompt_ids), 0, {}
     for step, ev in by_step(res).items():
         cap = budget - done - 1
         if step > 0 and cap > 0:
-            draft = ev["draft"]
+            draft, drafted = ev["draft"], [f for f in ev["forwards"] if f.kind == "draft"]
             chain, n = lookup(context, 3, min(size, cap))
-            added = re.search(rf"prompt lookup \(n={n}, (\d+) new nodes\)", draft.source)
-            assert bool(added) == bool(chain), draft.source
-            grown = len(draft.tokens) - (int(added.group(1)) if chain else 0)
-            assert grown >= 1  # the drafter's own tree comes first
-            if chain:
-                assert tuple(chain) in root_paths(draft.tokens, draft.parents)
-                assert tuple(chain) not in root_paths(draft.tokens[:grown], draft.parents[:grown])
-                assert all(p == 1.0 for p in draft.probs[grown:])
+            if chain and trust and n >= trust:
+                assert draft.source == f"prompt lookup (n={n}, trusted: drafter skipped)"
+                assert draft.tokens == tuple(chain) and draft.parents == chain_parents(len(chain))
+                assert not drafted
+                grown = 0
+            else:
+                added = re.search(rf"prompt lookup \(n={n}, (\d+) new nodes\)", draft.source)
+                assert bool(added) == bool(chain), draft.source
+                grown = len(draft.tokens) - (int(added.group(1)) if chain else 0)
+                assert grown >= 1 and drafted  # the drafter's own tree comes first
+                if chain:
+                    assert tuple(chain) in root_paths(draft.tokens, draft.parents)
+                    assert tuple(chain) not in root_paths(
+                        draft.tokens[:grown], draft.parents[:grown]
+                    )
+                    assert all(p == 1.0 for p in draft.probs[grown:])
             kept_copies[step] = sum(i >= grown for i in ev["verify"].accepted)
         context += ev["commit"].tokens
         done += len(ev["commit"].tokens)
     return kept_copies
+
+
+def chain_parents(n: int) -> tuple[int, ...]:
+    return tuple(range(-1, n - 1))
 
 
 @pytest.mark.parametrize("draft", ["self:2", "tiny-random-2"])
@@ -405,14 +421,19 @@ def test_the_lookup_branch_is_lossless_and_kept_when_right(tiny, draft, budget):
     hits = 0
     for prompt, size in ((PROMPTS[5] * 3, 8), (PROMPTS[0] * 4, 32), (PROMPTS[2], 4)):
         prompt_ids = tiny.encode(prompt, chat=False)
-        for params in ({"shape": "dynamic", "nodes": 4}, {"shape": "static", "choices": CHAIN3}):
+        ref = generate(tiny, prompt_ids, "autoregressive", budget)
+        for params in (
+            {"shape": "dynamic", "nodes": 4},
+            {"shape": "static", "choices": CHAIN3},
+            {"shape": "dynamic", "trust": 1},  # every match is trusted: the drafter is skipped
+        ):
             res = generate(
                 tiny, prompt_ids, "token_tree", budget, draft=draft, lookup=size, **params
             )
-            ref = generate(tiny, prompt_ids, "autoregressive", budget)
             assert res.token_ids == ref.token_ids, (prompt, params)
             assert res.finish_reason == ref.finish_reason
-            hits += sum(check_lookup_branch(res, prompt_ids, budget, size).values())
+            copies = check_lookup_branch(res, prompt_ids, budget, size, params.get("trust", 0))
+            hits += sum(copies.values())
     if budget == 40:
         assert hits > 0  # the copied branch is really accepted, not just drawn
 
@@ -559,9 +580,13 @@ def test_the_lookup_branch_on_the_embedded_model(embedded, task):
     prompt_ids = embedded.encode(humaneval(task), chat=True)
     plain = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle")
     both = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10)
+    trusting = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10, trust=3)
     ref = generate(embedded, prompt_ids, "autoregressive", 96)
-    assert plain.token_ids == both.token_ids == ref.token_ids
+    assert plain.token_ids == both.token_ids == trusting.token_ids == ref.token_ids
     copies = check_lookup_branch(both, prompt_ids, 96, 10)
+    trusted = check_lookup_branch(trusting, prompt_ids, 96, 10, trust=3)
+    assert sum(trusted.values()) >= 10
+    assert trusting.stats["draft_forwards"] < both.stats["draft_forwards"]
     # Code repeats its own identifiers: the copied branch is kept often, and the target needs
     # fewer forwards than with the EAGLE tree alone.
     assert sum(copies.values()) >= 10
