@@ -9,7 +9,8 @@ committed token:
                        The top level's outputs are the next Jacobi guesses; each column's history
                        plus its new guess is an N-gram for the pool.
     verification       up to G n-grams from the pool whose first token is x, merged into a trie
-                       (shared prefixes once), each node seeing x and its trie ancestors.
+                       (shared prefixes once), each node seeing x and its trie ancestors. Those
+                       seen after the token before x come first (an option beyond the paper).
     x                  itself, predicting the next token as in autoregressive decoding.
 
 Because every group is a tree rooted at x, the shared tree-mask builder makes the combined mask and
@@ -36,33 +37,42 @@ from .tree import depths, tree_mask, tree_positions
 from .verify import greedy_tree, sample_tree
 
 PARAMS = (
-    Param("N", int, 4, "n-gram size: the window keeps N − 1 levels of Jacobi history", 2, 8),
-    Param("W", int, 2, "window: positions guessed ahead in parallel (0 = no lookahead)", 0, 16),
+    Param("N", int, 6, "n-gram size: the window keeps N − 1 levels of Jacobi history", 2, 12),
+    Param("W", int, 1, "window: positions guessed ahead in parallel (0 = no lookahead)", 0, 16),
     Param("G", int, 3, "most candidate n-grams verified per step (0 = no verification)", 0, 16),
     Param("pool_from_prompt", bool, True, "seed the n-gram pool with the prompt's n-grams"),
     Param(
         "pool_from_output",
         bool,
-        False,
+        True,
         "also add the output's own n-grams as they are committed (beyond the paper)",
+    ),
+    Param(
+        "rank_by_context",
+        bool,
+        True,
+        "verify first the n-grams seen after the same token as now (beyond the paper)",
     ),
     Param("pool_cap", int, 8, "most n-grams kept per first token (oldest dropped)", 1, 64),
 )
 
 
 class NgramStore:
-    """n-grams keyed by their first token, newest last, at most `cap` per key; counts hits."""
+    """n-grams keyed by their first token, newest last, at most `cap` per key; counts hits.
+
+    Each n-gram also remembers the token that came just before it where it was seen (None for
+    the window's columns), so candidates can be ranked by the context they were seen in."""
 
     def __init__(self, n: int, cap: int) -> None:
         self.n, self.cap = n, cap
-        self.by_first: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        self.by_first: dict[int, OrderedDict[tuple[int, ...], int | None]] = {}
         self.hits: Counter[tuple[int, ...]] = Counter()
 
-    def add(self, gram: Sequence[int]) -> bool:
+    def add(self, gram: Sequence[int], before: int | None = None) -> bool:
         gram = tuple(gram)
         bucket = self.by_first.setdefault(gram[0], OrderedDict())
         new = gram not in bucket
-        bucket[gram] = None
+        bucket[gram] = before if before is not None or new else bucket[gram]
         bucket.move_to_end(gram)
         if len(bucket) > self.cap:
             bucket.popitem(last=False)
@@ -70,12 +80,14 @@ class NgramStore:
 
     def seed(self, tokens: Sequence[int]) -> None:
         for i in range(len(tokens) - self.n + 1):
-            self.add(tokens[i : i + self.n])
+            self.add(tokens[i : i + self.n], tokens[i - 1] if i else None)
 
-    def candidates(self, first: int, g: int) -> list[tuple[int, ...]]:
-        """The newest g n-grams starting with `first`, without that first token."""
-        bucket = self.by_first.get(first, {})
-        return [gram[1:] for gram in list(bucket)[::-1][:g]]
+    def candidates(self, first: int, g: int, before: int | None = None) -> list[tuple[int, ...]]:
+        """The g n-grams starting with `first`, without that first token: newest first, but those
+        seen right after `before` (the token before `first` now) ahead of the rest."""
+        newest = list(self.by_first.get(first, {}).items())[::-1]
+        ranked = sorted(newest, key=lambda item: before is None or item[1] != before)
+        return [gram[1:] for gram, _ in ranked[:g]]
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.by_first.values())
@@ -134,7 +146,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         in_cache, x = len(context) - 1, context[-1]
         # Verification branch: pool n-grams for x, cut to the budget (the target adds one token).
         room = budget.remaining - 1
-        full = pool.candidates(x, g) if room > 0 else []
+        before = context[-2] if p["rank_by_context"] and len(context) > 1 else None
+        full = pool.candidates(x, g, before) if room > 0 else []
         grams = list(dict.fromkeys(c[:room] for c in full))  # cut, and once each
         v_tokens, v_parents = trie(grams)
 
@@ -203,7 +216,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             for i in range(
                 max(0, len(context) - len(committed.tokens) - n + 1), len(context) - n + 1
             ):
-                pool.add(context[i : i + n])
+                pool.add(context[i : i + n], context[i - 1] if i else None)
 
 
 def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:

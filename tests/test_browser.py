@@ -151,6 +151,28 @@ def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
     page.get_by_text("✅ Done: 6 tokens").wait_for(timeout=60_000)
 
 
+def open_link(page, url: str, method_label: str, param_ready_js: str) -> None:
+    """Open a shared link and wait until the page has applied it: method and one parameter."""
+    page.goto(url)
+    page.wait_for_function(
+        f"document.querySelector('#method input')?.value.startsWith('{method_label}')",
+        timeout=30_000,
+    )
+    page.wait_for_function(param_ready_js, timeout=30_000)
+
+
+def run_to_lossless_badge(page) -> None:
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    page.get_by_text("identical to greedy").wait_for(timeout=60_000)  # the lossless badge
+
+
+def go_to_step(page, step: int) -> None:
+    slider = page.locator("#step input[type=number]")
+    slider.fill(str(step))
+    slider.press("Enter")
+
+
 def test_compare_tab(server, page):
     page.goto(server)
     page.get_by_role("tab", name="Compare").click()
@@ -170,20 +192,14 @@ def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, p
     )
     from urllib.parse import quote
 
-    page.goto(
+    open_link(
+        page,
         f"{server}?model=SmolLM2-135M-Instruct&method=prompt_lookup&num_draft=6&max_new_tokens=96"
-        f"&prompt={quote(code)}"
-    )
-    page.wait_for_function(
-        "document.querySelector('#method input')?.value.startsWith('Prompt lookup')", timeout=30_000
-    )
-    page.wait_for_function(
+        f"&prompt={quote(code)}",
+        "Prompt lookup",
         "document.querySelector('#prompt_lookup-num_draft input[type=number]')?.value === '6'",
-        timeout=30_000,
     )
-    page.locator("#run-btn").click()
-    page.get_by_text("✅ Done").wait_for(timeout=120_000)
-    page.get_by_text("identical to greedy").wait_for(timeout=60_000)  # the lossless badge
+    run_to_lossless_badge(page)
     assert (
         page.locator("#tokens .dl-tok[style*='#c8e6c9']").count() > 0
     )  # accepted drafts shown green
@@ -191,9 +207,7 @@ def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, p
     steps = page.evaluate(
         "Array.from(document.querySelectorAll(\"#tokens .dl-tok[style*='#c8e6c9']\")).map(e => +e.dataset.step)"
     )
-    slider = page.locator("#step input[type=number]")
-    slider.fill(str(max(steps)))
-    slider.press("Enter")
+    go_to_step(page, max(steps))
     page.get_by_text(f"Step {max(steps)}: prompt lookup").wait_for(timeout=30_000)
     page.locator("#panel .js-plotly-plot").wait_for(timeout=30_000)
     page.screenshot(path=str(ARTIFACTS / "prompt-lookup.png"), full_page=True)
@@ -201,24 +215,40 @@ def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, p
 
 def test_token_tree_view_from_a_link(server, page):
     """A token-tree run where the draft is the target itself: every step's tree has an accepted path."""
-    page.goto(
+    open_link(
+        page,
         f"{server}?model=tiny-random&method=token_tree&draft=tiny-random&shape=static"
-        "&max_new_tokens=24&prompt=def%20f(x):"
-    )
-    page.wait_for_function(
-        "document.querySelector('#method input')?.value.startsWith('Token tree')", timeout=30_000
-    )
-    page.wait_for_function(
+        "&max_new_tokens=24&prompt=def%20f(x):",
+        "Token tree",
         "document.querySelector('#token_tree-draft textarea, #token_tree-draft input')?.value"
         " === 'tiny-random'",
-        timeout=30_000,
     )
-    page.locator("#run-btn").click()
-    page.get_by_text("✅ Done").wait_for(timeout=120_000)
-    page.get_by_text("identical to greedy").wait_for(timeout=60_000)
-    slider = page.locator("#step input[type=number]")
-    slider.fill("2")
-    slider.press("Enter")
+    run_to_lossless_badge(page)
+    go_to_step(page, 2)
     page.get_by_text("Step 2: token tree from tiny-random").wait_for(timeout=30_000)
     page.locator("#panel .js-plotly-plot").wait_for(timeout=30_000)
     page.screenshot(path=str(ARTIFACTS / "token-tree.png"), full_page=True)
+
+
+def test_lookahead_views_from_a_link(server, page):
+    """Lookahead's three views side by side: the step's attention mask, its 2D window, its pool."""
+    open_link(
+        page,
+        f"{server}?model=tiny-random&method=lookahead&N=3&W=3&G=3&max_new_tokens=24"
+        "&prompt=def%20f(x):%20return%20f(x)",
+        "Lookahead",
+        "document.querySelector('#lookahead-W input[type=number]')?.value === '3'",
+    )
+    run_to_lossless_badge(page)
+    go_to_step(page, 4)  # past the warm-up: the window holds its N - 1 = 2 levels
+    for panel, title in [
+        ("#panel", "Step 4: attention among the forward's"),
+        ("#panel2", "Step 4: window of 2 levels × 3"),
+        ("#panel3", "Step 4: pool holds"),
+    ]:
+        page.locator(f"{panel} .gtitle").filter(has_text=title).wait_for(timeout=30_000)
+    cells = (
+        page.locator("#panel .heatmaplayer").count() + page.locator("#panel2 .heatmaplayer").count()
+    )
+    assert cells >= 2  # the mask and the window are drawn, not empty placeholders
+    page.screenshot(path=str(ARTIFACTS / "lookahead.png"), full_page=True)

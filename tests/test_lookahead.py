@@ -56,6 +56,20 @@ def test_ngram_store_caps_per_key_and_returns_newest_first():
     assert pool.candidates(99, 3) == [] and len(pool) == 6  # 7 trigrams, one capped out
 
 
+def test_ngram_store_ranks_candidates_seen_in_the_same_context_first():
+    pool = NgramStore(3, cap=4)
+    pool.seed([8, 1, 2, 3, 9, 1, 4, 5, 7, 1, 6, 7])  # 1 follows 8, then 9, then 7
+    assert pool.candidates(1, 3) == [(6, 7), (4, 5), (2, 3)]  # no context: newest first
+    assert pool.candidates(1, 2, before=8) == [(2, 3), (6, 7)]  # seen after 8 first, then newest
+    assert pool.candidates(1, 1, before=9) == [(4, 5)]
+    assert pool.candidates(1, 3, before=42) == [(6, 7), (4, 5), (2, 3)]  # no match: newest first
+    pool.add((1, 6, 7))  # seen again by the window, with no context: keeps the one it had
+    assert pool.candidates(1, 1, before=7) == [(6, 7)]
+    pool.add((1, 2, 3), before=5)  # seen again after 5: remembers the newest context
+    assert pool.candidates(1, 1, before=5) == [(2, 3)]
+    assert pool.candidates(1, 3, before=8) == [(2, 3), (6, 7), (4, 5)]  # 8 is forgotten
+
+
 def test_combined_mask_matches_sequential_forwards(tiny):
     """Every input of a lookahead step (window token or trie node) gets the logits it would get
     from a plain forward over the context plus its own ancestors."""
@@ -93,18 +107,35 @@ def test_jacobi_lossless_on_tiny(tiny, prompt, block):
     same_as_greedy(tiny, prompt, 30, "jacobi", block=block)
 
 
-# N × W × G in full; the pool seeding and the prompt alternate across the grid.
+# N × W × G in full; the pool options and the prompt alternate across the grid.
 GRID = [
-    (N, W, G, i % 2 == 0, i % 3 == 0, PROMPTS[i % 3])
+    (N, W, G, i % 2 == 0, i % 3 == 0, i % 4 != 1, PROMPTS[i % 3])
     for i, (N, W, G) in enumerate(itertools.product([2, 3, 4, 5], [0, 1, 3, 8], [0, 2, 8]))
 ]
 
 
-@pytest.mark.parametrize(("N", "W", "G", "seeded", "own", "prompt"), GRID)
-def test_lookahead_lossless_grid_on_tiny(tiny, N, W, G, seeded, own, prompt):
+@pytest.mark.parametrize(("N", "W", "G", "seeded", "own", "ranked", "prompt"), GRID)
+def test_lookahead_lossless_grid_on_tiny(tiny, N, W, G, seeded, own, ranked, prompt):
     same_as_greedy(
-        tiny, prompt, 20, "lookahead", N=N, W=W, G=G, pool_from_prompt=seeded, pool_from_output=own
+        tiny,
+        prompt,
+        20,
+        "lookahead",
+        N=N,
+        W=W,
+        G=G,
+        pool_from_prompt=seeded,
+        pool_from_output=own,
+        rank_by_context=ranked,
     )
+
+
+@pytest.mark.parametrize(("N", "W", "G"), [(6, 1, 3), (8, 1, 2), (12, 1, 3), (8, 2, 2), (6, 5, 5)])
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_lookahead_lossless_deep_windows_on_tiny(tiny, N, W, G, prompt):
+    # The CPU defaults (N=6, W=1, G=3) and deeper n-grams, up to N's maximum, with the output's
+    # own n-grams in the pool so long candidates exist.
+    same_as_greedy(tiny, prompt, 24, "lookahead", N=N, W=W, G=G, pool_from_output=True)
 
 
 @pytest.mark.slow
@@ -160,7 +191,8 @@ def test_sampling_is_reproducible(tiny):
     ("method", "params"),
     [
         ("jacobi", dict(block=6)),
-        ("lookahead", dict(N=4, W=5, G=5)),
+        ("lookahead", dict()),  # the defaults
+        ("lookahead", dict(N=4, W=5, G=5, pool_from_output=False, rank_by_context=False)),  # paper
         ("lookahead", dict(N=3, W=2, G=2, pool_from_output=True)),
     ],
 )
