@@ -82,8 +82,13 @@ def test_run_stream_step_export_import(server, page, tmp_path):
     page.screenshot(path=str(ARTIFACTS / "run.png"), full_page=True)
 
     # Step back: the future turns grey, the step's token is underlined.
-    for _ in range(3):
+    step_js = "+document.querySelector('#step input[type=number]').value"
+    at_end = "(e => e.max !== '' && +e.value === +e.max)(document.querySelector('#step input[type=range]'))"
+    page.wait_for_function(at_end, timeout=30_000)  # the finished run shows its last step
+    last = page.evaluate(step_js)
+    for k in range(1, 4):  # one click at a time: each reads the step the previous one set
         page.locator("#prev").click()
+        page.wait_for_function(f"{step_js} === {last - k}", timeout=30_000)
     page.wait_for_function(
         "document.querySelectorAll('#tokens .dl-pending').length >= 3", timeout=30_000
     )
