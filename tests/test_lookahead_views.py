@@ -242,8 +242,8 @@ def test_pool_candidate_paths_mark_accepted_tokens():
 def test_pool_without_hits_or_candidates_and_empty_steps():
     fig = ngram_pool(WINDOW_TRACE, TEXTS, 2)
     texts = [a.text for a in fig.layout.annotations]
-    assert "no n-gram has been hit yet" in texts
-    assert "no pool n-gram starts with x: nothing to verify" in texts
+    assert "no n-gram<br>has been hit yet" in texts
+    assert "no pool n-gram starts with x:<br>nothing to verify" in texts
     empty = ngram_pool(POOL_TRACE, TEXTS, 0)
     assert empty.data == () and "no n-gram pool at step 0" in empty.layout.annotations[0].text
 

@@ -501,7 +501,7 @@ def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             col=1,
         )
     else:
-        _note_in(fig, "", "no n-gram has been hit yet")
+        _note_in(fig, "", "no n-gram<br>has been hit yet")  # wrapped: the panel can be narrow
         fig.update_xaxes(visible=False, row=1, col=1)
         fig.update_yaxes(visible=False, row=1, col=1)
 
@@ -572,7 +572,7 @@ def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             col=2,
         )
     else:
-        _note_in(fig, "2", "no pool n-gram starts with x: nothing to verify")
+        _note_in(fig, "2", "no pool n-gram starts with x:<br>nothing to verify")
         fig.update_xaxes(visible=False, row=1, col=2)
         fig.update_yaxes(visible=False, row=1, col=2)
 
