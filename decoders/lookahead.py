@@ -72,14 +72,16 @@ class NgramStore:
         gram = tuple(gram)
         bucket = self.by_first.setdefault(gram[0], OrderedDict())
         new = gram not in bucket
-        bucket[gram] = before if before is not None or new else bucket[gram]
+        if new or before is not None:  # a column's repeat keeps the context it was seen in
+            bucket[gram] = before
         bucket.move_to_end(gram)
         if len(bucket) > self.cap:
             bucket.popitem(last=False)
         return new
 
-    def seed(self, tokens: Sequence[int]) -> None:
-        for i in range(len(tokens) - self.n + 1):
+    def seed(self, tokens: Sequence[int], start: int = 0) -> None:
+        """Add the n-grams of `tokens` that begin at `start` or later, each with its context."""
+        for i in range(max(0, start), len(tokens) - self.n + 1):
             self.add(tokens[i : i + self.n], tokens[i - 1] if i else None)
 
     def candidates(self, first: int, g: int, before: int | None = None) -> list[tuple[int, ...]]:
@@ -213,10 +215,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         committed = commit(step, verdict, budget, context)
         yield committed
         if p["pool_from_output"]:  # n-grams that end in the tokens just committed
-            for i in range(
-                max(0, len(context) - len(committed.tokens) - n + 1), len(context) - n + 1
-            ):
-                pool.add(context[i : i + n], context[i - 1] if i else None)
+            pool.seed(context, start=len(context) - len(committed.tokens) - n + 1)
 
 
 def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:
