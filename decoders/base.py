@@ -72,6 +72,19 @@ class Method:
     summary: str = ""
     # Checks that need the model (a draft's layer count, a skip set): run before decoding starts.
     check: Callable[[Any, Mapping[str, Any]], None] | None = None
+    # Named parameter sets one click away (the defaults are each method at its best on this
+    # machine; "paper" = the settings its paper reports). Values override the defaults.
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def preset(self, name: str) -> dict[str, Any]:
+        """The full parameter values of a preset ("defaults" = the schema's defaults)."""
+        values = {p.name: p.default for p in self.params}
+        if name == "defaults":
+            return values
+        if name not in self.presets:
+            known = ", ".join(["defaults", *self.presets])
+            raise KeyError(f"{self.name} has no preset {name!r}; known: {known}")
+        return values | dict(self.presets[name])
 
     @property
     def schema(self) -> tuple[Param, ...]:
@@ -84,4 +97,5 @@ class Method:
             "lossless": self.lossless,
             "summary": self.summary,
             "params": [p.describe() for p in self.schema],
+            "presets": {name: dict(values) for name, values in self.presets.items()},
         }

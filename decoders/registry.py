@@ -28,6 +28,7 @@ METHODS: dict[str, Method] = {
             title="Prompt lookup (n-gram copy drafts)",
             decode=prompt_lookup.decode,
             params=prompt_lookup.PARAMS,
+            presets={"paper": {"max_ngram": 3, "num_draft": 10, "match": "earliest"}},
             summary="Drafts by copying what followed the last matching n-gram; one forward verifies.",
         ),
         Method(
@@ -35,6 +36,7 @@ METHODS: dict[str, Method] = {
             title="Speculative decoding (draft model or self:k early exit)",
             decode=speculative.decode,
             params=speculative.PARAMS,
+            presets={"paper": {"draft": "self", "gamma": 4, "schedule": "fixed"}},
             check=drafters.check_draft,
             summary="A cheap drafter proposes γ tokens; the target accepts a prefix in one forward.",
         ),
@@ -43,6 +45,17 @@ METHODS: dict[str, Method] = {
             title="Token tree (static Medusa-style or dynamic EAGLE-2-style)",
             decode=token_tree.decode,
             params=token_tree.PARAMS,
+            # EAGLE-2 (Li et al. 2024): depth 6, top-k 10 (8 is our cap), 60 nodes, no copied branch
+            presets={
+                "paper": {
+                    "shape": "dynamic",
+                    "depth": 6,
+                    "top_k": 8,
+                    "nodes": 60,
+                    "lookup": 0,
+                    "trust": 0,
+                }
+            },
             check=token_tree.check,
             summary="Drafts a tree of alternatives; one forward with a tree mask verifies every branch.",
         ),
@@ -51,6 +64,7 @@ METHODS: dict[str, Method] = {
             title="Draft & Verify (self-speculative, skipped layers)",
             decode=self_speculative.decode,
             params=self_speculative.PARAMS,
+            presets={"paper": {"threshold": 0.6, "adaptive": True, "max_draft": 10}},
             check=self_speculative.check,
             summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
         ),
@@ -59,6 +73,7 @@ METHODS: dict[str, Method] = {
             title="Jacobi decoding (parallel fixed-point iteration)",
             decode=jacobi.decode,
             params=jacobi.PARAMS,
+            presets={"paper": {"block": 16}},
             sampling=False,
             summary="Refines a block of guessed tokens in parallel; commits the converged prefix.",
         ),
@@ -67,6 +82,16 @@ METHODS: dict[str, Method] = {
             title="Lookahead decoding (Jacobi window + n-gram verification)",
             decode=lookahead.decode,
             params=lookahead.PARAMS,
+            # Fu et al. 2024 on a 7B model: W = 15, N = 5, G = 15; the pool from the window only
+            presets={
+                "paper": {
+                    "N": 5,
+                    "W": 15,
+                    "G": 15,
+                    "pool_from_output": False,
+                    "rank_by_context": False,
+                }
+            },
             summary="Jacobi trajectories fill an n-gram pool; matching n-grams are verified in the same forward.",
         ),
     )

@@ -1,4 +1,5 @@
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -74,3 +75,46 @@ def server():
     yield url
     proc.terminate()
     proc.wait(timeout=30)
+
+
+# --- headless Chromium (Debian's, driven by Playwright) -------------------------------------------
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+DESKTOP = {"width": 1440, "height": 1000}
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not shutil.which(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: scripts/ensure-chromium.sh installs it")
+        pytest.skip(f"{CHROMIUM} not installed (run scripts/ensure-chromium.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):
+    """A desktop-sized page; `phone_page` is the 390 x 844 one."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport=DESKTOP, accept_downloads=True)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+@pytest.fixture()
+def phone_page(browser):
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    yield page
+    context.close()

@@ -2,42 +2,13 @@
 step through, export the trace and import it back. Screenshots land in test-artifacts/."""
 
 import json
-import os
-import shutil
 import time
 
 import pytest
 
 from conftest import ARTIFACTS
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not shutil.which(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing: scripts/ensure-chromium.sh installs it")
-        pytest.skip(f"{CHROMIUM} not installed (run scripts/ensure-chromium.sh)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def page(browser):
-    ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-    page = context.new_page()
-    yield page
-    context.close()
 
 
 def tokens_in(page) -> int:
