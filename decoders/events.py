@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 TRACE_FORMAT = "decoding-lab-trace"
 
 ForwardKind = Literal["prefill", "target", "draft", "verify", "exit"]
-# Where a committed token came from (DESIGN.md's colour language keys on these).
+# Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
 Origin = Literal["target", "draft", "correction", "bonus", "exit"]
 
 

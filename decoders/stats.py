@@ -1,4 +1,4 @@
-"""Metrics folded from the event stream, with the serving engines' definitions (see DESIGN.md).
+"""Metrics folded from the event stream, with the serving engines' definitions (see docs/ARCHITECTURE.md).
 
 - tokens per target forward = new tokens / target forward passes (prefill, target and verify passes)
 - mean acceptance length = 1 + accepted drafts / verify steps

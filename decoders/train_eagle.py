@@ -8,7 +8,7 @@ target's own LM head turns that into a token. Training follows EAGLE-1: a smooth
 predicted feature plus 0.1 × cross-entropy against the target's distribution, with noise on the
 input features so the head tolerates its own (imperfect) features when it drafts several steps.
 
-Data, all offline and none of it benchmark prompts (DESIGN: never train on what you benchmark):
+Data, all offline and none of it benchmark prompts (never train on what you benchmark):
 - self-distilled completions: Python standard-library functions cut after their docstring (the
   same shape as a code-completion prompt), continued greedily by the target itself, so the head
   learns what *this* model writes;

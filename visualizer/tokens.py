@@ -1,4 +1,4 @@
-"""Token text as coloured spans, one colour language everywhere (DESIGN.md):
+"""Token text as coloured spans, one colour language everywhere (docs/ARCHITECTURE.md):
 accepted draft (green), rejected (red), corrected (orange), bonus (blue), pending (grey),
 target-decoded tokens in plain ink, early-exit tokens shaded by exit layer.
 """
