@@ -74,7 +74,7 @@ def page_run(page, max_new: int) -> tuple[float, float]:
     page.locator("#run-btn").click()
     page.wait_for_function(f"!{status}.includes('Done')", timeout=60_000)  # this run has begun
     page.wait_for_function(
-        f"(document.querySelectorAll('#tokens .dl-tok').length > 0 && {status}.includes('Running'))"
+        f"(document.querySelectorAll('#tokens .dl-tok').length > 0 && {status}.includes('decoding'))"
         f" || {status}.includes('Done')",
         timeout=120_000,
     )
@@ -141,7 +141,7 @@ def page_bench(port: int, rounds: int, max_new: int) -> None:
             executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"), args=BROWSER_ARGS
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"http://127.0.0.1:{port}/")
+        page.goto(f"http://127.0.0.1:{port}/?method=autoregressive")  # as the CLI runs
         page_run(page, 8)  # warm-up
         ui, cli, firsts = [], [], []
         for _ in range(rounds):

@@ -1,5 +1,7 @@
-"""The app served on a free port and driven through gradio_client, as scripts would use it."""
+"""The app served on a free port and driven through gradio_client, as scripts would use it; and the
+page's checks that need no server: shared links, trace files, a stopped run."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -9,9 +11,21 @@ import pytest
 from gradio_client import Client
 
 from conftest import PROMPTS, ROOT
-from decoders import generate
+from decoders import METHODS, InvalidInput, generate
+from decoders.errors import TraceError
+from ui.session import (
+    EXAMPLE_PROMPTS,
+    UI_MAX_NEW_TOKENS,
+    load_example,
+    parse_link,
+    read_trace,
+    recheck_lossless,
+    run_live,
+    run_to_end,
+    stopped,
+)
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +33,7 @@ def client(server):
     return Client(server, verbose=False)
 
 
+@slow
 def test_run_on_the_embedded_model_matches_the_cli(client):
     text, stats, trace = client.predict(
         prompt="Write a haiku about the sea.",
@@ -53,6 +68,7 @@ def test_run_on_the_embedded_model_matches_the_cli(client):
     assert trace["token_text"]  # replayable without a model
 
 
+@slow
 def test_five_concurrent_clients_get_their_own_results(server, tiny):
     def one(prompt):
         c = Client(server, verbose=False)
@@ -73,6 +89,7 @@ def test_five_concurrent_clients_get_their_own_results(server, tiny):
         assert trace["prompt"] == prompt and text == expected.text
 
 
+@slow
 def test_compare_endpoint(client, tiny):
     out = client.predict(
         prompt="def f(x):",
@@ -92,13 +109,14 @@ def test_compare_endpoint(client, tiny):
         (dict(prompt="   "), "prompt is empty"),
         (dict(model="evil/model"), "not offered here"),
         (dict(method="warp-drive"), "unknown method"),
-        (dict(max_new_tokens=100000), "capped at"),
-        (dict(max_new_tokens=0), "between 1 and"),
+        (dict(max_new_tokens=100000), "max_new_tokens must be a whole number between 1 and 512"),
+        (dict(max_new_tokens=0), "max_new_tokens must be a whole number between 1 and 512"),
         (dict(params='{"temperature": 99}'), "temperature"),
         (dict(params='{"gamma": 3}'), "unknown parameter"),
         (dict(params="{nope"), "not valid JSON"),
     ],
 )
+@slow
 def test_bad_input_is_a_message_not_a_traceback(client, kwargs, message):
     args = (
         dict(
@@ -111,6 +129,7 @@ def test_bad_input_is_a_message_not_a_traceback(client, kwargs, message):
     assert "Traceback" not in str(info.value)
 
 
+@slow
 def test_cancelling_a_stream_ends_its_decode_thread(embedded):
     """Stop (or a dropped client) must not leave a worker decoding: the thread ends promptly.
     The embedded model needs ~40 s for 512 tokens, so only a real cancel ends it within 10 s."""
@@ -151,20 +170,27 @@ def test_cancelling_a_stream_ends_its_decode_thread(embedded):
         demo.close()
 
 
-@pytest.mark.parametrize(
-    ("method", "params"),
-    [
-        ("prompt_lookup", {}),
-        ("speculative", {"draft": "self:2", "gamma": 3}),
-        ("speculative", {"draft": "tiny-random", "schedule": "fixed"}),
-        ("token_tree", {"draft": "tiny-random-2"}),
-        ("token_tree", {"draft": "self:3", "shape": "static"}),
-        ("speculative", {"draft": "eagle", "gamma": 3}),
-        ("token_tree", {"draft": "eagle", "depth": 3}),
-        ("self_speculative", {"skip": "attn:1 mlp:2", "threshold": 0.0}),
-        ("self_speculative", {}),
-    ],
-)
+# Every registered method at its defaults and at each of its presets (built from METHODS, so a new
+# method is covered the day it registers), plus the drafts and shapes worth a case of their own.
+EVERY_METHOD = [
+    (name, params)
+    for name, m in METHODS.items()
+    for params in ({}, *(m.preset(p) for p in m.presets))
+] + [
+    ("speculative", {"draft": "self:2", "gamma": 3}),
+    ("speculative", {"draft": "tiny-random", "schedule": "fixed"}),
+    ("token_tree", {"draft": "tiny-random-2"}),
+    ("token_tree", {"draft": "self:3", "shape": "static"}),
+    ("speculative", {"draft": "eagle", "gamma": 3}),
+    ("token_tree", {"draft": "eagle", "depth": 3}),
+    ("self_speculative", {"skip": "attn:1 mlp:2", "threshold": 0.0}),
+    ("jacobi", {"block": 4}),
+    ("lookahead", {"N": 3, "W": 3, "G": 3}),
+]
+
+
+@slow
+@pytest.mark.parametrize(("method", "params"), EVERY_METHOD)
 def test_every_method_runs_through_the_api_and_is_lossless(client, tiny, method, params):
     _text, _stats, trace = client.predict(
         prompt="def f(x):",
@@ -190,6 +216,7 @@ def test_every_method_runs_through_the_api_and_is_lossless(client, tiny, method,
         ("self_speculative", {"skip": "mlp:7"}, "layers must be in 0..3"),
     ],
 )
+@slow
 def test_bad_method_parameters_are_messages(client, method, params, message):
     with pytest.raises(Exception, match=message) as info:
         client.predict(
@@ -201,3 +228,193 @@ def test_bad_method_parameters_are_messages(client, method, params, message):
             api_name="/run",
         )
     assert "Traceback" not in str(info.value)
+
+
+# --- shared links: every bad parameter answered, by name ------------------------------------------
+
+
+def test_a_good_link_prefills_the_form():
+    link = parse_link(
+        {
+            "prompt": "Hello from a link",
+            "max_new_tokens": "7",
+            "seed": "3",
+            "method": "jacobi",
+            "block": "8",
+            "model": "tiny-random",
+        },
+        "token_tree",
+    )
+    assert link.errors == []
+    assert link.fields == {
+        "prompt": "Hello from a link",
+        "max_new_tokens": 7,
+        "seed": 3,
+        "method": "jacobi",
+        "model": "tiny-random",
+    }
+    assert link.params == {"block": 8}
+
+
+def test_a_link_takes_params_json_and_presets():
+    link = parse_link({"method": "lookahead", "preset": "paper", "params": '{"G": 4}'}, "x")
+    assert link.errors == []
+    assert link.params == {**METHODS["lookahead"].preset("paper"), "G": 4}
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({"seed": "1e30"}, "seed must be between 0 and 2147483647, got 1e30"),
+        ({"seed": "nan"}, "seed must be a finite number"),
+        ({"seed": "1.5"}, "seed must be a whole number"),
+        ({"temperature": "inf"}, "temperature must be a finite number"),
+        ({"top_p": "abc"}, "top_p must be a number"),
+        ({"max_new_tokens": "nan"}, "max_new_tokens must be a whole number between 1 and 512"),
+        ({"max_new_tokens": "999"}, "max_new_tokens must be a whole number between 1 and 512"),
+        ({"max_new_tokens": "1e30"}, "max_new_tokens must be a whole number between 1 and 512"),
+        ({"method": "nosuch"}, "method='nosuch' is not a method here"),
+        ({"model": "evil/model"}, "model 'evil/model' is not offered here"),
+        ({"params": "notjson"}, "params is not valid JSON"),
+        ({"params": "[1, 2]"}, "params must be a JSON object"),
+        ({"params": '{"gamma": 3}'}, "params: 'gamma' is not a parameter of token_tree"),
+        ({"method": "lookahead", "N": "999"}, "N must be between 2 and"),
+        ({"method": "jacobi", "block": "abc"}, "block must be a number, got 'abc'"),
+        ({"block": "8"}, "block is a parameter of jacobi, not of token_tree"),
+        ({"method": "token_tree", "shape": "round"}, "'shape' must be one of"),
+        ({"method": "speculative", "draft": "evil/model"}, "draft 'evil/model' is not offered"),
+        ({"preset": "fastest"}, "preset='fastest' is not a preset of token_tree"),
+        ({"frobnicate": "1"}, "unknown link parameter 'frobnicate'"),
+    ],
+)
+def test_a_bad_link_is_answered_by_name_and_leaves_the_field_alone(query, message):
+    link = parse_link({"prompt": "kept", **query}, "token_tree")
+    assert len(link.errors) == 1 and message in link.errors[0], link.errors
+    assert link.fields.get("prompt") == "kept"  # the good parameters still pre-fill
+    bad = set(query) - {"method"} if "method" in query and len(query) > 1 else set(query)
+    assert not bad & (set(link.fields) | set(link.params))
+
+
+def test_the_cap_reads_the_same_in_links_the_form_and_the_api(tiny):
+    link = parse_link({"max_new_tokens": "600"}, "token_tree")
+    with pytest.raises(InvalidInput) as form:
+        run_to_end("tiny-random", "hi", "autoregressive", 600, {})
+    expected = (
+        f"max_new_tokens must be a whole number between 1 and {UI_MAX_NEW_TOKENS} on this page"
+    )
+    assert link.errors[0].startswith(expected) and str(form.value).startswith(expected)
+
+
+# --- trace files: checked for meaning, the badge recomputed -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_trace(tiny) -> dict:
+    trace = run_to_end("tiny-random", "def f(x):", "speculative", 12, {"draft": "self:2"})
+    return json.loads(trace.to_json())
+
+
+def edit(data: dict, fn) -> str:
+    data = copy.deepcopy(data)
+    fn(data)
+    return json.dumps(data)
+
+
+def first(data: dict, kind: str) -> dict:
+    return next(e for e in data["events"] if e["type"] == kind)
+
+
+def test_a_good_trace_is_read_with_its_stats_recomputed_and_its_badge_rechecked(tiny_trace):
+    forged = edit(tiny_trace, lambda d: first(d, "Done")["stats"].update(new_tokens=999))
+    trace = read_trace(forged)
+    assert trace.stats["new_tokens"] == len(tiny_trace["token_ids"])  # from the events
+    assert "lossless" not in trace.meta  # the file's claim is dropped...
+    badge = recheck_lossless(trace)  # ...and recomputed against greedy with the model here
+    assert badge["status"] == "identical" and badge["compared"] == len(trace.token_ids)
+
+
+def test_a_trace_that_differs_from_greedy_is_shown_as_differing(tiny_trace):
+    def swap(d):
+        commit = [e for e in d["events"] if e["type"] == "Commit"][2]
+        commit["tokens"][0] = (commit["tokens"][0] + 1) % 100
+        d["token_ids"] = [t for e in d["events"] if e["type"] == "Commit" for t in e["tokens"]]
+        d["lossless"] = {"status": "identical", "compared": 12}  # a lie the page must not repeat
+
+    badge = recheck_lossless(read_trace(edit(tiny_trace, swap)))
+    assert badge["status"] == "differs"
+
+
+def test_a_trace_from_a_model_not_here_is_not_checked(tiny_trace):
+    trace = read_trace(edit(tiny_trace, lambda d: d.update(model="someone/else")))
+    assert recheck_lossless(trace)["status"] == "not checked"
+
+
+def _commit_at_huge_step(d):
+    first(d, "Commit")["step"] = 10**9
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda d: d.update(n_layers="abc"), "'n_layers' must be a whole number"),
+        (lambda d: d.update(n_layers=10**9), "'n_layers' must be a whole number"),
+        (lambda d: d.update(method="nosuch"), "'method' must be one of"),
+        (lambda d: d.update(model=3), "'model' must be a model id"),
+        (lambda d: d.update(max_new_tokens=0), "'max_new_tokens' must be a whole number"),
+        (lambda d: d.update(max_new_tokens=2), "more than its max_new_tokens"),
+        (lambda d: d.update(prompt_ids=[]), "'prompt_ids' is empty"),
+        (lambda d: d.update(prompt_ids=[-1]), "'prompt_ids' must hold token ids"),
+        (lambda d: d.update(params=[1]), "'params' must be an object"),
+        (lambda d: d.update(token_ids=[1, 2]), "'token_ids' differs"),
+        (_commit_at_huge_step, "step 1000000000 is outside"),
+        (
+            lambda d: first(d, "Commit")["tokens"].__setitem__(0, 10**9),
+            "must hold token ids in 0..49151",
+        ),
+        (
+            lambda d: first(d, "Commit")["probs"].__setitem__(0, 2.0),
+            "probabilities must be in [0, 1]",
+        ),
+        (lambda d: first(d, "Commit")["origins"].__setitem__(0, "magic"), "origins must be among"),
+        (lambda d: first(d, "Draft")["parents"].__setitem__(0, 5), "each parent must be -1"),
+        (lambda d: first(d, "Verify")["accepted"].append(50), "accepted nodes must be among"),
+        (lambda d: d["events"].append(dict(first(d, "Done"))), "Done must be the last event"),
+        (lambda d: first(d, "Prefill")["prompt_ids"].append(1), "prompt_ids differ"),
+        (lambda d: first(d, "Forward").update(kind="warp"), "kind must be among"),
+    ],
+)
+def test_a_bad_trace_is_refused_naming_the_field(tiny_trace, fn, message):
+    data = edit(tiny_trace, fn)
+    with pytest.raises(TraceError) as info:
+        read_trace(data)
+    assert message in str(info.value)
+
+
+def test_a_stopped_run_keeps_its_trace_to_step_and_export(tiny):
+    runs = run_live("tiny-random", "def f(x):", "autoregressive", 40, {})
+    partial = next(runs).trace
+    for _ in range(2):
+        partial = next(runs).trace
+    runs.close()  # what Stop does to the stream
+    kept = stopped(partial)
+    assert kept.meta["finish_reason"] == "cancelled" and kept.stats["new_tokens"] == len(
+        kept.token_ids
+    )
+    assert kept.last_step == len(kept.token_ids) - 1 > 0
+    again = read_trace(kept.to_json())  # exported, it imports like any trace
+    assert again.token_ids == kept.token_ids and again.meta["finish_reason"] == "cancelled"
+    assert recheck_lossless(again)["status"] == "identical"  # a prefix of greedy
+
+
+def test_the_run_streams_its_phases(tiny):
+    phases = [live.phase for live in run_live("tiny-random", "hi", "prompt_lookup", 8, {})]
+    assert phases[-2:] == ["checking", "done"] and set(phases[:-2]) == {"decoding"}
+
+
+def test_the_shipped_example_trace_replays_without_a_model():
+    example = load_example()
+    assert example is not None, "assets/example_trace.json is missing or invalid"
+    assert example.meta["method"] == "token_tree" and len(example.token_ids) == 64
+    assert example.meta["prompt"] == EXAMPLE_PROMPTS[0]
+    assert example.meta["lossless"]["status"] == "not checked"  # recorded, not re-checked
+    assert "recorded as identical" in example.meta["lossless"]["note"]

@@ -1,5 +1,6 @@
-"""The page in a real headless Chromium (Debian's, driven by Playwright): run, watch tokens stream,
-step through, export the trace and import it back. Screenshots land in test-artifacts/."""
+"""The page in a real headless Chromium (Debian's, driven by Playwright): the cold page's example,
+run, watch tokens stream, stop, step through, export the trace and import it back; bad links and
+bad trace files answered by name; the phone layout. Screenshots land in test-artifacts/."""
 
 import json
 import time
@@ -35,11 +36,11 @@ def test_run_stream_step_export_import(server, page, tmp_path):
     page.locator("#prompt textarea").fill("Write a haiku about the sea.")
     clicked = time.perf_counter()
     page.locator("#run-btn").click()
-    # Wait for this run's first token: the status says Running only while this run streams.
+    # Wait for this run's first token: the status says decoding only while this run streams.
     streamed_while_running = page.wait_for_function(
         """() => {
             const n = document.querySelectorAll('#tokens .dl-tok').length;
-            return n > 0 && document.querySelector('#status').innerText.includes('Running') ? n : 0;
+            return n > 0 && document.querySelector('#status').innerText.includes('decoding') ? n : 0;
         }""",
         timeout=30_000,
     ).json_value()
@@ -112,7 +113,7 @@ def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
     page.locator("#run-btn").click()
     page.wait_for_function(
         "document.querySelectorAll('#tokens .dl-tok').length > 3"
-        " && document.querySelector('#status').innerText.includes('Running')",
+        " && document.querySelector('#status').innerText.includes('decoding')",
         timeout=60_000,
     )
     page.locator("#stop-btn").click()
@@ -228,3 +229,220 @@ def test_lookahead_views_from_a_link(server, page):
     )
     assert cells >= 2  # the mask and the window are drawn, not empty placeholders
     page.screenshot(path=str(ARTIFACTS / "lookahead.png"), full_page=True)
+
+
+# --- the cold page, the flow, the phone -----------------------------------------------------------
+
+NO_ERROR_BADGE = """() => document.querySelectorAll('.error').length === 0
+    && !/(^|\\n)\\s*Error\\s*(\\n|$)/.test(document.body.innerText)"""
+
+
+def assert_no_error_badge(page) -> None:
+    """Gradio marks a component whose update failed with a red "Error" badge (class .error)."""
+    assert page.evaluate(NO_ERROR_BADGE), "a component shows gradio's bare 'Error' badge"
+
+
+def box(page, selector: str) -> dict:
+    b = page.locator(selector).first.bounding_box()
+    assert b is not None, f"{selector} is not shown"
+    return b
+
+
+def test_cold_page_shows_the_example_trace_and_its_explainer(server, page):
+    page.goto(server)
+    page.locator("#prompt textarea").wait_for()
+    page.locator("#status").get_by_text("An example run, recorded").wait_for(timeout=30_000)
+    assert page.locator("#method input").input_value().startswith("Token tree")
+    assert tokens_in(page) == 64  # the example's tokens, not "(no tokens yet)"
+    for plot in ("#timeline", "#per-step", "#hist", "#panel"):
+        page.locator(f"{plot} .js-plotly-plot").wait_for(timeout=30_000)
+    assert page.locator("#metrics").get_by_text("not re-checked here").count() == 1
+    assert page.locator("#explainer").get_by_text("Token trees").count() >= 1
+    # The example can be stepped through at once: it is the page's trace, not a picture of one.
+    step_js = "+document.querySelector('#step input[type=number]').value"
+    before = page.evaluate(step_js)
+    page.locator("#prev").click()
+    page.wait_for_function(f"{step_js} === {before - 1}", timeout=30_000)
+    # What the model sees: the chat template around the prompt.
+    page.locator("#show-seen input").check()
+    page.locator("#seen").get_by_text("What the model sees").wait_for(timeout=30_000)
+    assert page.locator("#seen .special").count() >= 2  # <|im_start|> ... <|im_end|>
+    assert_no_error_badge(page)
+    page.screenshot(path=str(ARTIFACTS / "cold-1440.png"), full_page=True)
+
+
+def test_run_sits_with_the_prompt_above_the_parameters(server, page):
+    page.goto(server)
+    page.locator("#prompt textarea").wait_for()
+    run, preset = box(page, "#run-btn"), box(page, "#preset")
+    first_param = box(page, "#token_tree-draft")
+    assert run["y"] + run["height"] <= 1000  # in the first screen
+    assert run["y"] < preset["y"] < first_param["y"]
+    page.locator("#preset input").click()  # the paper's settings, one click away
+    page.locator("[role=option][aria-label=paper]").click()
+    page.wait_for_function(
+        "document.querySelector('#token_tree-depth input[type=number]')?.value === '6'",
+        timeout=30_000,
+    )
+
+
+def test_on_a_phone_the_output_follows_run(server, phone_page):
+    page = phone_page
+    page.goto(server)
+    page.locator("#prompt textarea").wait_for()
+    page.locator("#status").get_by_text("An example run").wait_for(timeout=30_000)
+    stop, output, preset = box(page, "#stop-btn"), box(page, "#run-output"), box(page, "#preset")
+    status = box(page, "#status")
+    # Run, Stop, the status line, then the output: nothing else between them.
+    assert stop["y"] + stop["height"] <= status["y"] + 1
+    assert 0 <= output["y"] - (status["y"] + status["height"]) < 80
+    assert preset["y"] > output["y"] + output["height"] - 1  # the parameters come after
+    assert_no_error_badge(page)
+    page.screenshot(path=str(ARTIFACTS / "cold-390.png"), full_page=True)
+
+
+def test_a_stopped_run_can_be_stepped_through_and_exported(server, page, tmp_path):
+    page.goto(server + "?model=SmolLM2-135M-Instruct&method=autoregressive&max_new_tokens=400")
+    page.wait_for_function(
+        "document.querySelector('#max-new-tokens input[type=number]')?.value === '400'",
+        timeout=30_000,
+    )
+    page.locator("#prompt textarea").fill("Tell me a long story about a lighthouse keeper.")
+    page.locator("#run-btn").click()
+    page.wait_for_function(
+        "document.querySelectorAll('#tokens .dl-tok').length > 8"
+        " && document.querySelector('#status').innerText.includes('decoding')",
+        timeout=120_000,
+    )
+    # The figures keep up with the text: drawn while the run streams, not only at the end.
+    page.locator("#timeline .js-plotly-plot").wait_for(timeout=10_000)
+    page.locator("#stop-btn").click()
+    page.locator("#status").get_by_text("Stopped at").wait_for(timeout=30_000)
+    kept = tokens_in(page)
+    step_js = "+document.querySelector('#step input[type=number]').value"
+    page.wait_for_function(f"{step_js} === {kept - 1}", timeout=30_000)  # one token per step
+    page.locator("#prev").click()
+    page.wait_for_function(f"{step_js} === {kept - 2}", timeout=30_000)
+    page.wait_for_function(
+        "document.querySelectorAll('#tokens .dl-pending').length === 1", timeout=30_000
+    )
+    open_trace_files(page)
+    with page.expect_download() as download:
+        page.locator("#export").click()
+    path = tmp_path / "stopped.json"
+    download.value.save_as(path)
+    data = json.loads(path.read_text())
+    assert data["finish_reason"] == "cancelled" and len(data["token_ids"]) == kept
+    assert_no_error_badge(page)
+    page.screenshot(path=str(ARTIFACTS / "stopped.png"), full_page=True)
+
+
+def test_an_error_after_a_good_run_clears_its_views(server, page):
+    page.goto(server + "?model=tiny-random&method=autoregressive&max_new_tokens=6")
+    page.wait_for_function(
+        "document.querySelector('#max-new-tokens input[type=number]')?.value === '6'",
+        timeout=30_000,
+    )
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done: 6 tokens").wait_for(timeout=60_000)
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#run-btn").click()
+    page.locator("#status").get_by_text("the prompt is empty").wait_for(timeout=30_000)
+    assert tokens_in(page) == 0 and page.locator("#panel .js-plotly-plot .gtitle").count() == 0
+    assert_no_error_badge(page)
+
+
+# --- every bad link and trace answered, by name -----------------------------------------------------
+
+BAD_LINKS = [
+    ("seed=1e30", "seed must be between 0 and"),
+    ("seed=nan", "seed must be a finite number"),
+    ("max_new_tokens=nan", "max_new_tokens must be a whole number between 1 and 512"),
+    ("max_new_tokens=999", "max_new_tokens must be a whole number between 1 and 512"),
+    ("method=nosuch", "method='nosuch' is not a method here"),
+    ("params=notjson", "params is not valid JSON"),
+    ("method=jacobi&block=abc", "block must be a number"),
+    ("method=lookahead&N=999", "N must be between 2 and"),
+    ("model=evil/model", "not offered here"),
+]
+
+
+@pytest.mark.parametrize(("query", "message"), BAD_LINKS, ids=[q for q, _ in BAD_LINKS])
+def test_a_bad_link_names_the_parameter_and_the_page_still_runs(server, page, query, message):
+    page.goto(f"{server}?prompt=Kept%20prompt&{query}")
+    page.locator("#status").get_by_text(message).wait_for(timeout=30_000)
+    assert page.locator("#prompt textarea").input_value() == "Kept prompt"  # good ones pre-fill
+    assert_no_error_badge(page)
+    if query == "max_new_tokens=nan":  # the form keeps a number, so Run still runs
+        page.locator("#run-btn").click()
+        page.get_by_text("✅ Done: 64 tokens").wait_for(timeout=120_000)
+        assert_no_error_badge(page)
+    page.screenshot(path=str(ARTIFACTS / f"bad-link-{query.split('=')[0]}.png"))
+
+
+@pytest.fixture(scope="module")
+def tiny_trace_file(server, tmp_path_factory):
+    from gradio_client import Client
+
+    _text, _stats, trace = Client(server, verbose=False).predict(
+        prompt="def add(a, b):",
+        method="jacobi",
+        model="tiny-random",
+        max_new_tokens=12,
+        params='{"block": 4}',
+        api_name="/run",
+    )
+    return trace
+
+
+def _huge_step(d):
+    next(e for e in d["events"] if e["type"] == "Commit")["step"] = 10**9
+
+
+def _token_out_of_vocab(d):
+    next(e for e in d["events"] if e["type"] == "Commit")["tokens"][0] = 10**7
+
+
+BAD_TRACES = [
+    ("n_layers", lambda d: d.update(n_layers="abc"), "'n_layers' must be a whole number"),
+    ("step", _huge_step, "step 1000000000 is outside"),
+    ("vocab", _token_out_of_vocab, "must hold token ids in 0.."),
+    ("method", lambda d: d.update(method="warp"), "'method' must be one of"),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "message"), BAD_TRACES, ids=[n for n, _, _ in BAD_TRACES])
+def test_a_bad_trace_file_names_the_field(
+    server, page, tmp_path, tiny_trace_file, name, fn, message
+):
+    data = json.loads(json.dumps(tiny_trace_file))
+    fn(data)
+    path = tmp_path / f"bad-{name}.json"
+    path.write_text(json.dumps(data))
+    page.goto(server)
+    open_trace_files(page)
+    page.locator("#import input[type=file]").set_input_files(str(path))
+    page.locator("#status").get_by_text("Could not import the trace").wait_for(timeout=30_000)
+    assert message in page.locator("#status").inner_text()
+    assert tokens_in(page) == 0  # no stale views of the example or a previous run
+    assert_no_error_badge(page)
+
+
+def test_an_import_restores_the_form_and_rechecks_the_badge(
+    server, page, tmp_path, tiny_trace_file
+):
+    data = json.loads(json.dumps(tiny_trace_file))
+    data["lossless"] = {"status": "differs", "first_divergence": 0}  # the file's claim: ignored
+    path = tmp_path / "jacobi.json"
+    path.write_text(json.dumps(data))
+    page.goto(server)
+    open_trace_files(page)
+    page.locator("#import input[type=file]").set_input_files(str(path))
+    page.locator("#status").get_by_text("Replaying an imported trace").wait_for(timeout=30_000)
+    page.locator("#metrics").get_by_text("identical to greedy").wait_for(timeout=60_000)
+    assert page.locator("#method input").input_value().startswith("Jacobi")
+    assert page.locator("#prompt textarea").input_value() == "def add(a, b):"
+    assert page.locator("#max-new-tokens input[type=number]").input_value() == "12"
+    assert page.locator("#jacobi-block input[type=number]").input_value() == "4"
+    assert tokens_in(page) == len(data["token_ids"])
+    assert_no_error_badge(page)

@@ -5,27 +5,45 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from decoders import METHODS, InvalidInput, compare_tokens, load_model, prepare
-from decoders.engine import check_request, greedy_reference, run_events
+from decoders.engine import (
+    MAX_NEW_TOKENS_CAP,
+    MAX_PROMPT_CHARS,
+    check_request,
+    greedy_reference,
+    run_events,
+)
+from decoders.errors import DecodingLabError, TraceError
 from decoders.events import (
+    AttentionMask,
     Commit,
     Done,
     Draft,
     Event,
+    Forward,
+    JacobiIteration,
+    LayerExit,
+    LookaheadWindow,
+    NgramPool,
     Prefill,
     TopK,
+    Verify,
     trace_from_json,
     trace_to_dict,
 )
 from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable
+from decoders.params import SAMPLING_PARAMS, Param
+from decoders.stats import compute_stats
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
 # Target models that share the embedded model's tokenizer (so it can draft for them later).
@@ -33,6 +51,17 @@ CURATED_MODELS = (
     "HuggingFaceTB/SmolLM2-360M-Instruct",
     "HuggingFaceTB/SmolLM2-1.7B-Instruct",
 )
+# The page's example prompts; the first is the cold page's (and assets/example_trace.json's).
+EXAMPLE_PROMPTS = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "Write a short, friendly email inviting the team to a Friday lunch.",
+    "Summarize in two sentences: Speculative decoding lets a small draft model propose several "
+    "tokens that a large target model verifies in a single forward pass, so the output is exactly "
+    "what the large model would have written, only faster.",
+    "Translate to French: The library opens at nine and closes at six.",
+    "A train travels 120 km in 1.5 hours. What is its average speed? Explain step by step.",
+)
+EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "assets" / "example_trace.json"
 UI_MAX_NEW_TOKENS = int(os.environ.get("DECODING_LAB_UI_MAX_NEW_TOKENS", "512"))
 ALLOW_ANY_MODEL = os.environ.get("DECODING_LAB_ALLOW_ANY_MODEL", "0") == "1"
 
@@ -76,6 +105,11 @@ def check_draft(params: Mapping[str, Any]) -> None:
 
 def get_bundle(model: str | None) -> ModelBundle:
     return load_model(resolve_model(model))
+
+
+def vocab_size(bundle: ModelBundle) -> int:
+    """Token ids the model can read or write: its embedding rows (>= the tokenizer's length)."""
+    return int(bundle.model.config.vocab_size)
 
 
 def token_texts(bundle: ModelBundle, ids: Iterable[int]) -> dict[int, str]:
@@ -165,17 +199,34 @@ def lossless_info(
 @functools.lru_cache(maxsize=64)
 def _cached_reference(
     bundle: ModelBundle, prompt_ids: tuple[int, ...], max_new_tokens: int
-) -> list[int]:
-    return greedy_reference(bundle, prompt_ids, max_new_tokens)
+) -> tuple[int, ...]:
+    # Immutable: one cached reference is handed to every concurrent run that asks for it.
+    return tuple(greedy_reference(bundle, prompt_ids, max_new_tokens))
 
 
 @dataclass
 class Live:
-    """One streamed update: the trace so far, and whether the run has finished."""
+    """One streamed update: the trace so far, whether the run has finished, and its phase:
+    "decoding" while tokens arrive, "checking" while the greedy reference runs, "done"."""
 
     trace: Trace
     done: bool
     elapsed_s: float
+    phase: str = "decoding"
+
+
+def check_budget(max_new_tokens: Any, shown: Any = None) -> int:
+    """This page's budget rule, one message for the form, links and the API: a whole number in
+    1..UI_MAX_NEW_TOKENS (the engine's own cap, MAX_NEW_TOKENS_CAP, is larger)."""
+    value = max_new_tokens
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= UI_MAX_NEW_TOKENS:
+        raise InvalidInput(
+            f"max_new_tokens must be a whole number between 1 and {UI_MAX_NEW_TOKENS} on this page, "
+            f"got {max_new_tokens if shown is None else shown!r}"
+        )
+    return value
 
 
 def run_live(
@@ -189,10 +240,7 @@ def run_live(
 ) -> Iterator[Live]:
     """Validate, then yield the growing trace as commits arrive (at most one update per `every_s`
     after the first), and once more when done."""
-    if isinstance(max_new_tokens, float) and max_new_tokens.is_integer():
-        max_new_tokens = int(max_new_tokens)
-    if isinstance(max_new_tokens, int) and max_new_tokens > UI_MAX_NEW_TOKENS:
-        raise InvalidInput(f"max_new_tokens is capped at {UI_MAX_NEW_TOKENS} here")
+    max_new_tokens = check_budget(max_new_tokens)
     check_request(prompt, method, max_new_tokens, params)  # before loading a model
     check_draft(params)
     bundle = get_bundle(model)
@@ -205,6 +253,7 @@ def run_live(
         "prompt_ids": run.prompt_ids,
         "max_new_tokens": max_new_tokens,
         "n_layers": bundle.n_layers,
+        "vocab_size": vocab_size(bundle),
     }
     trace = Trace(meta, texts=token_texts(bundle, run.prompt_ids))
     start = time.perf_counter()
@@ -225,10 +274,12 @@ def run_live(
         finish_reason=trace.events[-1].finish_reason,
     )
     if check_lossless:
+        # Say so before the greedy reference runs: it can take as long as the run itself.
+        yield Live(trace, False, time.perf_counter() - start, phase="checking")
         trace.meta["lossless"] = lossless_info(
             bundle, method, run.cfg.params, run.prompt_ids, max_new_tokens, tokens
         )
-    yield Live(trace, True, time.perf_counter() - start)
+    yield Live(trace, True, time.perf_counter() - start, phase="done")
 
 
 _END = object()
@@ -340,3 +391,434 @@ def compare_methods(
             }
         )
         yield [r for r in rows if r["method"] in methods or r["method"] == "autoregressive"], traces
+
+
+# --- shared links: URL parameters ------------------------------------------------------------------
+
+# The form's own fields a link may set; any method parameter may follow (`?method=jacobi&block=8`),
+# or come as one JSON object (`?params={"block": 8}`), or from a named preset (`?preset=paper`).
+LINK_FORM_FIELDS = ("model", "prompt", "method", "max_new_tokens", "preset", "params")
+SAMPLING_BY_NAME = {p.name: p for p in SAMPLING_PARAMS}
+
+
+@dataclass
+class Link:
+    """What a shared link asks for, checked: the form's fields (model, prompt, method,
+    max_new_tokens, temperature, top_p, seed), the chosen method's parameters, and one message
+    per bad value, each naming its parameter. Bad values are left out, so the form keeps its own."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def parse_param(p: Param, raw: Any) -> Any:
+    """A link's (or a file's) value for one parameter, or InvalidInput naming it. Numbers must be
+    finite and within the schema's range; the range in the message is the schema's."""
+    if p.type in (int, float) and not isinstance(raw, bool):
+        try:
+            number = float(raw)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"{p.name} must be a number, got {raw!r}") from None
+        if not math.isfinite(number):
+            raise InvalidInput(f"{p.name} must be a finite number, got {raw!r}")
+        if p.type is int and not number.is_integer():
+            raise InvalidInput(f"{p.name} must be a whole number, got {raw!r}")
+        if (p.min is not None and number < p.min) or (p.max is not None and number > p.max):
+            lo, hi = (_plain(v) for v in (p.min, p.max))
+            raise InvalidInput(f"{p.name} must be between {lo} and {hi}, got {raw}")
+        raw = int(number) if p.type is int else number
+    try:
+        return p.parse(raw)
+    except DecodingLabError as exc:
+        raise InvalidInput(str(exc).replace("parameter ", "", 1)) from None
+
+
+def _plain(v: float | None) -> str:
+    return "—" if v is None else (str(int(v)) if float(v).is_integer() else str(v))
+
+
+def parse_link(query: Mapping[str, str], default_method: str) -> Link:
+    """Check a page link's query parameters; collect a message for every bad one."""
+    link = Link()
+    q = {k: v for k, v in query.items() if not k.startswith("__") and k != "view"}  # gradio's own
+
+    def attempt(fn: Any) -> Any:
+        try:
+            return fn()
+        except (DecodingLabError, KeyError, ValueError) as exc:
+            link.errors.append(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
+            return None
+
+    method = default_method
+    if "method" in q:
+        if q["method"] in METHODS:
+            method = link.fields["method"] = q["method"]
+        else:
+            link.errors.append(
+                f"method={q['method']!r} is not a method here; valid: {', '.join(METHODS)}"
+            )
+    m = METHODS[method]
+    if "model" in q:
+        model = attempt(lambda: resolve_model(q["model"]))
+        if model is not None:
+            link.fields["model"] = model
+    if "prompt" in q:
+        if len(q["prompt"]) > MAX_PROMPT_CHARS:
+            link.errors.append(
+                f"prompt has {len(q['prompt'])} characters; the limit is {MAX_PROMPT_CHARS}"
+            )
+        else:
+            link.fields["prompt"] = q["prompt"]
+    if "max_new_tokens" in q:
+        budget = attempt(lambda: _link_budget(q["max_new_tokens"]))
+        if budget is not None:
+            link.fields["max_new_tokens"] = budget
+    for name, p in SAMPLING_BY_NAME.items():
+        if name in q:
+            value = attempt(lambda p=p, raw=q[name]: parse_param(p, raw))
+            if value is not None:
+                link.fields[name] = value
+
+    given: dict[str, Any] = {}
+    if "preset" in q:
+        preset = q["preset"]
+        if preset == "defaults" or preset in m.presets:
+            given |= m.preset(preset)
+            link.fields["preset"] = preset
+        else:
+            known = ", ".join(["defaults", *m.presets])
+            link.errors.append(f"preset={preset!r} is not a preset of {method}; known: {known}")
+    if "params" in q:
+        given |= attempt(lambda: _link_params(q["params"], m)) or {}
+    by_name = {p.name: p for p in m.params}
+    others = {p.name: n for n, other in METHODS.items() for p in other.params if n != method}
+    for key, raw in q.items():
+        if key in LINK_FORM_FIELDS or key in SAMPLING_BY_NAME:
+            continue
+        if key in by_name:
+            given[key] = raw
+        elif key in others:
+            link.errors.append(
+                f"{key} is a parameter of {others[key]}, not of {method} (add method={others[key]})"
+            )
+        else:
+            link.errors.append(f"unknown link parameter {key!r}")
+    for key, raw in given.items():
+        value = attempt(lambda key=key, raw=raw: parse_param(by_name[key], raw))
+        if value is not None:
+            link.params[key] = value
+    if "draft" in link.params:
+        try:
+            check_draft(link.params)
+        except InvalidInput as exc:
+            link.errors.append(str(exc))
+            del link.params["draft"]
+    return link
+
+
+def _link_budget(raw: str) -> int:
+    try:
+        number = float(raw)
+    except ValueError:
+        number = math.nan
+    return check_budget(number, shown=raw)
+
+
+def _link_params(raw: str, m: Any) -> dict[str, Any]:
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"params is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(values, dict):
+        raise InvalidInput(
+            f"params must be a JSON object of {m.name}'s parameters, got {type(values).__name__}"
+        )
+    names = {p.name for p in m.params}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise InvalidInput(
+            f"params: {unknown[0]!r} is not a parameter of {m.name}; valid: "
+            f"{', '.join(sorted(names)) or 'none'}"
+        )
+    return values
+
+
+# --- trace files: checked for meaning, not just form -----------------------------------------------
+
+ORIGINS = frozenset({"target", "draft", "correction", "bonus", "exit"})
+FORWARD_KINDS = frozenset({"prefill", "target", "draft", "verify", "exit"})
+MAX_LAYERS = 1024
+MAX_VOCAB = 10_000_000
+
+
+def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
+    """Check an imported trace's fields and the consistency of its events; return it with its
+    statistics recomputed from the events and its lossless claim dropped (see `recheck_lossless`).
+    `vocab`: the model's vocabulary size when the model is available here; else the file's own
+    `vocab_size`, if any, bounds the token ids. Raises TraceError naming the field."""
+    meta = dict(trace.meta)
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise TraceError(message)
+
+    def whole(value: Any, lo: int, hi: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+    method = meta.get("method")
+    need(
+        isinstance(method, str) and method in METHODS,
+        f"trace field 'method' must be one of {', '.join(METHODS)}; got {method!r}",
+    )
+    need(
+        isinstance(meta.get("model"), str) and meta["model"],
+        "trace field 'model' must be a model id",
+    )
+    prompt = meta.get("prompt")
+    need(
+        prompt is None or (isinstance(prompt, str) and len(prompt) <= MAX_PROMPT_CHARS),
+        f"trace field 'prompt' must be text of at most {MAX_PROMPT_CHARS} characters",
+    )
+    need(
+        whole(meta.get("max_new_tokens"), 1, MAX_NEW_TOKENS_CAP),
+        f"trace field 'max_new_tokens' must be a whole number in 1..{MAX_NEW_TOKENS_CAP}, "
+        f"got {meta.get('max_new_tokens')!r}",
+    )
+    if "n_layers" in meta:
+        need(
+            whole(meta["n_layers"], 1, MAX_LAYERS),
+            f"trace field 'n_layers' must be a whole number in 1..{MAX_LAYERS}, "
+            f"got {meta['n_layers']!r}",
+        )
+    if "vocab_size" in meta:
+        need(
+            whole(meta["vocab_size"], 1, MAX_VOCAB),
+            f"trace field 'vocab_size' must be a whole number in 1..{MAX_VOCAB}, "
+            f"got {meta['vocab_size']!r}",
+        )
+    need(isinstance(meta.get("params", {}), dict), "trace field 'params' must be an object")
+    vocab = vocab or meta.get("vocab_size") or MAX_VOCAB
+
+    def tokens_ok(ids: Any, where: str) -> None:
+        need(
+            isinstance(ids, list | tuple) and all(whole(t, 0, vocab - 1) for t in ids),
+            f"trace field '{where}' must hold token ids in 0..{vocab - 1}",
+        )
+
+    def probs_ok(probs: tuple[float, ...], where: str) -> None:
+        need(all(0.0 <= p <= 1.0 for p in probs), f"{where}: probabilities must be in [0, 1]")
+
+    prompt_ids = meta.get("prompt_ids")
+    tokens_ok(prompt_ids, "prompt_ids")
+    need(bool(prompt_ids), "trace field 'prompt_ids' is empty")
+
+    events = trace.events
+    n_layers = meta.get("n_layers", MAX_LAYERS)
+    last_commit = -1
+    drafted: dict[int, int] = {}  # step -> draft nodes proposed
+    for i, e in enumerate(events):
+        where = f"event {i} ({e.type})"
+        if isinstance(e, Done):
+            need(i == len(events) - 1, f"{where}: Done must be the last event")
+            continue
+        step = getattr(e, "step", None)
+        if step is not None:
+            # A step takes at least one event, so no step can exceed the event count.
+            need(whole(step, 0, len(events)), f"{where}: step {step} is outside 0..{len(events)}")
+            need(
+                step <= last_commit + 1, f"{where}: step {step} comes before step {last_commit + 1}"
+            )
+        if isinstance(e, Prefill):
+            tokens_ok(e.prompt_ids, f"{where}.prompt_ids")
+            need(
+                list(e.prompt_ids) == list(prompt_ids),
+                f"{where}: prompt_ids differ from the trace's",
+            )
+        elif isinstance(e, Commit):
+            need(step > last_commit, f"{where}: step {step} commits again after step {last_commit}")
+            last_commit = step
+            tokens_ok(e.tokens, f"{where}.tokens")
+            need(
+                len(e.tokens) == len(e.origins) == len(e.probs) > 0,
+                f"{where}: tokens, origins and probs must be equally long and not empty",
+            )
+            need(
+                set(e.origins) <= ORIGINS,
+                f"{where}: origins must be among {', '.join(sorted(ORIGINS))}",
+            )
+            probs_ok(e.probs, where)
+        elif isinstance(e, Draft):
+            tokens_ok(e.tokens, f"{where}.tokens")
+            need(
+                len(e.tokens) == len(e.parents) == len(e.probs),
+                f"{where}: tokens, parents and probs must be equally long",
+            )
+            need(
+                all(-1 <= p < j for j, p in enumerate(e.parents)),
+                f"{where}: each parent must be -1 or an earlier node",
+            )
+            probs_ok(e.probs, where)
+            drafted[step] = drafted.get(step, 0) + len(e.tokens)
+        elif isinstance(e, Verify):
+            need(
+                all(whole(a, 0, drafted.get(step, 0) - 1) for a in e.accepted),
+                f"{where}: accepted nodes must be among the step's {drafted.get(step, 0)} drafted",
+            )
+            if e.correction is not None:
+                tokens_ok([e.correction], f"{where}.correction")
+            probs_ok(e.target_probs, where)
+        elif isinstance(e, Forward):
+            need(
+                e.kind in FORWARD_KINDS,
+                f"{where}: kind must be among {', '.join(sorted(FORWARD_KINDS))}",
+            )
+            need(
+                whole(e.n_input_tokens, 0, MAX_NEW_TOKENS_CAP + len(prompt_ids)),
+                f"{where}: bad n_input_tokens",
+            )
+            need(whole(e.layers, 0, n_layers), f"{where}: layers must be in 0..{n_layers}")
+            need(math.isfinite(e.wall_ms) and e.wall_ms >= 0, f"{where}: wall_ms must be >= 0")
+        elif isinstance(e, TopK):
+            tokens_ok(e.tokens, f"{where}.tokens")
+            need(len(e.tokens) == len(e.probs), f"{where}: tokens and probs must be equally long")
+            probs_ok(e.probs, where)
+        elif isinstance(e, JacobiIteration):
+            tokens_ok(e.tokens, f"{where}.tokens")
+            need(
+                len(e.tokens) == len(e.changed), f"{where}: tokens and changed must be equally long"
+            )
+        elif isinstance(e, LookaheadWindow):
+            for level in e.levels:
+                tokens_ok(level, f"{where}.levels")
+            tokens_ok(e.outputs, f"{where}.outputs")
+        elif isinstance(e, NgramPool):
+            for gram in e.added:
+                tokens_ok(gram, f"{where}.added")
+            for entry in e.top:
+                need(
+                    len(entry) >= 2 and entry[0] >= 0, f"{where}: top entries are (count, *tokens)"
+                )
+                tokens_ok(entry[1:], f"{where}.top")
+        elif isinstance(e, AttentionMask):
+            need(len(e.visible) == len(e.labels), f"{where}: one visible list per label")
+            need(
+                all(0 <= j < len(e.labels) for row in e.visible for j in row),
+                f"{where}: visible indices must be among the {len(e.labels)} inputs",
+            )
+        elif isinstance(e, LayerExit):
+            need(whole(e.layer, 0, n_layers), f"{where}: layer must be in 0..{n_layers}")
+    need(last_commit >= 0, "the trace has no committed tokens to replay")
+    committed = [t for e in events if isinstance(e, Commit) for t in e.tokens]
+    need(
+        len(committed) <= meta["max_new_tokens"],
+        f"the trace commits {len(committed)} tokens, more than its max_new_tokens "
+        f"({meta['max_new_tokens']})",
+    )
+    if "token_ids" in meta:
+        need(
+            meta["token_ids"] == committed,
+            "trace field 'token_ids' differs from the committed tokens",
+        )
+
+    # Recompute what the views show rather than trust the file: statistics from the events (with
+    # the recorded wall time when it is a plausible number) and no lossless claim.
+    done = events[-1] if events and isinstance(events[-1], Done) else None
+    recorded = done.stats.get("wall_s") if done else None
+    wall = recorded if isinstance(recorded, int | float) and 0 < recorded < 1e6 else None
+    body = [e for e in events if not isinstance(e, Done)]
+    reason = done.finish_reason if done and done.finish_reason in ("eos", "length") else "cancelled"
+    stats = compute_stats(body, wall)
+    meta.pop("lossless", None)
+    meta |= {"stats": stats, "finish_reason": reason, "token_ids": committed}
+    return Trace(meta, [*body, Done(reason, stats)], dict(trace.texts))
+
+
+def read_trace(data: str | bytes) -> Trace:
+    """Parse a trace file and check it; with the trace's model available here, token ids are
+    checked against its real vocabulary."""
+    trace = Trace.from_json(data)
+    model = trace.meta.get("model")
+    vocab = None
+    if isinstance(model, str) and model in {v for _, v in model_choices()}:
+        try:
+            vocab = vocab_size(get_bundle(model))
+        except DecodingLabError:
+            vocab = None
+    return check_trace(trace, vocab)
+
+
+def recheck_lossless(trace: Trace) -> dict[str, Any]:
+    """The lossless badge of a trace made elsewhere: re-run greedy on its prompt ids with its model
+    when that model is offered here; otherwise say plainly that it was not checked."""
+    meta = trace.meta
+    model = meta["model"]
+    params = meta.get("params") or {}
+    temperature = params.get("temperature", 0.0)
+    if isinstance(temperature, int | float) and temperature > 0:
+        return {
+            "status": "n/a",
+            "note": "sampling run: lossless in distribution, not token by token",
+        }
+    if model not in {v for _, v in model_choices()}:
+        return {
+            "status": "not checked",
+            "note": f"not checked: {model} is not available here (the file's own claim is not trusted)",
+        }
+    try:
+        bundle = get_bundle(model)
+    except DecodingLabError as exc:
+        return {"status": "not checked", "note": f"not checked: {exc}"}
+    tokens = trace.token_ids
+    budget = meta["max_new_tokens"] if meta.get("finish_reason") != "cancelled" else len(tokens)
+    reference = _cached_reference(bundle, tuple(meta["prompt_ids"]), budget)
+    check = compare_tokens(reference, tokens, bundle.exact)
+    return {
+        "status": "identical" if check.identical else "differs",
+        "first_divergence": check.first_divergence,
+        "compared": check.compared,
+        "rechecked": True,
+    }
+
+
+def stopped(trace: Trace, elapsed_s: float | None = None) -> Trace:
+    """A run cut short by Stop, kept so it can be stepped through and exported: its events so far
+    and a Done("cancelled") with the statistics of what did happen. A run stopped while its
+    greedy check ran keeps its own Done, with the check marked as not done."""
+    events = list(trace.events)  # a snapshot: the run may still be appending
+    done = next((e for e in events if isinstance(e, Done)), None)
+    body = [e for e in events if not isinstance(e, Done)]
+    if done is None:
+        done = Done("cancelled", compute_stats(body, elapsed_s))
+    tokens = [t for e in body if isinstance(e, Commit) for t in e.tokens]
+    meta = {
+        **trace.meta,
+        "token_ids": tokens,
+        "stats": done.stats,
+        "finish_reason": done.finish_reason,
+        "lossless": trace.meta.get("lossless")
+        or {"status": "not checked", "note": "stopped: not checked against greedy"},
+    }
+    return Trace(meta, [*body, done], dict(trace.texts))
+
+
+def load_example() -> Trace | None:
+    """The cold page's trace (assets/example_trace.json, made by scripts/make_example_trace.py),
+    checked like any import. Replayed with no model, so its lossless badge says what was recorded
+    and that it was not re-checked here. None when the file is missing or no longer valid."""
+    try:
+        raw = EXAMPLE_TRACE.read_bytes()
+        recorded = json.loads(raw).get("lossless") or {}
+        trace = check_trace(Trace.from_json(raw))
+    except (OSError, ValueError, DecodingLabError):
+        return None
+    claim = (
+        f"identical to greedy ({recorded.get('compared')} tokens)"
+        if recorded.get("status") == "identical"
+        else str(recorded.get("status", "no claim"))
+    )
+    trace.meta["lossless"] = {
+        "status": "not checked",
+        "note": f"example: recorded as {claim} when made; not re-checked here",
+    }
+    return trace

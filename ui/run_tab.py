@@ -1,0 +1,727 @@
+"""The Run tab: prompt, model, method, Run/Stop; then the method's preset and parameters; the live
+output beside them (on a phone, directly under Run); step-through; trace export and import; and the
+link that pre-fills it all.
+
+Every handler returns a `{component: value}` dict, so an update names what it changes. Project
+errors become a message in the status line and clear the views they would have made stale.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from decoders import METHODS, DecodingLabError
+from decoders.events import MAX_TRACE_BYTES, Verify
+from decoders.params import SAMPLING_PARAMS, Param
+from visualizer import (
+    acceptance_panel,
+    extra_panels,
+    forward_timeline,
+    method_panel,
+    metrics_html,
+    token_spans_html,
+    tokens_per_step,
+)
+from visualizer.tokens import display_text
+
+from .common import explainer, gpu, message
+from .session import (
+    ALLOW_ANY_MODEL,
+    EXAMPLE_PROMPTS,
+    UI_MAX_NEW_TOKENS,
+    Trace,
+    load_example,
+    model_choices,
+    parse_link,
+    parse_param,
+    read_trace,
+    recheck_lossless,
+    run_live,
+    stopped,
+)
+
+DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
+N_EXTRAS = 4  # a method's further views (lookahead: window, pool, ...), stacked under its panel
+# While streaming: tokens at most every TOKENS_EVERY_S; figures every FIGURES_EVERY_S, or less
+# often when drawing them is slow (at most a quarter of the time goes to drawing), since each
+# update competes with the decoding thread for the GIL.
+TOKENS_EVERY_S = 0.25
+FIGURES_EVERY_S = 1.0
+DRAW_SHARE = 0.25
+
+# Desktop: two columns. Phone: the controls column dissolves, so the output (its own column) sits
+# directly under Run and the status, and the parameters follow the output.
+CSS = """
+@media (max-width: 768px) {
+  #run-row {flex-direction: column;}
+  #run-controls {display: contents;}
+  #run-top {order: 1;}
+  #run-output {order: 2;}
+  #run-params {order: 3;}
+  #run-top, #run-output, #run-params {width: 100%; min-width: 0;}
+}
+.dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
+  line-height: 1.9; white-space: pre-wrap; word-break: break-word;}
+.dl-seen span {border-radius: 3px; margin-right: 1px; padding: 1px 0;}
+.dl-seen span.a {background: #eef2f5;} .dl-seen span.b {background: #e1e8ed;}
+.dl-seen span.special {background: #fff3cd; color: #6d4c00;}
+"""
+
+
+def _control(p: Param, method: str) -> gr.components.Component:
+    label = f"{p.name} — {p.help}"
+    key = f"{method}-{p.name}"
+    if p.type is bool:
+        return gr.Checkbox(value=p.default, label=label, elem_id=key)
+    if p.choices:
+        return gr.Dropdown(list(p.choices), value=p.default, label=label, elem_id=key)
+    if p.type in (int, float) and p.min is not None and p.max is not None and p.max - p.min <= 1000:
+        step = 1 if p.type is int else 0.01
+        return gr.Slider(p.min, p.max, value=p.default, step=step, label=label, elem_id=key)
+    if p.type in (int, float):
+        return gr.Number(
+            value=p.default, label=label, precision=0 if p.type is int else None, elem_id=key
+        )
+    return gr.Textbox(value=str(p.default), label=label, elem_id=key)
+
+
+def prompt_html(trace: Trace) -> str:
+    """What the model sees: the prompt ids as tokens, chat template included. Special tokens are
+    marked; alternating shades show where one token ends and the next begins."""
+    ids = trace.meta.get("prompt_ids") or []
+    spans = []
+    for i, t in enumerate(ids):
+        text = trace.texts.get(t, "?")
+        special = text.startswith("<|") and text.endswith("|>")
+        cls = "special" if special else "ab"[i % 2]
+        title = html.escape(f"{text!r} · id {t} · position {i}")
+        spans.append(f'<span class="{cls}" title="{title}">{display_text(text)}</span>')
+    return (
+        f"<div><b>What the model sees</b> — {len(ids)} prompt tokens: your prompt inside the "
+        "model's chat template (prompt lookup can copy from all of it).</div>"
+        f'<div class="dl-seen">{"".join(spans)}</div>'
+    )
+
+
+def _export(trace: Trace) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="decoding-lab-"))
+    path = folder / f"trace-{trace.meta.get('method', 'run')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(trace.to_json())
+    return str(path)
+
+
+def _describe(trace: Trace) -> str:
+    meta = trace.meta
+    return f"{meta.get('method')} on {meta.get('model')}, {len(trace.token_ids)} tokens"
+
+
+@dataclass
+class RunTab:
+    """The tab's components, kept by name so handlers can say what they update."""
+
+    prompt: Any
+    model: Any
+    method: Any
+    max_new: Any
+    temperature: Any
+    top_p: Any
+    seed: Any
+    run_btn: Any
+    stop_btn: Any
+    status: Any
+    preset: Any
+    groups: dict[str, Any]
+    controls: dict[tuple[str, str], Any]  # (method, parameter) -> its control
+    export_btn: Any
+    upload: Any
+    show_seen: Any
+    seen: Any
+    tokens: Any
+    metrics: Any
+    prev_btn: Any
+    play_btn: Any
+    pause_btn: Any
+    next_btn: Any
+    step: Any
+    timeline: Any
+    per_step: Any
+    hist: Any
+    panel: Any
+    extras: list[Any]
+    method_help: Any
+    timer: Any
+    trace: Any  # gr.State holding the Trace shown (a run, its partial stream, an import)
+    sampling: tuple[Any, ...] = field(default=())
+
+    # --- views of a trace --------------------------------------------------------------------
+
+    def step_views(self, trace: Trace, step: int | None) -> dict:
+        """Tokens and figures as they stood at `step` (None = the end)."""
+        upto = step if step is not None and step < trace.last_step else None
+        at = trace.last_step if upto is None else upto
+        method = trace.meta.get("method", "autoregressive")
+        n_layers = int(trace.meta.get("n_layers", 30))
+        extras = extra_panels(method, trace.events, trace.texts, at)
+        return {
+            self.tokens: token_spans_html(trace.events, trace.texts, upto, n_layers=n_layers),
+            self.timeline: forward_timeline(trace.events, upto),
+            self.per_step: tokens_per_step(trace.events, upto),
+            self.panel: method_panel(method, trace.events, trace.texts, at),
+            **{
+                plot: gr.Plot(value=extras[i], visible=True)
+                if i < len(extras)
+                else gr.Plot(value=None, visible=False)
+                for i, plot in enumerate(self.extras)
+            },
+        }
+
+    def full_views(self, trace: Trace, status: str) -> dict:
+        """Every view of a finished (or stopped, or imported) trace, at its last step."""
+        return {
+            **self.step_views(trace, None),
+            self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
+            self.hist: acceptance_panel(trace.stats),
+            self.step: gr.Slider(
+                minimum=0,
+                maximum=max(trace.last_step, 1),
+                value=trace.last_step,
+                step=1,
+                interactive=True,
+                label=f"Step (0–{trace.last_step})",
+            ),
+            self.trace: trace,
+            self.export_btn: gr.DownloadButton(value=_export(trace), visible=True),
+            self.seen: prompt_html(trace),
+            self.status: status,
+        }
+
+    def cleared(self, status: str) -> dict:
+        """No trace: empty views, nothing to step or export (after an error, or as a run starts)."""
+        return {
+            self.tokens: token_spans_html([], {}),
+            self.metrics: "",
+            self.timeline: None,
+            self.per_step: None,
+            self.hist: None,
+            self.panel: None,
+            **{plot: gr.Plot(value=None, visible=False) for plot in self.extras},
+            self.step: gr.Slider(
+                minimum=0, maximum=1, value=0, step=1, interactive=False, label="Step"
+            ),
+            self.trace: None,
+            self.export_btn: gr.DownloadButton(visible=False),
+            self.seen: "",
+            self.status: status,
+        }
+
+    @property
+    def views(self) -> list[Any]:
+        """Every component `full_views` and `cleared` update."""
+        return [
+            self.tokens,
+            self.metrics,
+            self.timeline,
+            self.per_step,
+            self.hist,
+            self.panel,
+            *self.extras,
+            self.step,
+            self.trace,
+            self.export_btn,
+            self.seen,
+            self.status,
+        ]
+
+    @property
+    def form(self) -> list[Any]:
+        """The run's inputs, in the order `run_stream` takes them (scripts call it so)."""
+        return [
+            self.model,
+            self.prompt,
+            self.method,
+            self.max_new,
+            self.temperature,
+            self.top_p,
+            self.seed,
+            *self.controls.values(),
+        ]
+
+    def form_for(self, trace: Trace) -> dict:
+        """Method, model, prompt, budget and parameters as the trace recorded them (the ones this
+        page can show; the trace itself was checked before)."""
+        meta = trace.meta
+        method = meta["method"]
+        out: dict[Any, Any] = {self.method: method}
+        if meta["model"] in {v for _, v in model_choices()}:
+            out[self.model] = meta["model"]
+        if isinstance(meta.get("prompt"), str):
+            out[self.prompt] = meta["prompt"]
+        if meta["max_new_tokens"] <= UI_MAX_NEW_TOKENS:
+            out[self.max_new] = meta["max_new_tokens"]
+        by_name = {p.name: p for p in (*METHODS[method].params, *SAMPLING_PARAMS)}
+        targets = {p.name: self.controls[(method, p.name)] for p in METHODS[method].params}
+        targets |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        for name, raw in (meta.get("params") or {}).items():
+            if name in by_name and name in targets:
+                try:
+                    out[targets[name]] = parse_param(by_name[name], raw)
+                except DecodingLabError:
+                    continue  # a value this build would refuse: keep the form's
+        return out
+
+
+def build_run_tab(demo: gr.Blocks) -> RunTab:
+    """Call inside a `gr.Tab`: lays the tab out, wires its handlers and the link pre-fill."""
+    choices = model_choices()
+    method_choices = [(m.title, name) for name, m in METHODS.items()]
+    example = load_example()
+    start = _initial(example)
+
+    with gr.Row(elem_id="run-row"):
+        with gr.Column(scale=2, min_width=320, elem_id="run-controls"):
+            with gr.Column(elem_id="run-top"):
+                prompt = gr.Textbox(
+                    label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt"
+                )
+                with gr.Row():
+                    model = gr.Dropdown(
+                        choices,
+                        value=choices[0][1],
+                        label="Model",
+                        allow_custom_value=ALLOW_ANY_MODEL,
+                        elem_id="model",
+                        min_width=200,
+                    )
+                    method = gr.Dropdown(
+                        method_choices,
+                        value=DEFAULT_METHOD,
+                        label="Method",
+                        elem_id="method",
+                        min_width=200,
+                    )
+                max_new = gr.Slider(
+                    1,
+                    UI_MAX_NEW_TOKENS,
+                    value=64,
+                    step=1,
+                    label="Max new tokens",
+                    elem_id="max-new-tokens",
+                )
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                status = gr.Markdown(
+                    f"📂 An example run, recorded: {_describe(example)}. Press **Run** to decode "
+                    "live, then step through it."
+                    if example
+                    else "",
+                    elem_id="status",
+                )
+            with gr.Column(elem_id="run-params"):
+                gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
+                preset = gr.Dropdown(
+                    _preset_choices(DEFAULT_METHOD),
+                    value="defaults",
+                    label="Preset (sets the parameters below)",
+                    info="defaults = our best settings on this machine; paper = the paper's",
+                    elem_id="preset",
+                )
+                groups: dict[str, gr.Group] = {}
+                controls: dict[tuple[str, str], gr.components.Component] = {}
+                for name, m in METHODS.items():
+                    with gr.Group(visible=name == DEFAULT_METHOD) as groups[name]:
+                        for p in m.params:
+                            controls[(name, p.name)] = _control(p, name)
+                with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
+                    temperature, top_p, seed = (_control(p, "sampling") for p in SAMPLING_PARAMS)
+                with gr.Accordion("Trace file: export / import", open=False):
+                    export_btn = gr.DownloadButton(
+                        "Export trace (JSON)",
+                        value=start["export"],
+                        visible=start["export"] is not None,
+                        elem_id="export",
+                    )
+                    upload = gr.File(
+                        label="Import a trace to replay (no model needed)",
+                        file_types=[".json"],
+                        type="filepath",
+                        elem_id="import",
+                    )
+        with gr.Column(scale=3, min_width=320, elem_id="run-output"):
+            show_seen = gr.Checkbox(
+                False, label="Show what the model sees (the chat template)", elem_id="show-seen"
+            )
+            seen = gr.HTML(start["seen"], visible=False, elem_id="seen")
+            tokens = gr.HTML(start["tokens"], elem_id="tokens")
+            metrics = gr.HTML(start["metrics"], elem_id="metrics")
+            with gr.Row(equal_height=True):
+                prev_btn = gr.Button("◀ Prev", size="sm", elem_id="prev", min_width=60)
+                play_btn = gr.Button("▶ Play", size="sm", elem_id="play", min_width=60)
+                pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="pause", min_width=60)
+                next_btn = gr.Button("Next ▶", size="sm", elem_id="next", min_width=60)
+            last = start["last_step"]
+            step = gr.Slider(
+                0,
+                max(last or 0, 1),
+                value=start["step"] or 0,
+                step=1,
+                label="Step" if last is None else f"Step (0–{last})",
+                interactive=last is not None,
+                elem_id="step",
+            )
+            timeline = gr.Plot(
+                start["timeline"], label="Forward passes", elem_id="timeline", show_label=False
+            )
+            with gr.Row():
+                per_step = gr.Plot(
+                    start["per_step"], label="Tokens per step", elem_id="per-step", show_label=False
+                )
+                hist = gr.Plot(start["hist"], label="Acceptance", elem_id="hist", show_label=False)
+            panel = gr.Plot(start["panel"], label="Method panel", elem_id="panel", show_label=False)
+            extras = [
+                gr.Plot(
+                    start["extras"][i] if i < len(start["extras"]) else None,
+                    visible=i < len(start["extras"]),
+                    elem_id=f"panel{i + 2}",
+                    show_label=False,
+                )
+                for i in range(N_EXTRAS)
+            ]
+            with gr.Accordion("How this method works", open=True, elem_id="explainer"):
+                method_help = gr.Markdown(explainer(DEFAULT_METHOD))
+    timer = gr.Timer(0.6, active=False)
+    trace_state = gr.State(example)  # the cold page's views are the example's: step through it
+
+    tab = RunTab(
+        prompt=prompt,
+        model=model,
+        method=method,
+        max_new=max_new,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        run_btn=run_btn,
+        stop_btn=stop_btn,
+        status=status,
+        preset=preset,
+        groups=groups,
+        controls=controls,
+        export_btn=export_btn,
+        upload=upload,
+        show_seen=show_seen,
+        seen=seen,
+        tokens=tokens,
+        metrics=metrics,
+        prev_btn=prev_btn,
+        play_btn=play_btn,
+        pause_btn=pause_btn,
+        next_btn=next_btn,
+        step=step,
+        timeline=timeline,
+        per_step=per_step,
+        hist=hist,
+        panel=panel,
+        extras=extras,
+        method_help=method_help,
+        timer=timer,
+        trace=trace_state,
+        sampling=(temperature, top_p, seed),
+    )
+    _wire(tab, demo)
+    return tab
+
+
+def showcase_step(trace: Trace) -> int:
+    """The step a cold page opens at: the last one where the target accepted drafted tokens (its
+    method panel has something to show), else the last step."""
+    accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
+    return max(accepted, default=trace.last_step)
+
+
+def _initial(example: Trace | None) -> dict[str, Any]:
+    """The cold page's views: the example trace at its showcase step, or empty ones."""
+    if example is None:
+        empty = token_spans_html([], {})
+        return dict(
+            tokens=empty,
+            metrics="",
+            seen="",
+            timeline=None,
+            per_step=None,
+            hist=None,
+            panel=None,
+            extras=[],
+            last_step=None,
+            step=None,
+            export=None,
+        )
+    method = example.meta["method"]
+    at = showcase_step(example)
+    upto = at if at < example.last_step else None
+    return dict(
+        tokens=token_spans_html(
+            example.events, example.texts, upto, n_layers=int(example.meta.get("n_layers", 30))
+        ),
+        metrics=metrics_html(example.stats, example.meta.get("lossless")),
+        seen=prompt_html(example),
+        timeline=forward_timeline(example.events, upto),
+        per_step=tokens_per_step(example.events, upto),
+        hist=acceptance_panel(example.stats),
+        panel=method_panel(method, example.events, example.texts, at),
+        extras=extra_panels(method, example.events, example.texts, at),
+        last_step=example.last_step,
+        step=at,
+        export=_export(example),
+    )
+
+
+def _preset_choices(method: str) -> list[str]:
+    return ["defaults", *METHODS[method].presets]
+
+
+def _wire(tab: RunTab, demo: gr.Blocks) -> None:
+    t = tab
+    method_params = list(t.controls)  # (method, parameter name), in the form's order
+
+    # --- run, stream, stop ------------------------------------------------------------------------
+
+    @gpu
+    def on_run(model_id, prompt_text, method_name, budget, temp, tp, sd, *values) -> Iterator[dict]:
+        sampling = method_name in METHODS and METHODS[method_name].sampling
+        params: dict[str, Any] = {"temperature": temp, "top_p": tp, "seed": sd} if sampling else {}
+        params |= {
+            pname: v
+            for (name, pname), v in zip(method_params, values, strict=True)
+            if name == method_name
+        }
+        # Clear the previous run's views at once, so what streams next is this run.
+        yield t.cleared("⏳ loading the model and encoding the prompt…")
+        try:
+            figures_at, draw_s, first = 0.0, 0.0, True
+            for live in run_live(
+                model_id, prompt_text, method_name, budget, params, every_s=TOKENS_EVERY_S
+            ):
+                trace = live.trace
+                n = len(trace.token_ids)
+                if live.done:
+                    reason = trace.meta.get("finish_reason")
+                    yield t.full_views(trace, f"✅ Done: {n} tokens ({reason}).")
+                    return
+                if live.phase == "checking":
+                    yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
+                    continue
+                update: dict[Any, Any] = {
+                    t.tokens: token_spans_html(
+                        trace.events, trace.texts, n_layers=int(trace.meta["n_layers"])
+                    ),
+                    t.metrics: metrics_html(
+                        {
+                            "tokens_per_s": n / live.elapsed_s if live.elapsed_s else None,
+                            "new_tokens": n,
+                        }
+                    ),
+                    t.trace: trace,  # the partial trace: Stop keeps it for stepping and export
+                    t.status: f"⏳ decoding… {n} tokens",
+                }
+                if first:
+                    update[t.seen] = prompt_html(trace)
+                    first = False
+                now = time.perf_counter()
+                if now - figures_at >= max(FIGURES_EVERY_S, draw_s / DRAW_SHARE):
+                    method = trace.meta["method"]
+                    update |= {
+                        t.timeline: forward_timeline(trace.events),
+                        t.per_step: tokens_per_step(trace.events),
+                        t.panel: method_panel(method, trace.events, trace.texts, trace.last_step),
+                    }
+                    figures_at = time.perf_counter()
+                    draw_s = figures_at - now
+                yield update
+        except DecodingLabError as exc:
+            yield t.cleared(message(str(exc)))
+
+    run_event = t.run_btn.click(
+        on_run,
+        t.form,
+        t.views,
+        api_name="run_stream",
+        api_visibility="undocumented",  # scripts may stream it too (scripts/bench_ui.py)
+        concurrency_id="decode",
+        show_progress="hidden",  # our status line says it; animated overlays cost CPU
+    )
+
+    def on_stop(trace: Trace | None) -> dict:
+        """Keep what was decoded: step through it, export it."""
+        if trace is None:
+            return {t.status: "⏹ Stopped before the first token."}
+        if trace.meta.get("lossless") is not None:  # it had finished: nothing was cut
+            return {t.status: gr.skip()}
+        kept = stopped(trace)
+        return t.full_views(
+            kept,
+            f"⏹ Stopped at {len(kept.token_ids)} tokens: step through what was decoded, "
+            "or export it.",
+        )
+
+    # Act only once the cancel has gone through, so no late update overwrites it.
+    t.stop_btn.click(None, None, None, cancels=[run_event], api_visibility="private").then(
+        on_stop, t.trace, t.views, api_visibility="private", show_progress="hidden"
+    )
+
+    # --- step through -----------------------------------------------------------------------------
+
+    step_outputs = [t.tokens, t.timeline, t.per_step, t.panel, *t.extras]
+
+    def on_step(trace: Trace | None, s: float) -> dict:
+        if trace is None or trace.meta.get("finish_reason") is None:
+            return {t.tokens: gr.skip()}  # nothing to step, or a run still streaming
+        return t.step_views(trace, int(s))
+
+    t.step.change(
+        on_step, [t.trace, t.step], step_outputs, api_visibility="private", show_progress="hidden"
+    )
+
+    def nudge(delta: int):
+        def fn(trace: Trace | None, s: float) -> dict:
+            if trace is None:
+                return {t.step: gr.skip()}
+            return {t.step: min(max(int(s) + delta, 0), trace.last_step)}
+
+        return fn
+
+    t.prev_btn.click(nudge(-1), [t.trace, t.step], t.step, api_visibility="private")
+    t.next_btn.click(nudge(+1), [t.trace, t.step], t.step, api_visibility="private")
+
+    def play(trace: Trace | None, s: float) -> dict:
+        if trace is None:
+            return {t.step: gr.skip()}
+        start = 0 if int(s) >= trace.last_step else int(s)
+        return {t.timer: gr.Timer(active=True), t.step: start}
+
+    t.play_btn.click(play, [t.trace, t.step], [t.timer, t.step], api_visibility="private")
+    t.pause_btn.click(
+        lambda: {t.timer: gr.Timer(active=False)}, None, t.timer, api_visibility="private"
+    )
+
+    def tick(trace: Trace | None, s: float) -> dict:
+        if trace is None or int(s) >= trace.last_step:
+            return {t.timer: gr.Timer(active=False)}
+        return {t.step: int(s) + 1}
+
+    t.timer.tick(
+        tick, [t.trace, t.step], [t.timer, t.step], api_visibility="private", show_progress="hidden"
+    )
+
+    # --- trace files ------------------------------------------------------------------------------
+
+    def on_import(path: str | None) -> Iterator[dict]:
+        if not path:
+            yield {t.status: gr.skip()}
+            return
+        try:
+            if os.path.getsize(path) > MAX_TRACE_BYTES:
+                raise DecodingLabError(f"trace file is larger than {MAX_TRACE_BYTES // 2**20} MiB")
+            trace = read_trace(Path(path).read_bytes())
+        except (DecodingLabError, OSError) as exc:
+            yield t.cleared(message(f"Could not import the trace: {exc}"))
+            return
+        trace.meta["lossless"] = {"status": "not checked", "note": "checking against greedy…"}
+        replay = f"📂 Replaying an imported trace: {_describe(trace)}."
+        yield {**t.full_views(trace, f"{replay} ⏳ checking against greedy…"), **t.form_for(trace)}
+        try:
+            trace.meta["lossless"] = recheck_lossless(trace)
+        except DecodingLabError as exc:
+            trace.meta["lossless"] = {"status": "not checked", "note": f"not checked: {exc}"}
+        yield {
+            t.metrics: metrics_html(trace.stats, trace.meta["lossless"]),
+            t.export_btn: gr.DownloadButton(value=_export(trace), visible=True),
+            t.status: replay,
+        }
+
+    t.upload.upload(
+        on_import, t.upload, [*t.views, *t.form], api_visibility="private", show_progress="hidden"
+    ).then(lambda: None, None, t.upload, api_visibility="private")  # ready for another file
+
+    # --- method, preset, the model's view ---------------------------------------------------------
+
+    def on_method(name: str) -> dict:
+        if name not in METHODS:
+            return {t.method_help: gr.skip()}
+        return {
+            **{group: gr.Group(visible=n == name) for n, group in t.groups.items()},
+            t.method_help: explainer(name),
+            t.preset: gr.Dropdown(choices=_preset_choices(name), value="defaults"),
+        }
+
+    t.method.change(
+        on_method,
+        t.method,
+        [*t.groups.values(), t.method_help, t.preset],
+        api_visibility="private",
+    )
+
+    def on_preset(method_name: str, preset_name: str) -> dict:
+        """A visitor's pick sets the method's controls (only then: a link's values stay)."""
+        if method_name not in METHODS or preset_name is None:
+            return {t.status: gr.skip()}
+        m = METHODS[method_name]
+        try:
+            values = m.preset(preset_name)
+        except KeyError:
+            return {t.status: gr.skip()}
+        return {t.controls[(method_name, k)]: v for k, v in values.items()}
+
+    t.preset.input(
+        on_preset,
+        [t.method, t.preset],
+        [*t.controls.values(), t.status],
+        api_visibility="private",
+    )
+    t.show_seen.change(
+        lambda on: {t.seen: gr.HTML(visible=on)}, t.show_seen, t.seen, api_visibility="private"
+    )
+
+    # --- links: URL parameters pre-fill the form --------------------------------------------------
+
+    def from_url(request: gr.Request) -> dict:
+        query = dict(request.query_params) if request else {}
+        out: dict[Any, Any] = {t.status: gr.skip()}  # gradio reads an empty dict as one value
+        if not query:
+            return out
+        link = parse_link(query, DEFAULT_METHOD)
+        method = link.fields.get("method", DEFAULT_METHOD)
+        fields = {
+            "model": t.model,
+            "prompt": t.prompt,
+            "method": t.method,
+            "max_new_tokens": t.max_new,
+            "temperature": t.temperature,
+            "top_p": t.top_p,
+            "seed": t.seed,
+        }
+        out |= {fields[k]: v for k, v in link.fields.items() if k in fields}
+        out |= {t.controls[(method, k)]: v for k, v in link.params.items()}
+        if "preset" in link.fields:
+            out[t.preset] = gr.Dropdown(
+                choices=_preset_choices(method), value=link.fields["preset"]
+            )
+        if link.errors:
+            out[t.status] = message("This link has problems: " + "; ".join(link.errors))
+        return out
+
+    demo.load(
+        from_url,
+        None,
+        [*t.form, t.preset, t.status],
+        api_visibility="private",
+        show_progress="hidden",
+    )
