@@ -9,7 +9,6 @@ from decoders.stats import compute_stats
 from visualizer import (
     acceptance_by_position,
     acceptance_histogram,
-    compare_chart,
     forward_timeline,
     method_panel,
     metrics_html,
@@ -115,19 +114,6 @@ def test_metrics_and_badges():
         {"status": "differs", "first_divergence": 3}
     )
     assert lossless_badge_html(None) == ""
-
-
-def test_compare_chart():
-    rows = [
-        {"method": "autoregressive", "speedup": 1.0, "tokens_per_target_forward": 1.0},
-        {"method": "lookahead", "speedup": 1.6, "tokens_per_target_forward": 2.1},
-    ]
-    fig = compare_chart(rows)
-    assert [t.name for t in fig.data] == [
-        "speedup vs autoregressive (×)",
-        "tokens / target forward",
-    ]
-    assert fig.layout.yaxis.title.text == "ratio"
 
 
 def test_draft_panel_colours_accepted_rejected_and_the_correction():

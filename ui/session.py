@@ -346,53 +346,6 @@ def run_to_end(
     return last.trace
 
 
-def compare_methods(
-    model: str | None,
-    prompt: str,
-    methods: list[str],
-    max_new_tokens: int,
-    params: Mapping[str, Mapping[str, Any]] | None = None,
-) -> Iterator[tuple[list[dict], dict[str, Trace]]]:
-    """Run each method on the same prompt (greedy; autoregressive first, as the speed and
-    lossless reference), yielding the growing table after each method."""
-    if not methods:
-        raise InvalidInput("choose at least one method to compare")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise InvalidInput(f"unknown method {unknown[0]!r}; valid: {', '.join(METHODS)}")
-    order = ["autoregressive"] + [m for m in dict.fromkeys(methods) if m != "autoregressive"]
-    traces: dict[str, Trace] = {}
-    rows: list[dict[str, Any]] = []
-    for method in order:
-        p = {
-            k: v
-            for k, v in (params or {}).get(method, {}).items()
-            if k not in ("temperature", "top_p")
-        }
-        trace = run_to_end(model, prompt, method, max_new_tokens, p, check_lossless=False)
-        traces[method] = trace
-        reference = traces["autoregressive"].token_ids
-        check = compare_tokens(reference, trace.token_ids)
-        s = trace.stats
-        base = traces["autoregressive"].stats["tokens_per_s"] or 1.0
-        rows.append(
-            {
-                "method": method,
-                "tokens_per_s": s["tokens_per_s"],
-                "speedup": round(s["tokens_per_s"] / base, 3),
-                "tokens_per_target_forward": s["tokens_per_target_forward"],
-                "mean_acceptance_length": s["mean_acceptance_length"],
-                "new_tokens": s["new_tokens"],
-                "lossless": "reference"
-                if method == "autoregressive"
-                else (
-                    "✓ identical" if check.identical else f"✗ differs at {check.first_divergence}"
-                ),
-            }
-        )
-        yield [r for r in rows if r["method"] in methods or r["method"] == "autoregressive"], traces
-
-
 # --- shared links: URL parameters ------------------------------------------------------------------
 
 # The form's own fields a link may set; any method parameter may follow (`?method=jacobi&block=8`),

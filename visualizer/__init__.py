@@ -1,10 +1,10 @@
 """Pure drawing functions: trace events in, Plotly figures or HTML out. No torch, no gradio."""
 
+from .compare_views import compare_chart, race_chart, speedup_chart
 from .figures import (
     acceptance_by_position,
     acceptance_histogram,
     acceptance_panel,
-    compare_chart,
     draft_panel,
     forward_timeline,
     tokens_per_step,
@@ -25,6 +25,8 @@ __all__ = [
     "lossless_badge_html",
     "method_panel",
     "metrics_html",
+    "race_chart",
+    "speedup_chart",
     "token_spans_html",
     "token_tree",
     "tokens_per_step",

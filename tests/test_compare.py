@@ -1,0 +1,348 @@
+"""Compare: method specs and presets, the headline, the one number format, rows identical to
+greedy, the speedup chart and the race; the `/compare` endpoint; the tab in a browser at 1440 px
+and on a phone, with every chart label inside its figure."""
+
+import re
+from itertools import pairwise
+
+import pytest
+from gradio_client import Client
+
+from conftest import ARTIFACTS
+from decoders import METHODS, InvalidInput, generate
+from decoders.events import Commit
+from ui.compare import (
+    DEFAULT_PRESET,
+    PRESETS,
+    REFERENCE,
+    compare_methods,
+    headline,
+    paper_spec,
+    parse_spec,
+    parse_specs,
+    split_specs,
+    table_rows,
+)
+from visualizer import compare_chart, race_chart, speedup_chart
+from visualizer.compare_views import race_points, wrap_label
+
+PROMPT = "def add(a, b):"
+
+# --- specs and presets ----------------------------------------------------------------------------
+
+
+def test_a_spec_is_parsed_by_the_benchmark_rule_and_validated():
+    s = parse_spec("lookahead:N=4:W=5")
+    assert (s.method, s.params["N"], s.params["W"]) == ("lookahead", 4, 5)
+    assert s.params["G"] == METHODS["lookahead"].preset("defaults")["G"]  # defaults filled in
+    assert parse_spec("speculative:draft=self:8").params["draft"] == "self:8"  # ':' in a value
+    assert parse_spec(" token_tree ").label == "token_tree"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("warp_drive", "unknown method 'warp_drive'"),
+        ("lookahead:N=abc", "'N' expects int"),
+        ("lookahead:N=999", "'N' must be in"),
+        ("lookahead:X=1", "unknown parameter 'X'"),
+        ("lookahead:N", "expected NAME:KEY=VALUE"),
+        ("speculative:temperature=0.7", "Compare runs greedy"),
+        ("speculative:draft=evil/model", "not offered here"),
+    ],
+)
+def test_a_bad_spec_gets_a_message_that_names_it(spec, reason):
+    with pytest.raises(InvalidInput) as err:
+        parse_specs(f"prompt_lookup\n{spec}")
+    assert f"method spec {spec!r}" in str(err.value) and reason in str(err.value)
+
+
+def test_specs_come_one_per_line_or_comma_separated():
+    assert split_specs("prompt_lookup\n\n  jacobi:block=8 ,lookahead") == [
+        "prompt_lookup",
+        "jacobi:block=8",
+        "lookahead",
+    ]
+    with pytest.raises(InvalidInput, match="at least one method spec"):
+        parse_specs(" \n ")
+
+
+def test_autoregressive_runs_first_and_the_same_run_twice_runs_once():
+    defaults = METHODS["jacobi"].preset("defaults")
+    specs = parse_specs(
+        ["jacobi", f"jacobi:block={defaults['block']}", "autoregressive", "jacobi:block=3"]
+    )
+    assert [s.label for s in specs] == ["autoregressive", "jacobi", "jacobi:block=3"]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_validates(name):
+    specs = parse_specs(PRESETS[name])
+    assert specs[0].method == REFERENCE and len(specs) == len(PRESETS[name]) + 1
+
+
+def test_each_family_at_its_best_is_every_method_at_its_defaults():
+    assert {parse_spec(s).method for s in PRESETS[DEFAULT_PRESET]} == set(METHODS) - {REFERENCE}
+    for spec in PRESETS[DEFAULT_PRESET]:
+        s = parse_spec(spec)
+        assert s.params == METHODS[s.method].preset("defaults")
+
+
+def test_the_papers_settings_spell_each_paper_preset():
+    papers = [name for name, m in METHODS.items() if "paper" in m.presets]
+    assert list(PRESETS["the papers' settings"]) == [paper_spec(n) for n in papers]
+    for name in papers:
+        assert parse_spec(paper_spec(name)).params == METHODS[name].preset("paper")
+
+
+# --- headline and number format -------------------------------------------------------------------
+
+
+def row(method, speedup, identical=True, divergence=None, tps=10.0):
+    return {
+        "method": method,
+        "speedup": speedup,
+        "tokens_per_s": tps,
+        "tokens_per_target_forward": 1.0,
+        "mean_acceptance_length": None,
+        "new_tokens": 16,
+        "identical": identical,
+        "first_divergence": divergence,
+        "lossless": "reference" if method == REFERENCE else "✓ identical",
+    }
+
+
+def test_the_headline_names_the_fastest_and_counts_identical_outputs():
+    rows = [row(REFERENCE, 1.0), row("prompt_lookup", 1.31), row("token_tree:lookup=3", 2.04)]
+    rows.append(row("jacobi", 0.9))
+    assert headline(rows) == (
+        "Fastest: token_tree:lookup=3 at 2.04× over autoregressive; "
+        "all 3 outputs identical to greedy."
+    )
+    rows[1] = row("prompt_lookup", 1.31, identical=False, divergence=7)
+    assert headline(rows).endswith(
+        "2 of 3 outputs identical to greedy; prompt_lookup differs at token 7."
+    )
+    slow = [row(REFERENCE, 1.0), row("jacobi", 0.62)]
+    assert headline(slow) == (
+        "Nothing beat autoregressive here; the closest: jacobi at 0.62×; "
+        "the output is identical to greedy."
+    )
+
+
+def test_the_table_uses_one_number_format():
+    rows = [row(REFERENCE, 1.0, tps=12.0), row("prompt_lookup", 1.5, tps=18.04)]
+    rows[1]["tokens_per_target_forward"] = 2
+    rows[1]["mean_acceptance_length"] = 3.14159
+    table = table_rows(rows)
+    assert table[0][:5] == ["autoregressive", "12.0", "1.00×", "1.00", "—"]
+    assert table[1][:5] == ["prompt_lookup", "18.0", "1.50×", "2.00", "3.14"]
+
+
+# --- real runs on tiny-random ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compared():
+    specs = [*PRESETS[DEFAULT_PRESET], "speculative:draft=self:2:gamma=3", "lookahead:N=3:W=2"]
+    return list(compare_methods("tiny-random", PROMPT, specs, 16, warm_up=False))
+
+
+def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, tiny):
+    final = compared[-1]
+    assert [len(c.rows) for c in compared] == list(range(1, len(final.specs) + 1))
+    assert final.done and not compared[0].done
+    greedy = generate(tiny, PROMPT, max_new_tokens=16).token_ids
+    assert final.traces[REFERENCE].token_ids == greedy
+    for r in final.rows:
+        assert final.traces[r["method"]].token_ids == greedy, r["method"]
+        assert r["identical"] and r["lossless"] in ("reference", "✓ identical")
+    assert final.rows[0]["method"] == REFERENCE and final.rows[0]["speedup"] == 1.0
+    assert "all 8 outputs identical to greedy" in final.headline()
+    fastest = max(final.rows[1:], key=lambda r: r["speedup"])
+    assert final.headline().startswith(f"Fastest: {fastest['method']} at ") or (
+        fastest["speedup"] <= 1.0 and f"the closest: {fastest['method']} at " in final.headline()
+    )
+    assert compared[2].headline().startswith("So far (3 of 9 runs done): ")
+
+
+def test_race_lines_rise_with_time_and_end_at_the_token_count(compared):
+    final = compared[-1]
+    for label, trace in final.traces.items():
+        for clock in (trace.meta["commit_s"], None):  # measured arrival times, forward clock
+            times, tokens = race_points(trace.events, clock)
+            assert times[0] == 0.0 and tokens[0] == 0
+            assert all(b >= a for a, b in pairwise(times)), label
+            assert all(b > a for a, b in pairwise(tokens)), label
+            assert tokens[-1] == len(trace.token_ids) == trace.stats["new_tokens"]
+        assert times[1] > 0  # the first commit comes after the prefill forward
+        # The measured clock ends inside the run's own wall time.
+        assert trace.meta["commit_s"][-1] <= trace.stats["wall_s"] + 1e-3
+    runs = [(label, t.events, t.meta["commit_s"]) for label, t in final.traces.items()]
+    fig = race_chart(runs)
+    assert len(fig.data) == len(runs)
+    for trace_fig, (_, t) in zip(fig.data, final.traces.items(), strict=True):
+        assert list(trace_fig.y)[-1] == len(t.token_ids)
+        assert list(trace_fig.x) == sorted(trace_fig.x)
+    assert fig.data[0].line.dash == "dash"  # the reference
+
+
+def test_race_points_fall_back_to_the_forward_clock_when_times_do_not_fit(compared):
+    trace = compared[-1].traces["prompt_lookup"]
+    commits = sum(isinstance(e, Commit) for e in trace.events)
+    assert race_points(trace.events, [1.0] * (commits + 1)) == race_points(trace.events)
+
+
+def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
+    rows = compared[-1].rows
+    fig = speedup_chart(rows)
+    assert compare_chart is speedup_chart
+    speed, per_forward = fig.data
+    assert speed.orientation == "h" and list(speed.x) == [r["speedup"] for r in rows]
+    assert list(speed.y) == [wrap_label(r["method"]) for r in rows]
+    assert list(speed.text) == [f"{r['speedup']:.2f}×" for r in rows]
+    assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin
+    assert fig.layout.xaxis.range[1] > max(max(speed.x), max(per_forward.x))  # room for the text
+
+
+def test_long_specs_wrap_at_their_colons():
+    spec = "lookahead:N=5:W=15:G=15:pool_from_output=false:rank_by_context=false"
+    lines = wrap_label(spec).split("<br>")
+    assert "".join(lines) == spec
+    # At most 22 characters a line, unless one KEY=VALUE alone is longer (never cut inside it).
+    assert all(len(line) <= 22 or line.count(":") == 1 for line in lines), lines
+    assert ":pool_from_output=false" in lines
+    assert all(line.startswith(":") for line in lines[1:])
+    tree = "token_tree:choices=0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0"
+    assert max(len(line) for line in wrap_label(tree).split("<br>")) <= 22
+    assert wrap_label("jacobi") == "jacobi"
+
+
+def test_bad_requests_fail_before_anything_runs():
+    with pytest.raises(InvalidInput, match="max_new_tokens"):
+        next(compare_methods("tiny-random", PROMPT, "jacobi", 0))
+    with pytest.raises(InvalidInput, match="prompt is empty"):
+        next(compare_methods("tiny-random", "  ", "jacobi", 8))
+    with pytest.raises(InvalidInput, match="method spec 'jacobi:block=0'"):
+        next(compare_methods("tiny-random", PROMPT, "prompt_lookup\njacobi:block=0", 8))
+
+
+# --- the app: the /compare endpoint and the tab in a browser ---------------------------------------
+
+
+@pytest.mark.slow
+def test_compare_endpoint_takes_specs(server, tiny):
+    client = Client(server, verbose=False)
+    out = client.predict(
+        prompt=PROMPT,
+        methods="prompt_lookup, lookahead:N=3:W=2",
+        model="tiny-random",
+        max_new_tokens=12,
+        api_name="/compare",
+    )
+    assert [r["method"] for r in out["rows"]] == [REFERENCE, "prompt_lookup", "lookahead:N=3:W=2"]
+    text = generate(tiny, PROMPT, max_new_tokens=12).text
+    assert out["texts"] == {r["method"]: text for r in out["rows"]}
+    assert out["headline"].endswith("both outputs identical to greedy.")
+    with pytest.raises(Exception, match=r"method spec 'lookahead:W=0'"):
+        client.predict(
+            prompt=PROMPT, methods="lookahead:W=0", model="tiny-random", api_name="/compare"
+        )
+
+
+# Every text element of every figure under `root` must sit inside its figure's box and clear of
+# the others (labels, titles, legends, bar values).
+TEXT_PROBLEMS = """(root) => {
+  const problems = [];
+  for (const plot of document.querySelectorAll(root + ' .js-plotly-plot')) {
+    const frame = plot.querySelector('svg.main-svg').getBoundingClientRect();
+    const seen = [];
+    for (const t of plot.querySelectorAll('text')) {
+      const s = t.textContent.trim();
+      const r = t.getBoundingClientRect();
+      if (!s || r.width === 0 || r.height === 0) continue;
+      if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1
+          || r.bottom > frame.bottom + 1) problems.push(`"${s}" is cut at the figure's edge`);
+      for (const [s2, r2] of seen) {
+        const ox = Math.min(r.right, r2.right) - Math.max(r.left, r2.left);
+        const oy = Math.min(r.bottom, r2.bottom) - Math.max(r.top, r2.top);
+        if (ox > 2 && oy > 2) problems.push(`"${s}" overlaps "${s2}"`);
+      }
+      seen.push([s, r]);
+    }
+  }
+  return problems;
+}"""
+
+TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table tbody tr')].map(
+  tr => [...tr.querySelectorAll('td')].map(td => td.innerText.trim()))"""
+
+
+def run_compare_in_the_page(page, server, name: str) -> list[list[str]]:
+    page.goto(server)
+    page.get_by_role("tab", name="Compare").click()
+    assert page.locator("#cmp-specs textarea").input_value() == "\n".join(PRESETS[DEFAULT_PRESET])
+    page.locator("#cmp-preset input").click()
+    page.get_by_role("option", name="quick look").click()
+    page.wait_for_function(
+        "() => document.querySelector('#cmp-specs textarea').value.startsWith('prompt_lookup\\n')"
+    )
+    assert page.locator("#cmp-specs textarea").input_value() == "\n".join(PRESETS["quick look"])
+    page.locator("#cmp-prompt textarea").fill(PROMPT)
+    budget = page.locator("#cmp-max-new input[type=number]")
+    budget.fill("16")
+    budget.press("Enter")
+    page.locator("#cmp-btn").click()
+    page.locator("#cmp-status").get_by_text("✅ Done.").wait_for(timeout=180_000)
+    for plot in ("#cmp-plot", "#cmp-race"):
+        page.locator(f"{plot} .js-plotly-plot").wait_for(timeout=30_000)
+    page.wait_for_timeout(500)  # let Plotly finish laying out its labels
+    page.screenshot(path=str(ARTIFACTS / f"compare-{name}.png"), full_page=True)
+    cells = [r for r in page.evaluate(TABLE_CELLS) if r]
+    return [[c for c in r if c] for r in cells]
+
+
+def check_compare_page(page, rows: list[list[str]]) -> None:
+    specs = [r[0] for r in rows]
+    assert specs == [REFERENCE, *PRESETS["quick look"]], rows
+    # One number format: tokens/s with 1 decimal, ratios with 2, speedups with "×".
+    for r in rows:
+        assert re.fullmatch(r"\d+\.\d", r[1]), r
+        assert re.fullmatch(r"\d+\.\d\d×", r[2]), r
+        assert re.fullmatch(r"\d+\.\d\d", r[3]), r
+        assert re.fullmatch(r"\d+\.\d\d|—", r[4]), r
+    assert all("identical" in r[-1] for r in rows[1:]) and rows[0][-1] == "reference"
+    fastest = max(rows[1:], key=lambda r: float(r[2].rstrip("×")))
+    title = page.locator("#cmp-headline").inner_text()
+    assert f"{fastest[0]} at {fastest[2]}" in title, title
+    assert "all 3 outputs identical to greedy" in title
+    for plot in ("#cmp-plot", "#cmp-race"):
+        assert page.evaluate(TEXT_PROBLEMS, plot) == [], plot
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_compare_tab_at_1440(server, page):
+    check_compare_page(page, run_compare_in_the_page(page, server, "desktop"))
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_compare_tab_on_a_phone(server, phone_page):
+    rows = run_compare_in_the_page(phone_page, server, "phone")
+    check_compare_page(phone_page, rows)
+    width = phone_page.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= 390, f"the page scrolls sideways ({width} px)"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_bad_spec_in_the_page_is_a_message(server, page):
+    page.goto(server)
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#cmp-specs textarea").fill("prompt_lookup\nlookahead:N=oops")
+    page.locator("#cmp-btn").click()
+    page.locator("#cmp-status").get_by_text("method spec 'lookahead:N=oops'").wait_for(
+        timeout=60_000
+    )
+    assert page.locator("#cmp-headline").inner_text().strip() == ""

@@ -1,0 +1,321 @@
+"""Compare: several method specs on one prompt, greedy, side by side in one run. No gradio here.
+
+A row is a method spec as the benchmark takes it (`NAME:KEY=VALUE[:KEY=VALUE]`, parsed by
+`decoders.bench.parse_method`), so the same method can appear with different settings. Autoregressive
+always runs first, in the same run: it is the speed reference (speedup = tokens/s ÷ its tokens/s) and
+the lossless reference (every greedy row must reproduce its tokens). One number format everywhere:
+ratios with 2 decimals, tokens/s with 1.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from decoders import METHODS, InvalidInput, compare_tokens, prepare
+from decoders.bench import parse_method
+from decoders.engine import check_request, run_events
+from decoders.errors import DecodingLabError
+from decoders.events import Commit, Done, Draft
+from decoders.params import SAMPLING_PARAMS, validate_params
+
+from .session import Trace, check_budget, check_draft, get_bundle, token_texts, vocab_size
+
+REFERENCE = "autoregressive"
+MAX_SPECS = 16  # rows per comparison: each is a full run
+
+
+# --- number format (the table, the headline and the charts all use these) ------------------------
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def fmt_speedup(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def fmt_rate(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+# --- specs and presets ----------------------------------------------------------------------------
+
+
+def _spell(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def spec_of(name: str, values: Mapping[str, Any]) -> str:
+    """('lookahead', {'N': 5, 'W': 15}) -> 'lookahead:N=5:W=15' (parse_spec's inverse)."""
+    return ":".join([name, *(f"{k}={_spell(v)}" for k, v in values.items())])
+
+
+def paper_spec(name: str) -> str:
+    """A method at its paper's settings, spelled with the keys the paper fixes."""
+    m = METHODS[name]
+    values = m.preset("paper")
+    return spec_of(name, {k: values[k] for k in m.presets["paper"]})
+
+
+DEFAULT_PRESET = "each family at its best"
+PRESETS: dict[str, tuple[str, ...]] = {
+    # Every method at its defaults: the defaults are each method at its best on this machine
+    # (speculative and token_tree draft with the shipped EAGLE head where one exists).
+    DEFAULT_PRESET: (
+        "prompt_lookup",
+        "speculative",
+        "token_tree",
+        "self_speculative",
+        "jacobi",
+        "lookahead",
+    ),
+    "the papers' settings": tuple(
+        paper_spec(name) for name, m in METHODS.items() if "paper" in m.presets
+    ),
+    # Who drafts matters more than how: the trained head against the model's own first layers.
+    "drafters: trained head vs early exit": (
+        "speculative:draft=eagle",
+        "speculative:draft=self:8",
+        "token_tree:draft=eagle",
+        "token_tree:draft=self:8",
+    ),
+    "quick look": ("prompt_lookup", "speculative", "lookahead"),
+}
+
+
+def preset_specs(name: str) -> list[str]:
+    if name not in PRESETS:
+        raise InvalidInput(f"unknown compare preset {name!r}; known: {', '.join(PRESETS)}")
+    return list(PRESETS[name])
+
+
+def split_specs(text: str | Iterable[str]) -> list[str]:
+    """Specs from a textbox (one per line) or an API string (comma-separated); blanks dropped."""
+    items = [text] if isinstance(text, str) else list(text)
+    return [s.strip() for item in items for s in re.split(r"[\n,]", str(item)) if s.strip()]
+
+
+@dataclass(frozen=True)
+class Spec:
+    label: str  # as the visitor wrote it (whitespace trimmed)
+    method: str
+    params: dict[str, Any]  # validated, defaults filled in
+
+
+def parse_spec(spec: str) -> Spec:
+    """Parse and validate one spec; any problem is an InvalidInput that names the spec."""
+    label = spec.strip()
+    if not label:
+        raise InvalidInput("a method spec is empty")
+    try:
+        name, raw = parse_method(label)
+        name = name.strip()
+        if name not in METHODS:
+            raise InvalidInput(f"unknown method {name!r}; valid: {', '.join(METHODS)}")
+        m = METHODS[name]
+        sampling = {p.name for p in SAMPLING_PARAMS} & set(raw)
+        if sampling:
+            raise InvalidInput(
+                f"{sorted(sampling)[0]!r} is a sampling setting; Compare runs greedy (lossless)"
+            )
+        values = validate_params(m.params, {k.strip(): v.strip() for k, v in raw.items()}, name)
+        check_draft(values)
+    except DecodingLabError as exc:
+        message = str(exc).removeprefix(f"method spec {label!r}: ")
+        raise InvalidInput(f"method spec {label!r}: {message}") from None
+    return Spec(label, name, values)
+
+
+def parse_specs(specs: str | Iterable[str]) -> list[Spec]:
+    """Validate every spec (before any model runs); autoregressive first, duplicates dropped."""
+    parsed = [parse_spec(s) for s in split_specs(specs)]
+    if not parsed:
+        raise InvalidInput("list at least one method spec to compare, e.g. prompt_lookup")
+    if len(parsed) > MAX_SPECS:
+        raise InvalidInput(f"at most {MAX_SPECS} method specs per comparison, got {len(parsed)}")
+    seen: dict[tuple, Spec] = {}
+    for s in [parse_spec(REFERENCE), *parsed]:
+        key = (s.method, tuple(sorted((k, repr(v)) for k, v in s.params.items())))
+        seen.setdefault(key, s)  # the same run twice (e.g. with a default spelled out) runs once
+    return list(seen.values())
+
+
+# --- the comparison -------------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    """The growing result: one row and one trace per finished spec (autoregressive first)."""
+
+    specs: list[Spec]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    traces: dict[str, Trace] = field(default_factory=dict)  # by spec label
+
+    @property
+    def done(self) -> bool:
+        return len(self.rows) == len(self.specs)
+
+    @property
+    def progress(self) -> str:
+        return f"{len(self.rows)} of {len(self.specs)} runs done"
+
+    def headline(self) -> str:
+        if self.done:
+            return headline(self.rows)
+        return f"So far ({self.progress}): {headline(self.rows)}"
+
+
+def headline(rows: list[Mapping[str, Any]]) -> str:
+    """One sentence that answers the question: who is fastest, and are the outputs the same."""
+    if not rows:
+        return "Nothing compared yet."
+    others = [r for r in rows if r["method"] != REFERENCE]
+    if not others:
+        return f"Autoregressive alone: {fmt_rate(rows[0]['tokens_per_s'])} tokens/s."
+    best = max(others, key=lambda r: r["speedup"])
+    if best["speedup"] > 1.0:
+        speed = f"Fastest: {best['method']} at {fmt_speedup(best['speedup'])} over autoregressive"
+    else:
+        speed = (
+            f"Nothing beat autoregressive here; the closest: {best['method']} at "
+            f"{fmt_speedup(best['speedup'])}"
+        )
+    differ = [r for r in others if not r["identical"]]
+    if not differ:
+        n = len(others)
+        same = {1: "the output is identical", 2: "both outputs identical"}.get(
+            n, f"all {n} outputs identical"
+        ) + " to greedy"
+    else:
+        where = "; ".join(f"{r['method']} differs at token {r['first_divergence']}" for r in differ)
+        same = f"{len(others) - len(differ)} of {len(others)} outputs identical to greedy; {where}"
+    return f"{speed}; {same}."
+
+
+def compare_methods(
+    model: str | None,
+    prompt: str,
+    specs: str | Iterable[str],
+    max_new_tokens: int,
+    warm_up: bool = True,
+) -> Iterator[Comparison]:
+    """Run each spec greedily on the same prompt, autoregressive first (the speed and lossless
+    reference), yielding the growing comparison after each run.
+
+    Every spec is validated and every run prepared (drafters loaded, skip sets checked) before
+    the first one starts, so a bad spec costs nothing and no run's clock includes a load. Runs
+    skip optional detail events (top-k candidates): what is timed is decoding, not recording.
+    """
+    max_new_tokens = check_budget(max_new_tokens)
+    parsed = parse_specs(specs)
+    for s in parsed:
+        check_request(prompt, s.method, max_new_tokens, s.params)
+    bundle = get_bundle(model)
+    runs = []
+    for s in parsed:
+        try:
+            runs.append(
+                prepare(bundle, prompt, s.method, max_new_tokens, params=s.params, detail=False)
+            )
+        except DecodingLabError as exc:
+            raise InvalidInput(f"method spec {s.label!r}: {exc}") from None
+    if warm_up:  # the first forwards of a process are slow; no row should pay for them
+        for _ in run_events(prepare(bundle, prompt, REFERENCE, min(4, max_new_tokens))):
+            pass
+    result = Comparison(parsed)
+    for spec, run in zip(parsed, runs, strict=True):
+        trace = Trace(
+            {
+                "model": bundle.model_id,
+                "method": spec.method,
+                "spec": spec.label,
+                "params": dict(run.cfg.params),
+                "prompt": prompt,
+                "prompt_ids": run.prompt_ids,
+                "max_new_tokens": max_new_tokens,
+                "n_layers": bundle.n_layers,
+                "vocab_size": vocab_size(bundle),
+            }
+        )
+        # When each commit arrived, from the run's start: the race is drawn against this clock,
+        # so its lines end where the table's tokens/s says (forward time alone leaves out the
+        # drafting work between forwards).
+        commit_s: list[float] = []
+        start = time.perf_counter()
+        for event in run_events(run):
+            if isinstance(event, Commit):
+                commit_s.append(time.perf_counter() - start)
+            trace.events.append(event)
+        tokens = trace.token_ids
+        ids = set(run.prompt_ids) | {
+            t for e in trace.events if isinstance(e, Commit | Draft) for t in e.tokens
+        }
+        trace.texts = token_texts(bundle, ids)
+        done = next(e for e in reversed(trace.events) if isinstance(e, Done))
+        trace.meta.update(
+            token_ids=tokens,
+            text=bundle.decode(tokens),
+            stats=done.stats,
+            finish_reason=done.finish_reason,
+            commit_s=[round(t, 5) for t in commit_s],
+        )
+        result.traces[spec.label] = trace
+        result.rows.append(_row(spec, trace, result))
+        trace.meta["lossless"] = result.rows[-1]["lossless"]
+        yield Comparison(result.specs, list(result.rows), dict(result.traces))  # as it stands
+
+
+def _row(spec: Spec, trace: Trace, result: Comparison) -> dict[str, Any]:
+    s = trace.stats
+    reference = result.traces[result.specs[0].label]
+    base = reference.stats["tokens_per_s"] or 1.0
+    is_ref = spec is result.specs[0]
+    check = compare_tokens(reference.token_ids, trace.token_ids)
+    accept = s.get("mean_acceptance_length")
+    return {
+        "method": spec.label,
+        "name": spec.method,
+        "tokens_per_s": round(s["tokens_per_s"], 1),
+        "speedup": 1.0 if is_ref else round(s["tokens_per_s"] / base, 2),
+        "tokens_per_target_forward": round(s["tokens_per_target_forward"], 2),
+        "mean_acceptance_length": None if accept is None else round(accept, 2),
+        "new_tokens": s["new_tokens"],
+        "wall_s": s["wall_s"],
+        "identical": check.identical,
+        "first_divergence": check.first_divergence,
+        "lossless": "reference"
+        if is_ref
+        else ("✓ identical" if check.identical else f"✗ differs at token {check.first_divergence}"),
+    }
+
+
+TABLE_HEADERS = [
+    "method spec",
+    "tokens/s",
+    "speedup",
+    "tokens / target forward",
+    "mean accept len",
+    "tokens",
+    "lossless",
+]
+
+
+def table_rows(rows: list[Mapping[str, Any]]) -> list[list[str]]:
+    """The rows as the table shows them: strings in the one number format."""
+    return [
+        [
+            r["method"],
+            fmt_rate(r["tokens_per_s"]),
+            fmt_speedup(r["speedup"]),
+            fmt_ratio(r["tokens_per_target_forward"]),
+            fmt_ratio(r["mean_acceptance_length"]),
+            str(r["new_tokens"]),
+            r["lossless"],
+        ]
+        for r in rows
+    ]

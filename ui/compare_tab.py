@@ -1,0 +1,222 @@
+"""The Compare tab and the `compare` API: method specs, one per line, run greedily on one prompt
+with autoregressive first (the speed and lossless reference); a headline that answers "which is
+fastest, and is every output the same?", the table, the speedup bars, the race, and each run's
+coloured text.
+
+Every handler returns a `{component: value}` dict. Project errors become a message in the status
+line and clear the views they would have made stale. The work is in ui/compare.py (no gradio).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from decoders import DecodingLabError
+from visualizer import race_chart, speedup_chart, token_spans_html
+
+from .common import gpu, message
+from .compare import (
+    DEFAULT_PRESET,
+    PRESETS,
+    TABLE_HEADERS,
+    Comparison,
+    compare_methods,
+    fmt_speedup,
+    table_rows,
+)
+from .session import ALLOW_ANY_MODEL, EXAMPLE_PROMPTS, UI_MAX_NEW_TOKENS
+
+SPECS_HELP = (
+    "Method specs, one per line: NAME or NAME:KEY=VALUE[:KEY=VALUE] "
+    "(e.g. token_tree:draft=eagle:lookup=3). Autoregressive always runs first, as the reference."
+)
+
+
+@dataclass
+class CompareTab:
+    """The tab's components, kept by name so handlers can say what they update."""
+
+    prompt: Any
+    preset: Any
+    specs: Any
+    model: Any
+    max_new: Any
+    button: Any
+    status: Any
+    headline: Any
+    table: Any
+    chart: Any
+    race: Any
+    texts: Any
+
+    @property
+    def views(self) -> list[Any]:
+        return [self.status, self.headline, self.table, self.chart, self.race, self.texts]
+
+    def cleared(self, status: str) -> dict:
+        return {
+            self.status: status,
+            self.headline: "",
+            self.table: gr.Dataframe(value=[], headers=TABLE_HEADERS),
+            self.chart: None,
+            self.race: None,
+            self.texts: "",
+        }
+
+    def shown(self, result: Comparison, status: str) -> dict:
+        return {
+            self.status: status,
+            self.headline: f"**{html.escape(result.headline())}**",
+            self.table: gr.Dataframe(value=table_rows(result.rows), headers=TABLE_HEADERS),
+            self.chart: speedup_chart(result.rows),
+            self.race: race_chart(race_runs(result)),
+            self.texts: texts_html(result),
+        }
+
+
+def race_runs(result: Comparison) -> list[tuple[str, list, list[float] | None]]:
+    """(label, events, commit times) per finished run; the label carries its speedup."""
+    return [
+        (
+            f"{row['method']} · {fmt_speedup(row['speedup'])}",
+            result.traces[row["method"]].events,
+            result.traces[row["method"]].meta.get("commit_s"),
+        )
+        for row in result.rows
+    ]
+
+
+def texts_html(result: Comparison) -> str:
+    """Each run's output, coloured by where each token came from (the legend once, on top)."""
+    parts = []
+    for i, row in enumerate(result.rows):
+        trace = result.traces[row["method"]]
+        parts.append(
+            f"<h4 style='margin:12px 0 4px;overflow-wrap:anywhere'>{html.escape(row['method'])}"
+            f" <small style='font-weight:normal'>{html.escape(row['lossless'])}</small></h4>"
+            + token_spans_html(
+                trace.events,
+                trace.texts,
+                n_layers=int(trace.meta.get("n_layers", 30)),
+                legend=i == 0,
+            )
+        )
+    return "".join(parts)
+
+
+def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
+    """Call inside a `gr.Tab` (within the page's gr.Blocks): lays the tab out, wires its handlers."""
+    with gr.Row(elem_id="cmp-row"):
+        with gr.Column(scale=2, min_width=320):
+            prompt = gr.Textbox(
+                label="Prompt", lines=4, value=EXAMPLE_PROMPTS[0], elem_id="cmp-prompt"
+            )
+            gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Examples")
+            preset = gr.Dropdown(
+                list(PRESETS),
+                value=DEFAULT_PRESET,
+                label="Preset (fills the specs below)",
+                elem_id="cmp-preset",
+            )
+            specs = gr.Textbox(
+                value="\n".join(PRESETS[DEFAULT_PRESET]),
+                label="Method specs",
+                info=SPECS_HELP,
+                lines=6,
+                max_lines=16,
+                elem_id="cmp-specs",
+            )
+            with gr.Row():
+                model = gr.Dropdown(
+                    choices,
+                    value=choices[0][1],
+                    label="Model",
+                    allow_custom_value=ALLOW_ANY_MODEL,
+                    elem_id="cmp-model",
+                    min_width=200,
+                )
+                max_new = gr.Slider(
+                    1,
+                    UI_MAX_NEW_TOKENS,
+                    value=64,
+                    step=1,
+                    label="Max new tokens",
+                    elem_id="cmp-max-new",
+                    min_width=200,
+                )
+            button = gr.Button("Compare", variant="primary", elem_id="cmp-btn")
+            status = gr.Markdown(elem_id="cmp-status")
+        with gr.Column(scale=3, min_width=320):
+            headline = gr.Markdown(elem_id="cmp-headline")
+            table = gr.Dataframe(
+                headers=TABLE_HEADERS,
+                label="Results: greedy, one run each in this order, autoregressive first as the "
+                "reference (a busy machine makes speeds noisy; ratios within one comparison hold best)",
+                interactive=False,
+                wrap=True,
+                elem_id="cmp-table",
+            )
+            chart = gr.Plot(label="Speedup", elem_id="cmp-plot", show_label=False)
+            race = gr.Plot(label="Race", elem_id="cmp-race", show_label=False)
+            texts = gr.HTML(elem_id="cmp-texts")
+
+    tab = CompareTab(
+        prompt, preset, specs, model, max_new, button, status, headline, table, chart, race, texts
+    )
+
+    def on_preset(name: str) -> dict:
+        return {tab.specs: "\n".join(PRESETS.get(name, ()))} if name in PRESETS else {}
+
+    preset.change(on_preset, preset, specs, api_visibility="private")
+
+    @gpu
+    def on_compare(
+        model_id: str, prompt_text: str, spec_text: str, budget: float
+    ) -> Iterator[dict]:
+        yield tab.cleared("⏳ Checking the specs and loading the model…")
+        try:
+            for result in compare_methods(model_id, prompt_text, spec_text, budget):
+                if result.done:
+                    model_used = result.traces[result.specs[0].label].meta["model"]
+                    yield tab.shown(result, f"✅ Done. {len(result.rows)} runs on {model_used}.")
+                else:
+                    following = result.specs[len(result.rows)].label
+                    yield tab.shown(result, f"⏳ {result.progress}; running {following}…")
+        except DecodingLabError as exc:
+            yield tab.cleared(message(str(exc)))
+
+    button.click(
+        on_compare,
+        [model, prompt, specs, max_new],
+        tab.views,
+        api_visibility="private",
+        concurrency_id="decode",
+        show_progress="hidden",  # the status line says where it is
+    )
+    return tab
+
+
+def compare(
+    prompt: str, methods: str = "autoregressive", model: str = "", max_new_tokens: int = 64
+) -> dict:
+    """Run several method specs (comma-separated; NAME or NAME:KEY=VALUE[:KEY=VALUE]) greedily on
+    one prompt, autoregressive first. Returns rows (one per spec), texts (by spec) and headline."""
+    try:
+        *_, result = compare_methods(model or None, prompt, methods, max_new_tokens)
+    except DecodingLabError as exc:
+        raise gr.Error(str(exc)) from None
+    return {
+        "rows": result.rows,
+        "texts": {label: t.meta["text"] for label, t in result.traces.items()},
+        "headline": result.headline(),
+    }
+
+
+def register_compare_api() -> None:
+    """Call inside the page's gr.Blocks: the `/compare` endpoint for gradio_client."""
+    gr.api(gpu(compare), api_name="compare", concurrency_id="decode")

@@ -1,0 +1,187 @@
+"""Compare's figures: the speedup bars and the race (tokens committed against wall time).
+
+Pure: rows and trace events in, Plotly figures out (no torch, no gradio). Rows are the dicts
+`ui.compare` builds: `method` (the spec), `speedup`, `tokens_per_target_forward`, `tokens_per_s`,
+and optionally `identical`. Long specs are wrapped and every axis has `automargin`, so no label is
+cut at 1440 px or on a 390 px phone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Event, Forward
+
+from .figures import FONT, _empty
+
+# One colour per row, in row order (autoregressive, the reference, is grey and dashed).
+PALETTE = (
+    "#2e7d32",
+    "#1565c0",
+    "#ef6c00",
+    "#8e24aa",
+    "#c62828",
+    "#00838f",
+    "#6d4c41",
+    "#ad1457",
+    "#558b2f",
+    "#283593",
+)
+REFERENCE_COLOUR = "#78909c"
+WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
+
+
+def wrap_label(spec: str, width: int = WRAP) -> str:
+    """Break a spec onto lines of about `width` characters at its ':' (a long value also at its
+    spaces), joined with <br> for Plotly: 'token_tree:draft=eagle:lookup=3' ->
+    'token_tree<br>:draft=eagle:lookup=3'. A KEY=VALUE is never cut inside a word."""
+    pieces: list[str] = []
+    for i, part in enumerate(spec.split(":")):
+        part = part if i == 0 else ":" + part
+        while len(part) > width and part.rfind(" ", 1, width + 1) > 0:  # a tree's choices
+            cut = part.rfind(" ", 1, width + 1)
+            pieces.append(part[:cut])
+            part = part[cut:]
+        pieces.append(part)
+    lines: list[str] = []
+    for piece in pieces:
+        if lines and len(lines[-1]) + len(piece) <= width:
+            lines[-1] += piece
+        else:
+            lines.append(piece)
+    return "<br>".join(lines)
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, y=0.98, yref="container", yanchor="top", font=dict(size=14)),
+        template="plotly_white",
+        font=FONT,
+        height=height,
+        margin=dict(l=10, r=20, t=64, b=10),
+        legend=dict(
+            orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0.0, font=dict(size=11)
+        ),
+    )
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
+def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Speedup over autoregressive and tokens per target forward, one pair of horizontal bars per
+    spec (the spec as the label), in the order they ran; the dotted line is 1× (the reference)."""
+    if not rows:
+        return _empty("Speedup over autoregressive", "run a comparison to see it here")
+    labels = [wrap_label(str(r["method"])) for r in rows]
+    speedups = [float(r["speedup"]) for r in rows]
+    per_forward = [float(r["tokens_per_target_forward"]) for r in rows]
+    colours = [
+        "#c62828" if r.get("identical") is False else "#2e7d32" for r in rows
+    ]  # red: this row's output is not greedy's
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            name="speedup (×)",
+            y=labels,
+            x=speedups,
+            orientation="h",
+            marker_color=colours,
+            text=[f"{x:.2f}×" for x in speedups],
+            textposition="outside",
+            cliponaxis=False,
+            hovertemplate="%{y}<br>%{x:.2f}× over autoregressive<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            name="tokens / forward",
+            y=labels,
+            x=per_forward,
+            orientation="h",
+            marker_color="#90caf9",
+            text=[f"{x:.2f}" for x in per_forward],
+            textposition="outside",
+            cliponaxis=False,
+            hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
+        )
+    )
+    fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b")
+    # Plotly gives every row the same band: make it tall enough for the two bars and for the
+    # label with the most lines, so neighbouring labels never run into each other.
+    lines = max(label.count("<br>") + 1 for label in labels)
+    band = max(46, 15 * lines + 14)
+    # Room past the longest bar for its "2.10×" text, which is drawn outside the bar.
+    top = max([*speedups, *per_forward, 1.0])
+    fig.update_layout(barmode="group", bargap=0.25)
+    fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
+    fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
+    return _layout(fig, "Speedup over autoregressive", height=130 + band * len(rows))
+
+
+def race_points(
+    events: Sequence[Event], commit_s: Sequence[float] | None = None
+) -> tuple[list[float], list[int]]:
+    """Tokens committed so far against time (seconds from the run's start, prefill included),
+    starting at (0, 0). Times are the commits' measured arrival times when the trace has them
+    (`commit_s`, one per Commit event), else the clock of its forward passes (Forward.wall_ms,
+    which leaves out the work between forwards)."""
+    commits = [e for e in events if isinstance(e, Commit)]
+    if commit_s is not None and len(commit_s) != len(commits):
+        commit_s = None  # not this trace's clock; fall back to the forwards'
+    times, tokens = [0.0], [0]
+    clock_ms = 0.0
+    for e in events:
+        if isinstance(e, Forward):
+            clock_ms += e.wall_ms
+        elif isinstance(e, Commit):
+            at = commit_s[len(times) - 1] if commit_s is not None else clock_ms / 1000.0
+            times.append(max(at, times[-1]))
+            tokens.append(tokens[-1] + len(e.tokens))
+    return times, tokens
+
+
+def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None]]) -> go.Figure:
+    """The race: one line per run, tokens committed against wall time, so the speedup is seen.
+    `runs`: (label, events, commit times or None); the first run is the reference (grey, dashed).
+    A steeper line is a faster method; a tall step is many tokens accepted by one forward."""
+    if not runs:
+        return _empty("Race: tokens committed against time", "run a comparison to see it here")
+    fig = go.Figure()
+    for i, (label, events, commit_s) in enumerate(runs):
+        times, tokens = race_points(events, commit_s)
+        colour = REFERENCE_COLOUR if i == 0 else PALETTE[(i - 1) % len(PALETTE)]
+        fig.add_trace(
+            go.Scatter(
+                x=times,
+                y=tokens,
+                name=wrap_label(label, 28),
+                mode="lines",
+                line=dict(color=colour, width=2.5, shape="hv", dash="dash" if i == 0 else None),
+                hovertemplate="%{fullData.name}<br>%{x:.2f} s · %{y} tokens<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title_text="wall time (s), prefill included", rangemode="tozero")
+    # Outside ticks (drawn white) keep the y axis' "0" clear of the x axis' "0" at the origin.
+    fig.update_yaxes(
+        title_text="tokens committed",
+        rangemode="tozero",
+        ticks="outside",
+        ticklen=6,
+        tickcolor="white",
+    )
+    fig = _layout(fig, "Race: tokens committed against time", height=380 + 22 * len(runs))
+    # Many long specs: the legend sits at the foot of the figure and the plot makes room for it.
+    fig.update_layout(
+        legend=dict(
+            orientation="h", yref="container", y=0.0, yanchor="bottom", xanchor="left", x=0.0
+        ),
+        hovermode="closest",
+    )
+    return fig
+
+
+compare_chart = speedup_chart  # its name before the race joined it
