@@ -17,6 +17,7 @@ ship in `assets/eagle/<model>.safetensors`.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,15 +85,23 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
     path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
 
 
+# Loaded heads are shared read-only by every run (each EagleDrafter keeps its own cache and
+# features); the lock makes concurrent first uses load a head once.
 _loaded: dict[tuple[str, str, str, str], EagleHead] = {}
+_load_lock = threading.Lock()
 
 
 def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
     """The trained head for `bundle`'s model, in its device and dtype (cached per process)."""
     path = path or head_path(bundle.model_id)
     key = (bundle.model_id, str(path), str(bundle.device), str(bundle.dtype))
-    if key in _loaded:
+    with _load_lock:
+        if key not in _loaded:
+            _loaded[key] = _load_head(bundle, path)
         return _loaded[key]
+
+
+def _load_head(bundle: ModelBundle, path: Path) -> EagleHead:
     if not path.is_file():
         raise InvalidParameter(
             f"draft 'eagle': no trained EAGLE head for {bundle.model_id} (looked for "
@@ -114,7 +123,6 @@ def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
     head.lm_head.weight = nn.Parameter(rows, requires_grad=False)
     if bundle.packed:
         packing.pack_linears(head)
-    _loaded[key] = head
     return head
 
 

@@ -84,73 +84,87 @@ def forward(
     ).view(1, -1)
     if mask is not None:
         mask = mask.to(device=device, dtype=bundle.dtype)
-    layer_ids = _layer_ids(bundle, layers)
+    layer_ids = _layer_ids(bundle, layers, need_inner=features or bool(hidden_at))
 
-    captured: list[torch.Tensor] = []
-    hook = (
-        model.model.norm.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-        if features
-        else None
-    )
+    # No hooks, no attributes: the model is shared by concurrent runs, so everything this forward
+    # computes stays in local variables (a hook on a shared module fires for every run's forward).
     start = time.perf_counter()
-    try:
-        if skip:
-            assert n == 1 and positions is not None, (
-                "skip-layer forwards take one token at a position"
-            )
-            logits, hidden = _forward_skipping(bundle, cache, ids, pos, skip)
-            n_layers = bundle.n_layers - len(skip.attn & skip.mlp)
-        elif layer_ids is None:
-            out = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-                output_hidden_states=bool(hidden_at),
-            )
-            logits = out.logits[0]
-            hidden = {layer: out.hidden_states[layer][0] for layer in hidden_at}
-            n_layers = bundle.n_layers
-        else:
-            logits, hidden = _forward_layers(
-                bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at
-            )
-            n_layers = len(layer_ids)
-    finally:
-        if hook is not None:
-            hook.remove()
+    feats = None
+    if skip:
+        assert n == 1 and positions is not None, "skip-layer forwards take one token at a position"
+        feats = _forward_skipping(bundle, cache, ids, pos, skip)
+        hidden: dict[int, torch.Tensor] = {}
+        n_layers = bundle.n_layers - len(skip.attn & skip.mlp)
+    elif layer_ids is None and not (features or hidden_at):
+        # The plain path: the model's own forward, which works for any causal LM.
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        logits, hidden, n_layers = out.logits[0], {}, bundle.n_layers
+    elif layer_ids is None and not hidden_at:
+        # Full depth with features: the inner model's output is the final norm's (what the LM
+        # head reads), then the head on the kept rows, exactly as the model's own forward does.
+        feats = model.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        hidden, n_layers = {}, bundle.n_layers
+    else:
+        # transformers records hidden states with hooks it installs on the shared layers; our own
+        # layer loop hands them back as return values instead.
+        run = layer_ids if layer_ids is not None else list(range(bundle.n_layers))
+        feats, hidden = _forward_layers(bundle, cache, ids, pos, mask, run, hidden_at)
+        n_layers = len(run)
+    if feats is not None:  # [1, n, d] after the final norm: the LM head reads the kept rows
+        logits = model.lm_head(feats[:, -logits_to_keep:] if logits_to_keep else feats)[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall_ms = (time.perf_counter() - start) * 1000.0
     event = Forward(
         step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=round(wall_ms, 3)
     )
-    return ForwardResult(logits.float(), hidden, event, captured[-1] if captured else None)
+    return ForwardResult(logits.float(), hidden, event, feats[0] if features else None)
 
 
-def _layer_ids(bundle: ModelBundle, layers: int | Sequence[int] | None) -> list[int] | None:
+def _layer_ids(
+    bundle: ModelBundle, layers: int | Sequence[int] | None, need_inner: bool = False
+) -> list[int] | None:
+    """The decoder layers to run, None = all of them; checks that the model's parts can be run
+    one by one where that is needed (partial depth, features, hidden states)."""
     total = bundle.n_layers
     if layers is None or (isinstance(layers, int) and layers == total):
-        return None
-    ids = list(range(layers)) if isinstance(layers, int) else sorted(set(layers))
-    if not ids or ids[0] < 0 or ids[-1] >= total:
-        raise ValueError(f"layers must select from 0..{total - 1}, got {layers!r}")
-    if ids == list(range(total)):
+        ids = None
+    else:
+        ids = list(range(layers)) if isinstance(layers, int) else sorted(set(layers))
+        if not ids or ids[0] < 0 or ids[-1] >= total:
+            raise ValueError(f"layers must select from 0..{total - 1}, got {layers!r}")
+        if ids == list(range(total)):
+            ids = None
+    if ids is None and not need_inner:
         return None
     inner = getattr(bundle.model, "model", None)
     if inner is None or not all(
         hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")
     ):
         raise NotImplementedError(
-            f"{type(bundle.model).__name__} is not a Llama-style decoder; partial-depth forwards need one"
+            f"{type(bundle.model).__name__} is not a Llama-style decoder; partial-depth "
+            "forwards, features and hidden states need one"
         )
     return ids
 
 
-def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at):
-    """The model's own forward, written out so that we choose which decoder layers run."""
+def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, hidden_at):
+    """The inner model's forward, written out so that we choose which decoder layers run and
+    hand back hidden states as values. Returns the final norm's output [1, n, d] and the hidden
+    states asked for."""
     inner = bundle.model.model
     h = inner.embed_tokens(ids)
     if mask is None:
@@ -174,10 +188,7 @@ def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hi
         )
         if depth in hidden_at:
             hidden[depth] = h[0]
-    h = inner.norm(h)
-    if logits_to_keep:
-        h = h[:, -logits_to_keep:]
-    return bundle.model.lm_head(h)[0], hidden
+    return inner.norm(h), hidden
 
 
 @dataclass(frozen=True)
@@ -200,8 +211,9 @@ class SkipSet:
         return (total - len(self.attn) * attn - len(self.mlp) * mlp) / total
 
 
-def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet):
-    """Each decoder layer written out as its two residual blocks, so either can be left out."""
+def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet) -> torch.Tensor:
+    """Each decoder layer written out as its two residual blocks, so either can be left out.
+    Returns the final norm's output [1, n, d]."""
     inner = bundle.model.model
     h = inner.embed_tokens(ids)
     rope = inner.rotary_emb(h, position_ids=pos)
@@ -218,7 +230,7 @@ def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet):
             h = h + a
         if i not in skip.mlp:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return bundle.model.lm_head(inner.norm(h))[0], {}
+    return inner.norm(h)
 
 
 # --- KV-cache rollback ------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ def server():
         "GRADIO_SERVER_PORT": str(port),
         "HF_HUB_OFFLINE": "1",
         "GRADIO_ANALYTICS_ENABLED": "False",
+        # Enough decoding slots that test_concurrency's six /run calls truly run at once.
+        "DECODING_LAB_CONCURRENCY": "8",
     }
     proc = subprocess.Popen(
         [sys.executable, "app.py"],
