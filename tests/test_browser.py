@@ -116,8 +116,8 @@ def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
         " && document.querySelector('#status').innerText.includes('decoding')",
         timeout=60_000,
     )
-    page.locator("#stop-btn").click()
-    page.get_by_text("Stopped").wait_for(timeout=30_000)
+    page.locator("#stop-btn").click(timeout=90_000)  # a loaded 2-core machine can stall the page
+    page.locator("#status").get_by_text("Stopped").wait_for(timeout=30_000)
     stopped_at = tokens_in(page)
     page.wait_for_timeout(2500)
     assert tokens_in(page) == stopped_at < 400  # nothing streams in after Stop
@@ -314,9 +314,17 @@ def test_a_stopped_run_can_be_stepped_through_and_exported(server, page, tmp_pat
         " && document.querySelector('#status').innerText.includes('decoding')",
         timeout=120_000,
     )
-    # The figures keep up with the text: drawn while the run streams, not only at the end.
-    page.locator("#timeline .js-plotly-plot").wait_for(timeout=10_000)
-    page.locator("#stop-btn").click()
+    # The figures keep up with the text: redrawn while the run streams, not only at the end.
+    page.wait_for_function(
+        """() => {
+            const title = document.querySelector('#panel .gtitle')?.textContent || '';
+            const m = title.match(/step (\\d+)/i);  // the panel's step
+            return document.querySelector('#status').innerText.includes('decoding')
+                && m && +m[1] >= 8;
+        }""",
+        timeout=60_000,
+    )
+    page.locator("#stop-btn").click(timeout=90_000)
     page.locator("#status").get_by_text("Stopped at").wait_for(timeout=30_000)
     kept = tokens_in(page)
     step_js = "+document.querySelector('#step input[type=number]').value"
