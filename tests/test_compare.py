@@ -244,9 +244,9 @@ def test_compare_endpoint_takes_specs(server, tiny):
     text = generate(tiny, PROMPT, max_new_tokens=12).text
     assert out["texts"] == {r["method"]: text for r in out["rows"]}
     assert out["headline"].endswith("both outputs identical to greedy.")
-    with pytest.raises(Exception, match=r"method spec 'lookahead:W=0'"):
+    with pytest.raises(Exception, match=r"method spec 'lookahead:N=oops'"):
         client.predict(
-            prompt=PROMPT, methods="lookahead:W=0", model="tiny-random", api_name="/compare"
+            prompt=PROMPT, methods="lookahead:N=oops", model="tiny-random", api_name="/compare"
         )
 
 
@@ -274,8 +274,9 @@ TEXT_PROBLEMS = """(root) => {
   return problems;
 }"""
 
-TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table tbody tr')].map(
-  tr => [...tr.querySelectorAll('td')].map(td => td.innerText.trim()))"""
+# Gradio's table draws its body rows as role=row elements holding role=gridcell cells.
+TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table [role=row]')].map(
+  row => [...row.querySelectorAll('[role=gridcell]')].map(cell => cell.innerText.trim()))"""
 
 
 def run_compare_in_the_page(page, server, name: str) -> list[list[str]]:
@@ -298,8 +299,8 @@ def run_compare_in_the_page(page, server, name: str) -> list[list[str]]:
         page.locator(f"{plot} .js-plotly-plot").wait_for(timeout=30_000)
     page.wait_for_timeout(500)  # let Plotly finish laying out its labels
     page.screenshot(path=str(ARTIFACTS / f"compare-{name}.png"), full_page=True)
-    cells = [r for r in page.evaluate(TABLE_CELLS) if r]
-    return [[c for c in r if c] for r in cells]
+    rows = [[c for c in r if c] for r in page.evaluate(TABLE_CELLS)]
+    return [r for r in rows if r]
 
 
 def check_compare_page(page, rows: list[list[str]]) -> None:

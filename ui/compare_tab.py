@@ -158,8 +158,7 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 label="Results: greedy, one run each in this order, autoregressive first as the "
                 "reference (a busy machine makes speeds noisy; ratios within one comparison hold best)",
                 interactive=False,
-                wrap=True,
-                elem_id="cmp-table",
+                elem_id="cmp-table",  # cells stay on one line; a narrow screen scrolls the table
             )
             chart = gr.Plot(label="Speedup", elem_id="cmp-plot", show_label=False)
             race = gr.Plot(label="Race", elem_id="cmp-race", show_label=False)

@@ -55,13 +55,25 @@ def wrap_label(spec: str, width: int = WRAP) -> str:
     return "<br>".join(lines)
 
 
-def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int, top: int) -> go.Figure:
+    """Title in a strip under Plotly's toolbar (a phone shows the toolbar all the time, top right,
+    over whatever sits there), then the plot; `top` = the top margin (title, and a legend above
+    the plot if any). Axes grow their margins to fit their labels."""
     fig.update_layout(
-        title=dict(text=title, x=0.01, y=0.98, yref="container", yanchor="top", font=dict(size=14)),
+        title=dict(
+            text=title,
+            x=0.01,
+            xanchor="left",
+            y=1,
+            yanchor="top",
+            yref="container",
+            pad=dict(t=34),
+            font=dict(size=14),
+        ),
         template="plotly_white",
         font=FONT,
         height=height,
-        margin=dict(l=10, r=20, t=64, b=10),
+        margin=dict(l=10, r=20, t=top, b=10),
         legend=dict(
             orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0.0, font=dict(size=11)
         ),
@@ -119,7 +131,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_layout(barmode="group", bargap=0.25)
     fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
     fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
-    return _layout(fig, "Speedup over autoregressive", height=130 + band * len(rows))
+    return _layout(fig, "Speedup over autoregressive", 150 + band * len(rows), top=88)
 
 
 def race_points(
@@ -173,7 +185,7 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
         ticklen=6,
         tickcolor="white",
     )
-    fig = _layout(fig, "Race: tokens committed against time", height=380 + 22 * len(runs))
+    fig = _layout(fig, "Race: tokens committed against time", 400 + 22 * len(runs), top=64)
     # Many long specs: the legend sits at the foot of the figure and the plot makes room for it.
     fig.update_layout(
         legend=dict(
