@@ -455,3 +455,15 @@ def test_an_import_restores_the_form_and_rechecks_the_badge(
     assert page.locator("#jacobi-block input[type=number]").input_value() == "4"
     assert tokens_in(page) == len(data["token_ids"])
     assert_no_error_badge(page)
+
+
+def test_a_link_with_a_preset_sets_the_parameters_and_names_the_preset(server, page):
+    page.goto(server + "?method=lookahead&preset=paper&params=%7B%22G%22%3A%204%7D")
+    page.wait_for_function(
+        "document.querySelector('#lookahead-W input[type=number]')?.value === '15'",
+        timeout=30_000,
+    )
+    assert page.locator("#lookahead-G input[type=number]").input_value() == "4"  # params win
+    page.wait_for_timeout(1000)  # the method's change has landed too
+    assert page.locator("#preset input").input_value() == "paper"
+    assert_no_error_badge(page)

@@ -659,7 +659,7 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         return {
             **{group: gr.Group(visible=n == name) for n, group in t.groups.items()},
             t.method_help: explainer(name),
-            t.preset: gr.Dropdown(choices=_preset_choices(name), value="defaults"),
+            t.preset: gr.Dropdown(choices=_preset_choices(name)),  # its value: see below
         }
 
     t.method.change(
@@ -668,6 +668,8 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         [*t.groups.values(), t.method_help, t.preset],
         api_visibility="private",
     )
+    # A visitor's new method starts from its defaults; a link's method keeps the link's preset.
+    t.method.input(lambda: {t.preset: "defaults"}, None, t.preset, api_visibility="private")
 
     def on_preset(method_name: str, preset_name: str) -> dict:
         """A visitor's pick sets the method's controls (only then: a link's values stay)."""
