@@ -156,6 +156,22 @@ class Commit(Event):
 
 
 @dataclass(frozen=True)
+class DraftStop(Event):
+    """Why a confidence-gated draft (Draft & Verify) stopped at one step. `confidences[i]`: the
+    draft's top probability when it drafted token i, weighed against `threshold` (θ at this step);
+    `reason`: "confidence" (the last token fell below θ), "max_draft", "eos" (the draft proposed an
+    end token) or "budget" (max_new_tokens left no room); `rate`: the smoothed acceptance rate
+    θ's update has seen before this step."""
+
+    type: ClassVar[str] = "DraftStop"
+    step: int
+    threshold: float
+    confidences: tuple[float, ...]
+    reason: str
+    rate: float = 0.0
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -178,6 +194,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         LayerExit,
         TopK,
         Commit,
+        DraftStop,
         Done,
     )
 }

@@ -64,7 +64,8 @@ METHODS: dict[str, Method] = {
             title="Draft & Verify (self-speculative, skipped layers)",
             decode=self_speculative.decode,
             params=self_speculative.PARAMS,
-            presets={"paper": {"threshold": 0.6, "adaptive": True, "max_draft": 10}},
+            # Zhang et al. 2024, the authors' evaluation: θ starts at 0.6 and adapts, 12 drafts at most
+            presets={"paper": {"threshold": 0.6, "adaptive": True, "max_draft": 12}},
             check=self_speculative.check,
             summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
         ),

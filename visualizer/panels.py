@@ -10,6 +10,7 @@ from decoders.events import Event
 
 from .figures import draft_panel, topk_panel
 from .lookahead_views import jacobi_trajectory, lookahead_panel, lookahead_window, ngram_pool
+from .self_speculative_view import self_speculative_panel
 from .tree_view import token_tree
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
@@ -18,7 +19,7 @@ PANELS: dict[str, Panel] = {
     "autoregressive": topk_panel,
     "prompt_lookup": draft_panel,
     "speculative": draft_panel,
-    "self_speculative": draft_panel,
+    "self_speculative": self_speculative_panel,
     "token_tree": token_tree,
     "jacobi": jacobi_trajectory,
     "lookahead": lookahead_panel,

@@ -1,0 +1,219 @@
+"""Draft & Verify's method panel: why each draft stopped, and whether drafting pays on this model.
+
+One bar per drafted token: the skipping draft's confidence (its top probability) against the
+threshold θ of that step, coloured by what the target made of the token (the shared colour
+language: accepted green, first rejection red, never checked grey). The last bar carries the
+reason drafting stopped (its confidence fell below θ, max_draft, the end token, or the budget).
+The caption says, from the run's own Forward events, whether the method was faster or slower than
+plain decoding and why. Pure: events in, Figure out (no torch, no gradio).
+"""
+
+from __future__ import annotations
+
+import html
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Draft, DraftStop, Event, Forward, Verify
+
+from .figures import _base_layout, _empty, draft_panel
+from .tokens import COLOURS
+
+THETA_COLOUR = "#c62828"
+BAR_EDGE = "#546e7a"
+CAPTION_CHARS = 52  # wrap width: the caption must fit a 390 px phone as well as a 1440 px page
+LABELLED_BARS = 7  # up to this many drafted tokens, each bar is labelled with its text
+
+
+def _wrap(text: str, width: int = CAPTION_CHARS) -> str:
+    return "<br>".join(textwrap.wrap(html.escape(text, quote=False), width))
+
+
+def _label(text: str, chars: int = 5) -> str:
+    shown = text.replace("\n", "↵").replace("\t", "⇥")
+    return html.escape(shown[:chars] + ("…" if len(shown) > chars else ""), quote=False)
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What drafting cost in this run, in units of one full forward's wall time."""
+
+    steps: int  # decoding steps after the prefill
+    tokens: int  # tokens they committed
+    drafts: int  # draft forwards they ran
+    draft_ratio: float  # mean draft forward time / mean full forward time
+    full_ms: float  # the full forward's mean time (the unit)
+    total_ms: float  # every forward after the prefill: drafts, verifies, plain target steps
+    reference: str  # which forwards gave the unit
+
+    @property
+    def forwards_per_step(self) -> float:
+        """Full-forward equivalents per step: its draft forwards plus its one full forward."""
+        return self.total_ms / self.full_ms / self.steps
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps
+
+    @property
+    def speedup(self) -> float:
+        """Estimated speed relative to autoregressive (one token per full forward)."""
+        return self.tokens_per_step / self.forwards_per_step
+
+
+def run_cost(events: Sequence[Event]) -> RunCost | None:
+    """The run's drafting cost from its Forward events. A full forward is a one-token target pass
+    when the run has enough of them, else a verify pass (1 + n tokens: a little dearer)."""
+    forwards = [e for e in events if isinstance(e, Forward) and e.step > 0]
+    drafts = [e.wall_ms for e in forwards if e.kind == "draft"]
+    fulls = [e for e in forwards if e.kind in ("target", "verify")]
+    singles = [e.wall_ms for e in fulls if e.kind == "target" and e.n_input_tokens == 1]
+    steps = len({e.step for e in fulls})
+    tokens = sum(len(e.tokens) for e in events if isinstance(e, Commit) and e.step > 0)
+    if not steps or not fulls:
+        return None
+    if len(singles) >= 3:
+        unit, reference = sum(singles) / len(singles), "one-token target passes"
+    else:
+        unit = sum(e.wall_ms for e in fulls) / len(fulls)
+        reference = "verify passes"
+    if unit <= 0:
+        return None
+    ratio = (sum(drafts) / len(drafts)) / unit if drafts else 0.0
+    total = sum(e.wall_ms for e in forwards)
+    return RunCost(steps, tokens, len(drafts), ratio, unit, total, reference)
+
+
+def cost_sentence(cost: RunCost | None) -> str:
+    """Plainly: faster or slower than plain decoding on this run, and why."""
+    if cost is None or not cost.drafts:
+        return "No draft forwards in this run: nothing to weigh against plain decoding."
+    per_step = (
+        f"a step's {cost.drafts / cost.steps:.1f} draft forwards and one verify cost "
+        f"{cost.forwards_per_step:.1f} full forwards and commit {cost.tokens_per_step:.1f} tokens"
+    )
+    why = (
+        f"a skipping draft forward takes {cost.draft_ratio:.0%} of a full forward's time "
+        f"(measured against this run's {cost.reference})"
+    )
+    if cost.speedup < 1.0:
+        return (
+            f"Slower than plain decoding on this model (about {cost.speedup:.2f}×): {why}, so "
+            f"{per_step}. To win, a step must commit more tokens than it costs in full forwards."
+        )
+    return f"Faster than plain decoding (about {cost.speedup:.2f}×): {why}, and {per_step}."
+
+
+def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str]) -> str:
+    last = repr(texts.get(tokens[-1], "?")) if tokens else ""
+    if stop.reason == "confidence" and stop.confidences:
+        return (
+            f"Stopped after {last}: its confidence {stop.confidences[-1]:.2f} is below "
+            f"θ = {stop.threshold:.2f}."
+        )
+    if stop.reason == "max_draft":
+        return (
+            f"Stopped at max_draft ({len(tokens)}): every token cleared θ = {stop.threshold:.2f}."
+        )
+    if stop.reason == "eos":
+        return f"Stopped after {last}: the draft proposed an end token."
+    return f"Stopped by the budget: max_new_tokens left room for {len(tokens)} draft tokens."
+
+
+def self_speculative_panel(
+    events: Sequence[Event], texts: Mapping[int, str], step: int
+) -> go.Figure:
+    """The drafted tokens of one step, their confidence against θ, and why drafting stopped."""
+    stop = next((e for e in events if isinstance(e, DraftStop) and e.step == step), None)
+    if stop is None:
+        if not any(isinstance(e, DraftStop) for e in events):
+            return draft_panel(events, texts, step)  # a trace from before DraftStop was recorded
+        return _empty(f"Step {step}", "step 0 is the prefill: no draft", height=220)
+    draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
+    verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
+    tokens = draft.tokens if draft else ()
+    n_acc = len(verify.accepted) if verify else 0
+    caption = [_stop_sentence(stop, tokens, texts), cost_sentence(run_cost(events))]
+    if not tokens:
+        fig = _empty(f"Step {step}: no draft", "no room to draft: a plain target step", 200)
+        return _caption(fig, caption, 200)
+
+    status = [
+        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked"
+        for i in range(len(tokens))
+    ]
+    colour = {"accepted": COLOURS["draft"], "rejected": COLOURS["rejected"]}
+    x = list(range(1, len(tokens) + 1))
+    conf = list(stop.confidences) + [0.0] * (len(tokens) - len(stop.confidences))
+    fig = go.Figure(
+        go.Bar(
+            x=x,
+            y=conf,
+            marker=dict(
+                color=[colour.get(s, COLOURS["pending"]) for s in status],
+                line=dict(width=1, color=BAR_EDGE),
+            ),
+            text=[f"{c:.2f}" for c in conf],
+            textposition="outside",
+            cliponaxis=False,
+            hovertext=[
+                f"{texts.get(t, '?')!r} · id {t} · confidence {c:.3f} vs θ {stop.threshold:.3f}"
+                f" · {s}"
+                for t, c, s in zip(tokens, conf, status, strict=True)
+            ],
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    # θ as a line trace, named in the legend row above the plot (never over the bars' labels).
+    fig.add_trace(
+        go.Scatter(
+            x=[0.4, max(len(tokens), 3) + 0.6],
+            y=[stop.threshold, stop.threshold],
+            mode="lines",
+            line=dict(color=THETA_COLOUR, dash="dash", width=1.5),
+            name=f"θ = {stop.threshold:.2f}: a token below it ends the draft",
+            hoverinfo="skip",
+        )
+    )
+    many = len(tokens) > LABELLED_BARS  # too many bars to label on a phone: positions only
+    if many:
+        fig.update_traces(text=None, selector=dict(type="bar"))
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=x,
+        ticktext=[str(i) for i in x] if many else [_label(texts.get(t, "?")) for t in tokens],
+        tickangle=0,
+        tickfont=dict(size=10),
+        range=[0.4, max(len(tokens), 3) + 0.6],
+    )
+    fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="confidence", dtick=0.25)
+    title = f"Step {step}: drafted {len(tokens)}, accepted {n_acc}"
+    return _caption(_base_layout(fig, title, height=240), caption, 240)
+
+
+def _caption(fig: go.Figure, sentences: Sequence[str], height: int) -> go.Figure:
+    """Wrapped caption lines under the plot, in a bottom margin sized to hold them."""
+    lines = "<br>".join(_wrap(s) for s in sentences if s)
+    n_lines = lines.count("<br>") + 1
+    left = fig.layout.margin.l if fig.layout.margin.l is not None else 60
+    bottom = 64 + 15 * n_lines  # the caption, then room for a legend row under it
+    fig.add_annotation(
+        text=lines,
+        x=0.0,
+        xref="paper",
+        xanchor="left",
+        xshift=8 - left,  # from the figure's left edge, not the plot's: the full width to wrap in
+        y=0.0,
+        yref="paper",
+        yanchor="top",
+        yshift=-30,
+        align="left",
+        showarrow=False,
+        font=dict(size=11, color="#455a64"),
+    )
+    fig.update_layout(height=height + 20 + 15 * n_lines, margin=dict(b=bottom))
+    return fig
