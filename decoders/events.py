@@ -172,6 +172,20 @@ class DraftStop(Event):
 
 
 @dataclass(frozen=True)
+class CopySource(Event):
+    """Where a copied draft came from (prompt lookup): the context as the model sees it (the prompt
+    ids, chat template included, then the output so far; `context_len` tokens at this step) ends
+    with an n-gram that also occurs at `start`; the draft copies what followed that occurrence,
+    context[start + n : start + n + len(draft)]."""
+
+    type: ClassVar[str] = "CopySource"
+    step: int
+    start: int
+    n: int
+    context_len: int
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -195,6 +209,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TopK,
         Commit,
         DraftStop,
+        CopySource,
         Done,
     )
 }

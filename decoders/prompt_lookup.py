@@ -6,7 +6,8 @@ current suffix are a good guess.
 
     repeat:
         x = last committed token (not yet in the KV cache)
-        for n = N .. 1: find the latest earlier occurrence of the last n tokens; draft = next k tokens
+        for n = N .. 1: find the earliest (or latest) earlier occurrence of the last n tokens;
+                        draft = the k tokens after it
         logits = target([x] + draft)                 # ONE forward verifies the whole draft
         commit the longest matching prefix + the target's own next token (shared verifier)
         crop the cache to the committed tokens
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from .base import Budget, DecodeConfig
-from .events import Draft, Event
+from .events import CopySource, Draft, Event
 from .models import ModelBundle
 from .params import Param
 from .runtime import new_cache
@@ -39,12 +40,12 @@ PARAMS = (
 )
 
 
-def lookup(
+def find(
     context: Sequence[int], max_ngram: int, k: int, match: str = "earliest"
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, int]:
     """The k tokens that followed an earlier occurrence of the longest matching suffix (the first
-    occurrence, or the latest). Returns (draft, n) with n the matched n-gram length; ([], 0) when
-    nothing matches."""
+    occurrence, or the latest). Returns (draft, n, start): n the matched n-gram's length and start
+    the index of its earlier occurrence in the context; ([], 0, -1) when nothing matches."""
     size = len(context)
     for n in range(min(max_ngram, size - 1), 0, -1):
         suffix = list(context[size - n :])
@@ -52,8 +53,16 @@ def lookup(
         starts = range(size - n) if match == "earliest" else range(size - n - 1, -1, -1)
         for at in starts:
             if context[at : at + n] == suffix:
-                return list(context[at + n : at + n + k]), n
-    return [], 0
+                return list(context[at + n : at + n + k]), n, at
+    return [], 0, -1
+
+
+def lookup(
+    context: Sequence[int], max_ngram: int, k: int, match: str = "earliest"
+) -> tuple[list[int], int]:
+    """`find` without the position: (draft, n), ([], 0) when nothing matches."""
+    draft, n, _ = find(context, max_ngram, k, match)
+    return draft, n
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
@@ -67,8 +76,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     while not budget.done:
         step += 1
         # The correction token x comes with this step's forward, so at most remaining - 1 drafts.
-        draft, n = lookup(context, max_ngram, min(k, budget.remaining - 1), match)
+        draft, n, at = find(context, max_ngram, min(k, budget.remaining - 1), match)
         if draft:
+            yield CopySource(step, at, n, len(context))
             yield Draft(
                 step, f"prompt lookup (n={n})", tuple(draft), chain(len(draft)), (1.0,) * len(draft)
             )

@@ -10,8 +10,8 @@ import torch
 
 from conftest import PROMPTS
 from decoders import generate
-from decoders.events import Commit, Draft, Verify
-from decoders.prompt_lookup import lookup
+from decoders.events import Commit, CopySource, Draft, Prefill, Verify
+from decoders.prompt_lookup import find, lookup
 from decoders.sampling import Sampler
 from decoders.verify import greedy_chain, sample_deterministic_chain
 
@@ -126,3 +126,112 @@ def test_sampling_runs_and_is_seeded(embedded):
     a = generate(embedded, humaneval(1), "prompt_lookup", **kw)
     assert a.token_ids == generate(embedded, humaneval(1), "prompt_lookup", **kw).token_ids
     assert all(v.rule == "sample-deterministic" for v in a.events if isinstance(v, Verify))
+
+
+# --- where each copy came from -------------------------------------------------------------------
+
+
+def test_find_returns_the_matched_occurrence():
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    for match in ("earliest", "latest"):
+        for max_ngram, k in ((3, 2), (1, 4), (2, 10)):
+            draft, n, start = find(ctx, max_ngram, k, match)
+            assert lookup(ctx, max_ngram, k, match) == (draft, n)  # token_tree's call is unchanged
+            assert ctx[start : start + n] == ctx[len(ctx) - n :]
+            assert ctx[start + n : start + n + len(draft)] == draft
+            assert start < len(ctx) - n  # an earlier occurrence, not the suffix itself
+    assert find(ctx, 3, 2, "earliest")[2] == 1 and find(ctx, 3, 2, "latest")[2] == 5
+    assert find([5, 6, 7], 3, 4) == ([], 0, -1)
+
+
+def context_before(events, step):
+    prefill = next(e for e in events if isinstance(e, Prefill))
+    context = list(prefill.prompt_ids)
+    for e in events:
+        if isinstance(e, Commit) and e.step < step:
+            context.extend(e.tokens)
+    return context
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("match", ["earliest", "latest"])
+def test_recorded_source_precedes_the_copy(tiny, chat, match):
+    seen = 0
+    for prompt in PROMPTS:
+        res = same_as_greedy(tiny, prompt, 32, chat=chat, match=match)
+        drafts = {e.step: e for e in res.events if isinstance(e, Draft)}
+        sources = {e.step: e for e in res.events if isinstance(e, CopySource)}
+        assert sources.keys() == drafts.keys()  # every copied draft says where it came from
+        for step, src in sources.items():
+            context = context_before(res.events, step)
+            draft = drafts[step].tokens
+            assert src.context_len == len(context) and src.n >= 1
+            assert 0 <= src.start < len(context) - src.n
+            assert context[src.start : src.start + src.n] == context[len(context) - src.n :]
+            copied = context[src.start + src.n : src.start + src.n + len(draft)]
+            assert tuple(copied) == draft
+            seen += 1
+    assert seen > 0
+
+
+def test_copy_source_view():
+    from visualizer.figures import draft_panel
+    from visualizer.panels import extra_panels, method_panel
+    from visualizer.prompt_lookup_view import copy_source, layout_rows
+
+    # Prompt 0..9 (with a template token), output 10..: the suffix [2, 3] matched at 1.
+    prompt = (100, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+    texts = {t: f"w{t}" for t in range(10)} | {100: "<|im_start|>", 2: "a\n"}
+    events = [
+        Prefill(prompt),
+        Commit(0, (2,), ("target",), (0.9,)),
+        Commit(1, (3,), ("target",), (0.9,)),
+        CopySource(2, 2, 2, 12),
+        Draft(2, "prompt lookup (n=2)", (4, 5, 6), (-1, 0, 1), (1.0, 1.0, 1.0)),
+        Verify(2, (0,), 9, "greedy-chain"),
+        Commit(2, (4, 9), ("draft", "correction"), (0.9, 0.8)),
+    ]
+    fig = method_panel("prompt_lookup", events, texts, 2)
+    fills = [s.fillcolor for s in fig.layout.shapes]
+    # 2 matched tokens, 3 copied (accepted, rejected, not checked), the 2-token suffix.
+    assert len(fills) == 7
+    caption = fig.layout.annotations[-1].text.replace("<br>", " ")
+    assert "#2" in caption and "the prompt as the model sees it" in caption
+    assert "chat template" in caption and "accepted 1" in caption
+    shown = [t for trace in fig.data for t in (trace.text or ())]
+    assert "&lt;|im_start|&gt;" in shown and "a↵" in shown  # the template, newlines made visible
+    assert "no earlier match" in copy_source(events, texts, 1).layout.annotations[0].text
+    assert [f.to_dict() for f in extra_panels("prompt_lookup", events, texts, 2)] == [
+        draft_panel(events, texts, 2).to_dict()
+    ]
+    # A trace from before sources were recorded: the draft panel, as before.
+    old = [e for e in events if not isinstance(e, CopySource)]
+    assert copy_source(old, texts, 2).to_dict() == draft_panel(old, texts, 2).to_dict()
+    # A source that does not fit its context is refused, not drawn.
+    bad = [*events[:3], CopySource(2, 5, 2, 12), *events[4:]]
+    assert "does not match" in copy_source(bad, texts, 2).layout.annotations[0].text
+    # Text layout: a row ends at the width or after a newline.
+    assert layout_rows(["ab", "cd↵", "e", "fgh"], width=5) == [
+        (0, 0, 2),
+        (0, 2, 3),
+        (1, 0, 1),
+        (1, 1, 3),
+    ]
+
+
+def test_copy_source_view_cuts_a_long_context_to_the_match_and_the_end():
+    from visualizer.prompt_lookup_view import copy_source
+
+    prompt = tuple(range(1, 400))  # ~100 rows of text
+    texts = {t: f"tok{t}" for t in range(1, 400)}
+    events = [
+        Prefill(prompt),
+        Commit(0, (10,), ("target",), (0.9,)),
+        CopySource(1, 9, 1, 400),
+        Draft(1, "prompt lookup (n=1)", (11, 12), (-1, 0), (1.0, 1.0)),
+        Verify(1, (0, 1), 13, "greedy-chain"),
+        Commit(1, (11, 12, 13), ("draft", "draft", "bonus"), (0.9, 0.9, 0.9)),
+    ]
+    fig = copy_source(events, texts, 1)
+    assert any("rows" in a.text and a.text.startswith("⋯") for a in fig.layout.annotations)
+    assert fig.layout.height < 600

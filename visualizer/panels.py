@@ -10,6 +10,7 @@ from decoders.events import Event
 
 from .figures import draft_panel, topk_panel
 from .lookahead_views import jacobi_trajectory, lookahead_panel, lookahead_window, ngram_pool
+from .prompt_lookup_view import copy_source
 from .self_speculative_view import self_speculative_panel
 from .tree_view import token_tree
 
@@ -17,7 +18,7 @@ Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
 
 PANELS: dict[str, Panel] = {
     "autoregressive": topk_panel,
-    "prompt_lookup": draft_panel,
+    "prompt_lookup": copy_source,
     "speculative": draft_panel,
     "self_speculative": self_speculative_panel,
     "token_tree": token_tree,
@@ -35,6 +36,7 @@ def method_panel(
 # Methods with more to show than one panel: drawn under the main one, same step.
 EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "lookahead": (lookahead_window, ngram_pool),
+    "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept
 }
 
 
