@@ -108,10 +108,20 @@ class ModelDrafter(Drafter):
         return [self.forward(missing, step, logits_to_keep=1)]
 
 
+def auto_draft(target: ModelBundle) -> str:
+    """What `draft=auto` means for `target`: the EAGLE head shipped for it in assets/eagle/ when
+    there is one (the best drafter we have), else `self` (a quarter of its layers)."""
+    from .eagle import head_path
+
+    return "eagle" if head_path(target.model_id).is_file() else "self"
+
+
 def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHead:
-    """`self`/`self:k` -> k; `eagle` -> the model's trained head (`eagle:<file>`: that head); a
-    model id -> its loaded bundle (same tokenizer required)."""
+    """`auto` -> see `auto_draft`; `self`/`self:k` -> k; `eagle` -> the model's trained head
+    (`eagle:<file>`: that head); a model id -> its loaded bundle (same tokenizer required)."""
     spec = spec.strip()
+    if spec.lower() == "auto":
+        spec = auto_draft(target)
     if spec.lower() == "eagle" or spec.lower().startswith("eagle:"):
         from .eagle import load_head
 
@@ -142,15 +152,21 @@ def check_draft(target: ModelBundle, params) -> None:
 
 
 def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter:
-    """`self:k` or a model id whose tokenizer matches the target's."""
+    """The drafter a `draft` parameter names (see `resolve_draft`). With `auto`, its label says
+    what auto chose, e.g. "eagle (auto: 1 trained layer on the target's features)"."""
     draft = resolve_draft(spec, target)
     if isinstance(draft, int):
-        return SelfDrafter(target, cache, draft)
-    if isinstance(draft, ModelBundle):
-        return ModelDrafter(draft)
-    from .eagle import EagleDrafter
+        drafter: Drafter = SelfDrafter(target, cache, draft)
+    elif isinstance(draft, ModelBundle):
+        drafter = ModelDrafter(draft)
+    else:
+        from .eagle import EagleDrafter
 
-    return EagleDrafter(target, draft)
+        drafter = EagleDrafter(target, draft)
+    if spec.strip().lower() == "auto":
+        name, _, detail = drafter.label.partition(" (")
+        drafter.label = f"{name} (auto: {detail}" if detail else f"{name} (auto)"
+    return drafter
 
 
 def same_vocabulary(a: ModelBundle, b: ModelBundle) -> bool:

@@ -11,7 +11,9 @@ tokens one by one, the target checks all of them in ONE forward.
         adaptive γ: all kept -> γ + 2, a rejection -> γ − 1 (transformers' heuristic schedule)
 
 The drafter is `self:k` (the target's first k layers + its LM head, sharing the target's KV cache,
-LayerSkip-style) or another model with the same tokenizer (e.g. SmolLM2-135M for SmolLM2-1.7B).
+LayerSkip-style), a trained EAGLE head, or another model with the same tokenizer (e.g.
+SmolLM2-135M for SmolLM2-1.7B); the default, `auto`, is the EAGLE head shipped for the model, else
+`self`.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from .steps import start, verify_chain
 from .tree import chain
 
 DRAFT_HELP = (
+    "auto = the trained EAGLE head shipped for this model if there is one, else self; "
     "self:k = the target's first k layers (self = a quarter of them); eagle = the trained EAGLE "
     "head shipped for this model (eagle:<file> for another); or a model id with the same "
     "tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
 )
 
 PARAMS = (
-    Param("draft", str, "self", DRAFT_HELP),
+    Param("draft", str, "auto", DRAFT_HELP),
     Param("gamma", int, 4, "γ: draft tokens per step (the starting value when adaptive)", 1, 16),
     Param(
         "schedule",

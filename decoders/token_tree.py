@@ -47,7 +47,7 @@ DEFAULT_CHOICES = "0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0
 MAX_NODES = 64
 
 PARAMS = (
-    Param("draft", str, "self", DRAFT_HELP),
+    Param("draft", str, "auto", DRAFT_HELP),
     Param(
         "shape",
         str,
@@ -69,7 +69,7 @@ PARAMS = (
     Param(
         "lookup",
         int,
-        0,
+        16,
         "prompt-lookup branch: also graft up to this many tokens copied from an earlier "
         "occurrence of the last 1-3 tokens (as prompt_lookup drafts) onto the tree; 0 = off",
         0,
@@ -78,7 +78,7 @@ PARAMS = (
     Param(
         "trust",
         int,
-        0,
+        3,
         "with lookup: when the copied chain matched at least this many tokens (1-3), draft it "
         "alone and skip the drafter this step (SAM-Decoding's switch); 0 = always grow the tree",
         0,

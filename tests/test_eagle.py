@@ -24,6 +24,7 @@ from test_speculative import (
 
 from conftest import PROMPTS
 from decoders import InvalidParameter, generate, stream
+from decoders.drafters import auto_draft
 from decoders.eagle import EagleHead, head_path, load_head, save_head
 from decoders.events import Commit, Draft, Forward, Verify
 from decoders.train_eagle import draft_vocabulary, main, target_features, train, windows
@@ -291,6 +292,21 @@ def test_lossless_on_the_embedded_model_with_the_shipped_head(embedded, task, me
 
     res = same_as_greedy(embedded, humaneval(task), method, 48, draft="eagle")
     # The trained head is really drafting: well over one token per target forward.
+    assert res.stats["tokens_per_target_forward"] > 1.5, res.stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["speculative", "token_tree"])
+def test_the_defaults_draft_with_the_shipped_head_on_the_embedded_model(embedded, method):
+    from test_prompt_lookup import humaneval
+
+    assert auto_draft(embedded) == "eagle"
+    res = same_as_greedy(embedded, humaneval(0), method, 64)  # every parameter at its default
+    sources = {e.source for e in res.events if isinstance(e, Draft)}
+    assert sources and all(s.startswith(("eagle (auto: ", "prompt lookup (n=")) for s in sources)
+    assert any(s.startswith("eagle (auto: ") for s in sources)
+    if method == "token_tree":  # auto = the head + a copied branch (lookup=16, trust=3)
+        assert any("prompt lookup (n=" in s for s in sources)
     assert res.stats["tokens_per_target_forward"] > 1.5, res.stats
 
 

@@ -14,7 +14,9 @@ import torch
 from test_prompt_lookup import humaneval
 
 from conftest import PROMPTS
-from decoders import DecodingLabError, InvalidParameter, generate, load_model, stream
+from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
+from decoders.drafters import auto_draft
+from decoders.eagle import head_path
 from decoders.events import Commit, Done, Draft, Forward, Verify
 from decoders.speculative import MAX_GAMMA
 from decoders.tree import chain
@@ -157,10 +159,28 @@ def test_lossless_on_tiny(tiny, case, draft, gamma, schedule):
         assert drafts[0].source.startswith("self:1 ")
 
 
-def test_default_self_draft_is_a_quarter_of_the_layers(tiny):
-    res = same_as_greedy(tiny, PROMPTS[0], 8)
+def test_self_draft_is_a_quarter_of_the_layers(tiny):
+    res = same_as_greedy(tiny, PROMPTS[0], 8, draft="self")
     assert all(f.layers == 1 for f in res.events if isinstance(f, Forward) and f.kind == "draft")
     assert next(e for e in res.events if isinstance(e, Draft)).source.startswith("self:1 ")
+
+
+@pytest.mark.parametrize(
+    ("model_id", "label"),
+    [
+        ("tiny-random", "eagle (auto: 1 trained layer"),  # assets/eagle/ ships its head
+        ("tiny-random-2", "self:1 (auto: first 1 of 4 layers)"),  # no head: a quarter of the layers
+    ],
+)
+def test_the_default_draft_is_the_shipped_head_else_self(model_id, label):
+    bundle = load_model(model_id)
+    assert METHODS["speculative"].preset("defaults")["draft"] == "auto"
+    assert auto_draft(bundle) == ("eagle" if head_path(model_id).is_file() else "self")
+    assert head_path(model_id).is_file() == (model_id == "tiny-random")
+    res = same_as_greedy(bundle, PROMPTS[1], 24)  # no draft given: auto
+    drafts = [e for e in res.events if isinstance(e, Draft)]
+    assert drafts and all(d.source.startswith(label) for d in drafts)
+    assert res.stats["verify_steps"] > 0
 
 
 def test_adaptive_gamma_grows_to_the_cap_when_everything_is_accepted(tiny):

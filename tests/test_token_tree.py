@@ -216,6 +216,8 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
 
 
 def same_as_greedy(bundle, prompt, max_new_tokens, chat=None, **params):
+    # The drafter's tree alone unless a test asks for the copied branch (the defaults graft one).
+    params = {"lookup": 0, "trust": 0, **params}
     res = generate(bundle, prompt, "token_tree", max_new_tokens, chat=chat, **params)
     ref = reference(bundle, prompt, max_new_tokens, chat)
     assert res.token_ids == ref.token_ids, params
@@ -338,7 +340,7 @@ def test_eos_inside_an_accepted_path_stops_like_autoregressive(tiny, draft):
         ({"draft": "self:9"}, r"1\.\.4"),
         ({"lookup": 33}, r"lookup.*\[0, 32\]"),
         ({"lookup": 8, "trust": 4}, r"trust.*\[0, 3\]"),
-        ({"trust": 2}, "lookup > 0"),
+        ({"lookup": 0, "trust": 2}, "lookup > 0"),
     ],
 )
 def test_invalid_parameters_are_clear_errors(tiny, params, message):
@@ -423,8 +425,8 @@ def test_the_lookup_branch_is_lossless_and_kept_when_right(tiny, draft, budget):
         prompt_ids = tiny.encode(prompt, chat=False)
         ref = generate(tiny, prompt_ids, "autoregressive", budget)
         for params in (
-            {"shape": "dynamic", "nodes": 4},
-            {"shape": "static", "choices": CHAIN3},
+            {"shape": "dynamic", "nodes": 4, "trust": 0},
+            {"shape": "static", "choices": CHAIN3, "trust": 0},
             {"shape": "dynamic", "trust": 1},  # every match is trusted: the drafter is skipped
         ):
             res = generate(
@@ -478,6 +480,7 @@ def test_sampling_follows_the_target_distribution(tiny, draft_id, temperature, s
             "token_tree",
             3,
             draft=draft_id,
+            lookup=0,
             temperature=temperature,
             seed=seed,
         )
@@ -552,7 +555,7 @@ def test_lossless_on_the_embedded_model(embedded, task, shape):
 
 @pytest.mark.slow
 def test_eos_inside_a_copied_branch_stops_like_autoregressive(embedded):
-    kw = dict(draft="self:8", lookup=10, shape="static", choices=CHAIN3)
+    kw = dict(draft="self:8", lookup=10, trust=0, shape="static", choices=CHAIN3)
     prompt_ids = embedded.encode(humaneval(1), chat=True)
     free = generate(embedded, prompt_ids, "token_tree", 64, **kw)
     copies = check_lookup_branch(free, prompt_ids, 64, 10)
@@ -578,8 +581,8 @@ def test_eos_inside_a_copied_branch_stops_like_autoregressive(embedded):
 @pytest.mark.parametrize("task", [1, 3])
 def test_the_lookup_branch_on_the_embedded_model(embedded, task):
     prompt_ids = embedded.encode(humaneval(task), chat=True)
-    plain = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle")
-    both = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10)
+    plain = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=0, trust=0)
+    both = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10, trust=0)
     trusting = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10, trust=3)
     ref = generate(embedded, prompt_ids, "autoregressive", 96)
     assert plain.token_ids == both.token_ids == trusting.token_ids == ref.token_ids
@@ -596,7 +599,7 @@ def test_the_lookup_branch_on_the_embedded_model(embedded, task):
 @pytest.mark.slow
 def test_sampling_with_the_lookup_branch_is_reproducible_per_seed(embedded):
     prompt_ids = embedded.encode(humaneval(1), chat=True)
-    kw = dict(draft="self:8", lookup=10, temperature=0.5, seed=3)
+    kw = dict(draft="self:8", lookup=10, trust=0, temperature=0.5, seed=3)
     a = generate(embedded, prompt_ids, "token_tree", 40, **kw)
     b = generate(embedded, prompt_ids, "token_tree", 40, **kw)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 40

@@ -91,15 +91,16 @@ def resolve_model(model: str | None) -> str:
 
 
 def check_draft(params: Mapping[str, Any]) -> None:
-    """A public page loads only what it offers: `self`, `self:k`, the shipped `eagle` head, or an
-    offered or built-in model as draft; other ids and `eagle:<file>` need
+    """A public page loads only what it offers: `auto`, `self`, `self:k`, the shipped `eagle` head,
+    or an offered or built-in model as draft; other ids and `eagle:<file>` need
     DECODING_LAB_ALLOW_ANY_MODEL=1."""
-    draft = str(params.get("draft", "self")).strip()
-    if ALLOW_ANY_MODEL or draft in ("self", "eagle", *TINY_SEEDS) or draft.startswith("self:"):
+    draft = str(params.get("draft", "auto")).strip()
+    offered = ("auto", "self", "eagle", *TINY_SEEDS)
+    if ALLOW_ANY_MODEL or draft in offered or draft.startswith("self:"):
         return
     if draft not in {v for _, v in model_choices()}:
         raise InvalidInput(
-            f"draft {draft!r} is not offered here; use self, self:k, eagle, or one of the models"
+            f"draft {draft!r} is not offered here; use auto, self, self:k, eagle, or one of the models"
         )
 
 
