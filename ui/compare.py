@@ -224,9 +224,17 @@ def compare_methods(
             )
         except DecodingLabError as exc:
             raise InvalidInput(f"method spec {s.label!r}: {exc}") from None
-    if warm_up:  # the first forwards of a process are slow; no row should pay for them
-        for _ in run_events(prepare(bundle, prompt, REFERENCE, min(4, max_new_tokens))):
-            pass
+    if warm_up:
+        # A method's first forwards in a process are slow (allocations, a drafter's first use):
+        # a few tokens of each method first, so no row pays for them and the reference is not
+        # made slow by going first.
+        first_of_each: dict[str, Spec] = {}
+        for s in parsed:
+            first_of_each.setdefault(s.method, s)
+        for s in first_of_each.values():
+            warm = prepare(bundle, prompt, s.method, min(4, max_new_tokens), params=s.params)
+            for _ in run_events(warm):
+                pass
     result = Comparison(parsed)
     for spec, run in zip(parsed, runs, strict=True):
         trace = Trace(
