@@ -9,8 +9,10 @@ cache_len + depth.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads only where a mask is built: the pure helpers serve the visualizer
+    import torch
 
 
 def depths(parents: Sequence[int]) -> list[int]:
@@ -37,9 +39,13 @@ def tree_positions(parents: Sequence[int], start: int) -> list[int]:
 
 
 def tree_mask(
-    parents: Sequence[int], cache_len: int, dtype: torch.dtype = torch.float32
+    parents: Sequence[int], cache_len: int, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """Additive 4D mask [1, 1, n, cache_len + n]: 0 where node i may attend, the dtype's min elsewhere."""
+    """Additive 4D mask [1, 1, n, cache_len + n]: 0 where node i may attend, the dtype's min
+    elsewhere (float32 unless `dtype` says otherwise)."""
+    import torch
+
+    dtype = dtype or torch.float32
     n = len(parents)
     allowed = torch.zeros(n, cache_len + n, dtype=torch.bool)
     allowed[:, :cache_len] = True
@@ -66,11 +72,14 @@ def feed_mask(
     fed: Sequence[int],
     feed: Sequence[int],
     cache_len: int,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Mask for growing a tree a few nodes at a time (drafting): the cache holds `cache_len` context
     positions, then the nodes in `fed` (in that order); `feed` are the nodes now appended. Each sees
     the context and its own ancestors, wherever they sit. Every ancestor must already be fed."""
+    import torch
+
+    dtype = dtype or torch.float32
     slot = {node: cache_len + i for i, node in enumerate([*fed, *feed])}
     total = cache_len + len(fed) + len(feed)
     allowed = torch.zeros(len(feed), total, dtype=torch.bool)

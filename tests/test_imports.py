@@ -1,0 +1,46 @@
+"""What importing costs: the visualizer (pure functions over events) and the trace format load
+without torch, while `from decoders import ...` still gives the whole engine."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    "module", ["visualizer", "decoders", "decoders.events", "decoders.tree", "decoders.errors"]
+)
+def test_imports_without_torch(module):
+    done = python(
+        f"import sys, {module}\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
+        "assert not loaded, loaded[:5]"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_public_names_still_import():
+    done = python(
+        "import decoders\n"
+        "from decoders import *\n"
+        "from decoders import load_model, generate, METHODS, stream, ModelBundle\n"
+        "missing = [n for n in decoders.__all__ if n not in globals()]\n"
+        "assert not missing, missing\n"
+        "assert 'token_tree' in METHODS and callable(generate)\n"
+        "assert set(decoders.__all__) <= set(dir(decoders))\n"
+        "try:\n"
+        "    decoders.nosuch\n"
+        "except AttributeError as e:\n"
+        "    assert 'nosuch' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('decoders.nosuch did not raise')\n"
+    )
+    assert done.returncode == 0, done.stderr
