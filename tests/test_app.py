@@ -418,3 +418,16 @@ def test_the_shipped_example_trace_replays_without_a_model():
     assert example.meta["prompt"] == EXAMPLE_PROMPTS[0]
     assert example.meta["lossless"]["status"] == "not checked"  # recorded, not re-checked
     assert "recorded as identical" in example.meta["lossless"]["note"]
+
+
+def test_a_copy_source_outside_the_context_is_refused(tiny):
+    for prompt in PROMPTS:  # the first whose run copies something
+        data = json.loads(run_to_end("tiny-random", prompt, "prompt_lookup", 32, {}).to_json())
+        sources = [e for e in data["events"] if e["type"] == "CopySource"]
+        if sources:
+            break
+    assert sources, "prompt lookup copied nothing on any test prompt"
+    read_trace(json.dumps(data))  # as recorded: fine
+    sources[0]["start"] = 10**6
+    with pytest.raises(TraceError, match="the copied span must lie within"):
+        read_trace(json.dumps(data))

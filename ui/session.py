@@ -27,8 +27,10 @@ from decoders.errors import DecodingLabError, TraceError
 from decoders.events import (
     AttentionMask,
     Commit,
+    CopySource,
     Done,
     Draft,
+    DraftStop,
     Event,
     Forward,
     JacobiIteration,
@@ -662,6 +664,15 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             )
         elif isinstance(e, LayerExit):
             need(whole(e.layer, 0, n_layers), f"{where}: layer must be in 0..{n_layers}")
+        elif isinstance(e, DraftStop):
+            probs_ok((e.threshold, e.rate, *e.confidences), where)
+        elif isinstance(e, CopySource):
+            # The copy's source must lie in the context the model saw at that step.
+            longest = len(prompt_ids) + meta["max_new_tokens"]
+            need(
+                e.start >= 0 and e.n >= 1 and e.start + e.n <= e.context_len <= longest,
+                f"{where}: the copied span must lie within the {e.context_len}-token context",
+            )
     need(last_commit >= 0, "the trace has no committed tokens to replay")
     committed = [t for e in events if isinstance(e, Commit) for t in e.tokens]
     need(
