@@ -274,7 +274,8 @@ def test_view_shows_confidence_against_theta_and_why_it_stopped():
     assert list(bar.y) == [0.9, 0.8, 0.4]
     theta = fig.data[1]  # the θ line, named in the legend
     assert set(theta.y) == {0.6} and theta.name.startswith("θ = 0.60")
-    notes = " ".join(a.text for a in fig.layout.annotations).replace("<br>", " ")
+    notes = " ".join(a.text for a in fig.layout.annotations)
+    notes = notes.replace("<br>", " ").replace("\u00a0", " ")
     assert "'c'" in notes and "0.40 is below" in notes and "θ = 0.60" in notes
     # Three draft forwards at 80 % of a verify + one verify = 3.4 forwards for 2 tokens: slower.
     assert "Slower than plain decoding" in notes and "80%" in notes and "0.59×" in notes

@@ -133,8 +133,9 @@ def copy_source(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     gaps: list[tuple[int, int]] = []  # (line, rows skipped)
     line = 0
     for k, r in enumerate(keep_rows):
-        if k and r > keep_rows[k - 1] + 1:
-            gaps.append((line, r - keep_rows[k - 1] - 1))
+        skipped = r - (keep_rows[k - 1] + 1 if k else 0)
+        if skipped:
+            gaps.append((line, skipped))
             line += 1
         line_of[r] = line
         line += 1
@@ -172,7 +173,8 @@ def copy_source(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         ink = inks[part]
         ink["x"].append(col + size / 2)
         ink["y"].append(y)
-        ink["text"].append(html.escape(shown[:size] if len(shown) <= size else shown[: size - 1]))
+        cut = shown if len(shown) <= size else shown[: size - 1]
+        ink["text"].append(html.escape(cut, quote=False))  # Plotly shows &quot; literally
         ink["hover"].append(
             f"#{i} · {texts.get(t, '?')!r} · id {t} · {ROLE_LABELS.get(what, what)}"
             + (" (chat template or prompt)" if part == "prompt" and i not in role else "")

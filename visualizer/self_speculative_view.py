@@ -112,12 +112,10 @@ def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, s
     if stop.reason == "confidence" and stop.confidences:
         return (
             f"Stopped after {last}: its confidence {stop.confidences[-1]:.2f} is below "
-            f"θ = {stop.threshold:.2f}."
+            f"θ\u00a0=\u00a0{stop.threshold:.2f}."
         )
     if stop.reason == "max_draft":
-        return (
-            f"Stopped at max_draft ({len(tokens)}): every token cleared θ = {stop.threshold:.2f}."
-        )
+        return f"Stopped at max_draft ({len(tokens)}): every token cleared θ\u00a0=\u00a0{stop.threshold:.2f}."
     if stop.reason == "eos":
         return f"Stopped after {last}: the draft proposed an end token."
     return f"Stopped by the budget: max_new_tokens left room for {len(tokens)} draft tokens."
