@@ -19,9 +19,9 @@ from .errors import TraceError
 SCHEMA_VERSION = 1
 TRACE_FORMAT = "decoding-lab-trace"
 
-ForwardKind = Literal["prefill", "target", "draft", "verify", "exit"]
+ForwardKind = Literal["prefill", "target", "draft", "verify"]
 # Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
-Origin = Literal["target", "draft", "correction", "bonus", "exit"]
+Origin = Literal["target", "draft", "correction", "bonus"]
 
 
 @dataclass(frozen=True)
@@ -125,15 +125,6 @@ class AttentionMask(Event):
 
 
 @dataclass(frozen=True)
-class LayerExit(Event):
-    type: ClassVar[str] = "LayerExit"
-    step: int
-    position: int
-    layer: int
-    confidence: float
-
-
-@dataclass(frozen=True)
 class TopK(Event):
     """The target's most likely next tokens at one position (what the choice was made from)."""
 
@@ -205,7 +196,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NgramPool,
         LookaheadWindow,
         AttentionMask,
-        LayerExit,
         TopK,
         Commit,
         DraftStop,

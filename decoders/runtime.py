@@ -4,7 +4,7 @@ One call, `forward()`, covers all the shapes the methods need:
 - a chain of new tokens (causal), or any token tree / interleaved branches via a 4D mask and
   explicit position ids;
 - full depth through the model's own forward, or a partial depth (`layers=k`: the first k layers,
-  then the final norm and LM head — self-drafting and early exit) or any layer subset, by iterating
+  then the final norm and LM head — self-drafting) or any layer subset, by iterating
   `model.model.layers` here rather than touching the model's config;
 - hidden states at chosen layers on request.
 Each call times itself (synchronizing CUDA) into a `Forward` event.

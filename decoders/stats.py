@@ -61,7 +61,7 @@ class StatsAccumulator:
         return {
             "new_tokens": self.new_tokens,
             "target_forwards": target_forwards,
-            "draft_forwards": self.forwards["draft"] + self.forwards["exit"],
+            "draft_forwards": self.forwards["draft"],
             "tokens_per_target_forward": _ratio(self.new_tokens, target_forwards),
             "verify_steps": self.verify_steps,
             "drafted_tokens": self.drafted,

@@ -4,7 +4,7 @@ import re
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Done, Draft, Forward, LayerExit, Prefill, TopK, Verify
+from decoders.events import Commit, Done, Draft, Forward, Prefill, TopK, Verify
 from decoders.stats import compute_stats
 from visualizer import (
     acceptance_by_position,
@@ -42,9 +42,8 @@ SPEC = [
     Forward(1, "verify", 4, 30, 80.0),
     Verify(1, (0, 1), 14, "greedy-chain"),
     Commit(1, (11, 12, 14), ("draft", "draft", "correction"), (0.9, 0.8, 0.7)),
-    Forward(2, "exit", 1, 12, 20.0),
-    LayerExit(2, 4, 12, 0.95),
-    Commit(2, (15,), ("exit",), (0.95,)),
+    Forward(2, "target", 1, 30, 20.0),
+    Commit(2, (15,), ("target",), (0.95,)),
 ]
 SPEC.append(Done("length", compute_stats(SPEC)))
 
@@ -55,7 +54,7 @@ def test_token_spans_colour_escape_and_hover():
     assert (
         f"background:{COLOURS['draft']}" in html and f"background:{COLOURS['correction']}" in html
     )
-    assert "hsl(265" in html  # the exit token, shaded by its layer
+    assert f"background:{COLOURS['target']}" in html  # the target's own token
     assert "↵" in html  # a newline token stays visible
     assert "<b>" not in token_spans_html(AR, TEXTS).split("dl-tokens")[1]  # token text is escaped
     assert "id 11 · step 1 · p=0.900" in html
@@ -72,7 +71,7 @@ def test_token_spans_at_a_step_grey_out_the_future():
 def test_timeline_has_lanes_axes_and_stops_at_step():
     fig = forward_timeline(SPEC)
     assert isinstance(fig, go.Figure)
-    assert {t.name for t in fig.data} == {"prefill", "draft", "verify", "exit"}
+    assert {t.name for t in fig.data} == {"prefill", "draft", "verify", "target"}
     assert fig.layout.xaxis.title.text == "time since start (ms)"
     assert fig.layout.yaxis.title.text == "pass"
     assert sum(len(t.x) for t in forward_timeline(SPEC, upto_step=1).data) == 3

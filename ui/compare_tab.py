@@ -99,12 +99,7 @@ def texts_html(result: Comparison) -> str:
         parts.append(
             f"<h4 style='margin:12px 0 4px;overflow-wrap:anywhere'>{html.escape(row['method'])}"
             f" <small style='font-weight:normal'>{html.escape(row['lossless'])}</small></h4>"
-            + token_spans_html(
-                trace.events,
-                trace.texts,
-                n_layers=int(trace.meta.get("n_layers", 30)),
-                legend=i == 0,
-            )
+            + token_spans_html(trace.events, trace.texts, legend=i == 0)
         )
     return "".join(parts)
 

@@ -169,10 +169,9 @@ class RunTab:
         upto = step if step is not None and step < trace.last_step else None
         at = trace.last_step if upto is None else upto
         method = trace.meta.get("method", "autoregressive")
-        n_layers = int(trace.meta.get("n_layers", 30))
         extras = extra_panels(method, trace.events, trace.texts, at)
         return {
-            self.tokens: token_spans_html(trace.events, trace.texts, upto, n_layers=n_layers),
+            self.tokens: token_spans_html(trace.events, trace.texts, upto),
             self.timeline: forward_timeline(trace.events, upto),
             self.per_step: tokens_per_step(trace.events, upto),
             self.panel: method_panel(method, trace.events, trace.texts, at),
@@ -468,9 +467,7 @@ def _initial(example: Trace | None) -> dict[str, Any]:
     at = showcase_step(example)
     upto = at if at < example.last_step else None
     return dict(
-        tokens=token_spans_html(
-            example.events, example.texts, upto, n_layers=int(example.meta.get("n_layers", 30))
-        ),
+        tokens=token_spans_html(example.events, example.texts, upto),
         metrics=metrics_html(example.stats, example.meta.get("lossless")),
         seen=prompt_html(example),
         timeline=forward_timeline(example.events, upto),
@@ -520,9 +517,7 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
                     yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
                     continue
                 update: dict[Any, Any] = {
-                    t.tokens: token_spans_html(
-                        trace.events, trace.texts, n_layers=int(trace.meta["n_layers"])
-                    ),
+                    t.tokens: token_spans_html(trace.events, trace.texts),
                     t.metrics: metrics_html(
                         {
                             "tokens_per_s": n / live.elapsed_s if live.elapsed_s else None,

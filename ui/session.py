@@ -34,7 +34,6 @@ from decoders.events import (
     Event,
     Forward,
     JacobiIteration,
-    LayerExit,
     LookaheadWindow,
     NgramPool,
     Prefill,
@@ -502,8 +501,8 @@ def _link_params(raw: str, m: Any) -> dict[str, Any]:
 
 # --- trace files: checked for meaning, not just form -----------------------------------------------
 
-ORIGINS = frozenset({"target", "draft", "correction", "bonus", "exit"})
-FORWARD_KINDS = frozenset({"prefill", "target", "draft", "verify", "exit"})
+ORIGINS = frozenset({"target", "draft", "correction", "bonus"})
+FORWARD_KINDS = frozenset({"prefill", "target", "draft", "verify"})
 MAX_LAYERS = 1024
 MAX_VOCAB = 10_000_000
 
@@ -662,8 +661,6 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 all(0 <= j < len(e.labels) for row in e.visible for j in row),
                 f"{where}: visible indices must be among the {len(e.labels)} inputs",
             )
-        elif isinstance(e, LayerExit):
-            need(whole(e.layer, 0, n_layers), f"{where}: layer must be in 0..{n_layers}")
         elif isinstance(e, DraftStop):
             probs_ok((e.threshold, e.rate, *e.confidences), where)
         elif isinstance(e, CopySource):

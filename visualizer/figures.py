@@ -10,13 +10,12 @@ import plotly.graph_objects as go
 
 from decoders.events import Commit, Event, Forward, TopK
 
-LANES = ("target", "verify", "draft", "exit")  # prefill is drawn in the target lane
+LANES = ("target", "verify", "draft")  # prefill is drawn in the target lane
 LANE_COLOURS = {
     "prefill": "#546e7a",
     "target": "#78909c",
     "verify": "#2e7d32",
     "draft": "#66bb6a",
-    "exit": "#8e24aa",
 }
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
@@ -115,7 +114,7 @@ def tokens_per_step(events: Sequence[Event], upto_step: int | None = None) -> go
 
     steps = sorted(per_step)
     fig = go.Figure()
-    for origin in ("target", "draft", "correction", "bonus", "exit"):
+    for origin in ("target", "draft", "correction", "bonus"):
         ys = [per_step[s].get(origin, 0) for s in steps]
         if any(ys):
             fig.add_trace(

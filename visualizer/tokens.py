@@ -1,6 +1,6 @@
 """Token text as coloured spans, one colour language everywhere (docs/ARCHITECTURE.md):
 accepted draft (green), rejected (red), corrected (orange), bonus (blue), pending (grey),
-target-decoded tokens in plain ink, early-exit tokens shaded by exit layer.
+target-decoded tokens in plain ink.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decoders.events import Commit, Event, LayerExit
+from decoders.events import Commit, Event
 
 COLOURS = {
     "draft": "#c8e6c9",  # accepted draft
@@ -18,7 +18,6 @@ COLOURS = {
     "bonus": "#bbdefb",
     "target": "#dde4e8",
     "pending": "#f5f5f5",
-    "exit": "hsl(265, 60%, 72%)",  # legend swatch; each exit token is shaded by its layer
 }
 LABELS = {
     "draft": "accepted draft",
@@ -27,7 +26,6 @@ LABELS = {
     "bonus": "bonus token",
     "target": "decoded by target",
     "pending": "not yet generated",
-    "exit": "early exit (darker = deeper layer)",
 }
 
 STYLE = """
@@ -43,13 +41,6 @@ STYLE = """
 .dl-prompt {color: #78909c;}
 </style>
 """
-
-
-def exit_colour(layer: int, n_layers: int) -> str:
-    """Shallow exits light violet, deep exits dark: one hue, lightness by depth."""
-    frac = min(max(layer / max(n_layers, 1), 0.0), 1.0)
-    lightness = 92 - 40 * frac
-    return f"hsl(265, 60%, {lightness:.0f}%)"
 
 
 def display_text(text: str) -> str:
@@ -72,15 +63,12 @@ def token_spans_html(
     texts: Mapping[int, str],
     upto_step: int | None = None,
     *,
-    n_layers: int = 30,
     prompt_text: str | None = None,
     legend: bool = True,
 ) -> str:
     """Committed tokens as spans; tokens committed after `upto_step` are shown pending (grey),
     and those committed at exactly `upto_step` are underlined. Hover shows id, step, probability."""
-    exits = {(e.step, e.position): e.layer for e in events if isinstance(e, LayerExit)}
     spans: list[str] = []
-    position = 0
     origins_seen: list[str] = []
     for event in events:
         if not isinstance(event, Commit):
@@ -89,8 +77,6 @@ def token_spans_html(
             pending = upto_step is not None and event.step > upto_step
             kind = "pending" if pending else origin
             colour = COLOURS.get(kind, COLOURS["target"])
-            if kind == "exit":
-                colour = exit_colour(exits.get((event.step, position), 0), n_layers)
             if kind not in origins_seen:
                 origins_seen.append(kind)
             classes = (
@@ -103,7 +89,6 @@ def token_spans_html(
                 f'<span class="{classes}" style="background:{colour}" title="{html.escape(title)}" '
                 f'data-step="{event.step}" data-id="{token}">{display_text(texts.get(token, "?"))}</span>'
             )
-            position += 1
     prompt = f'<span class="dl-prompt">{display_text(prompt_text)}</span>' if prompt_text else ""
     head = (
         legend_html(tuple(o for o in LABELS if o in origins_seen) or ("target",)) if legend else ""
