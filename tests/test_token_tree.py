@@ -481,6 +481,7 @@ def test_sampling_follows_the_target_distribution(tiny, draft_id, temperature, s
             3,
             draft=draft_id,
             lookup=0,
+            trust=0,
             temperature=temperature,
             seed=seed,
         )
