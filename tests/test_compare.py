@@ -7,6 +7,7 @@ from itertools import pairwise
 
 import pytest
 from gradio_client import Client
+from playwright.sync_api import expect
 
 from conftest import ARTIFACTS
 from decoders import METHODS, InvalidInput, generate
@@ -218,6 +219,20 @@ def test_long_specs_wrap_at_their_colons():
     assert wrap_label("jacobi") == "jacobi"
 
 
+def test_rounds_keep_each_specs_fastest_run_and_check_every_run():
+    steps = list(compare_methods("tiny-random", PROMPT, "prompt_lookup\njacobi", 8, False, 2))
+    assert [c.progress for c in steps] == [f"{i} of 6 runs done" for i in range(1, 7)]
+    # Round 2 starts one spec later (prompt_lookup, jacobi, autoregressive).
+    assert [len(c.rows) for c in steps] == [1, 2, 3, 3, 3, 3]
+    final = steps[-1]
+    assert final.done and [r["runs"] for r in final.rows] == [2, 2, 2]
+    assert all(r["identical"] for r in final.rows[1:])
+    for r in final.rows:  # the row is the faster of its spec's two runs
+        assert r["tokens_per_s"] == round(final.traces[r["method"]].stats["tokens_per_s"], 1)
+    with pytest.raises(InvalidInput, match="rounds must be"):
+        next(compare_methods("tiny-random", PROMPT, "jacobi", 8, rounds=0))
+
+
 def test_bad_requests_fail_before_anything_runs():
     with pytest.raises(InvalidInput, match="max_new_tokens"):
         next(compare_methods("tiny-random", PROMPT, "jacobi", 0))
@@ -282,13 +297,14 @@ TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table [role=row]')].m
 def run_compare_in_the_page(page, server, name: str) -> list[list[str]]:
     page.goto(server)
     page.get_by_role("tab", name="Compare").click()
-    assert page.locator("#cmp-specs textarea").input_value() == "\n".join(PRESETS[DEFAULT_PRESET])
+    expect(page.locator("#cmp-specs textarea")).to_have_value(
+        "\n".join(PRESETS[DEFAULT_PRESET]), timeout=30_000
+    )
     page.locator("#cmp-preset input").click()
     page.get_by_role("option", name="quick look").click()
-    page.wait_for_function(
-        "() => document.querySelector('#cmp-specs textarea').value.startsWith('prompt_lookup\\n')"
+    expect(page.locator("#cmp-specs textarea")).to_have_value(
+        "\n".join(PRESETS["quick look"]), timeout=30_000
     )
-    assert page.locator("#cmp-specs textarea").input_value() == "\n".join(PRESETS["quick look"])
     page.locator("#cmp-prompt textarea").fill(PROMPT)
     budget = page.locator("#cmp-max-new input[type=number]")
     budget.fill("16")

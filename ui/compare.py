@@ -26,6 +26,7 @@ from .session import Trace, check_budget, check_draft, get_bundle, token_texts, 
 
 REFERENCE = "autoregressive"
 MAX_SPECS = 16  # rows per comparison: each is a full run
+MAX_ROUNDS = 5  # runs per spec (each row keeps its fastest)
 
 
 # --- number format (the table, the headline and the charts all use these) ------------------------
@@ -150,19 +151,22 @@ def parse_specs(specs: str | Iterable[str]) -> list[Spec]:
 
 @dataclass
 class Comparison:
-    """The growing result: one row and one trace per finished spec (autoregressive first)."""
+    """The comparison as it stands: one row and one trace per spec run so far (autoregressive
+    first); with several rounds, each spec's fastest run."""
 
     specs: list[Spec]
     rows: list[dict[str, Any]] = field(default_factory=list)
     traces: dict[str, Trace] = field(default_factory=dict)  # by spec label
+    runs_done: int = 0
+    runs_total: int = 0
 
     @property
     def done(self) -> bool:
-        return len(self.rows) == len(self.specs)
+        return self.runs_done == self.runs_total
 
     @property
     def progress(self) -> str:
-        return f"{len(self.rows)} of {len(self.specs)} runs done"
+        return f"{self.runs_done} of {self.runs_total} runs done"
 
     def headline(self) -> str:
         if self.done:
@@ -203,24 +207,34 @@ def compare_methods(
     specs: str | Iterable[str],
     max_new_tokens: int,
     warm_up: bool = True,
+    rounds: int = 1,
 ) -> Iterator[Comparison]:
     """Run each spec greedily on the same prompt, autoregressive first (the speed and lossless
-    reference), yielding the growing comparison after each run.
+    reference), yielding the comparison as it stands after each run.
 
     Every spec is validated and every run prepared (drafters loaded, skip sets checked) before
     the first one starts, so a bad spec costs nothing and no run's clock includes a load. Runs
     skip optional detail events (top-k candidates): what is timed is decoding, not recording.
+    With `rounds` > 1 every spec runs that many times, each round in a rotated order (a busy
+    machine's load drifts; rotation spreads the drift over every spec), and each row keeps its
+    fastest run: noise only ever slows a run down. Every run is checked against greedy.
     """
     max_new_tokens = check_budget(max_new_tokens)
+    if isinstance(rounds, float) and rounds.is_integer():
+        rounds = int(rounds)  # a slider's or a JSON client's 2.0
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
+        raise InvalidInput(
+            f"rounds must be a whole number between 1 and {MAX_ROUNDS}, got {rounds!r}"
+        )
     parsed = parse_specs(specs)
     for s in parsed:
         check_request(prompt, s.method, max_new_tokens, s.params)
     bundle = get_bundle(model)
-    runs = []
+    runs = {}
     for s in parsed:
         try:
-            runs.append(
-                prepare(bundle, prompt, s.method, max_new_tokens, params=s.params, detail=False)
+            runs[s.label] = prepare(
+                bundle, prompt, s.method, max_new_tokens, params=s.params, detail=False
             )
         except DecodingLabError as exc:
             raise InvalidInput(f"method spec {s.label!r}: {exc}") from None
@@ -235,55 +249,81 @@ def compare_methods(
             warm = prepare(bundle, prompt, s.method, min(4, max_new_tokens), params=s.params)
             for _ in run_events(warm):
                 pass
-    result = Comparison(parsed)
-    for spec, run in zip(parsed, runs, strict=True):
-        trace = Trace(
-            {
-                "model": bundle.model_id,
-                "method": spec.method,
-                "spec": spec.label,
-                "params": dict(run.cfg.params),
-                "prompt": prompt,
-                "prompt_ids": run.prompt_ids,
-                "max_new_tokens": max_new_tokens,
-                "n_layers": bundle.n_layers,
-                "vocab_size": vocab_size(bundle),
-            }
-        )
-        # When each commit arrived, from the run's start: the race is drawn against this clock,
-        # so its lines end where the table's tokens/s says (forward time alone leaves out the
-        # drafting work between forwards).
-        commit_s: list[float] = []
-        start = time.perf_counter()
-        for event in run_events(run):
-            if isinstance(event, Commit):
-                commit_s.append(time.perf_counter() - start)
-            trace.events.append(event)
-        tokens = trace.token_ids
-        ids = set(run.prompt_ids) | {
-            t for e in trace.events if isinstance(e, Commit | Draft) for t in e.tokens
+    best: dict[str, Trace] = {}  # each spec's fastest run so far
+    diverged: dict[str, int] = {}  # a spec whose run (any round) left greedy: where
+    total, done = len(parsed) * rounds, 0
+    for k in range(rounds):
+        shift = k % len(parsed)
+        for spec in parsed[shift:] + parsed[:shift]:
+            trace = _timed(bundle, spec, runs[spec.label], prompt, max_new_tokens)
+            done += 1
+            if spec is not parsed[0]:  # the reference ran first in round 1
+                reference = best[parsed[0].label].token_ids
+                check = compare_tokens(reference, trace.token_ids)
+                if not check.identical:
+                    diverged.setdefault(spec.label, check.first_divergence or 0)
+            if spec.label not in best or _faster(trace, best[spec.label]):
+                best[spec.label] = trace
+            shown = [p for p in parsed if p.label in best]
+            rows = [_row(p, best[p.label], best[parsed[0].label], diverged, k + 1) for p in shown]
+            for r in rows:
+                best[r["method"]].meta["lossless"] = r["lossless"]
+            yield Comparison(parsed, rows, {p.label: best[p.label] for p in shown}, done, total)
+
+
+def _faster(a: Trace, b: Trace) -> bool:
+    return a.stats["tokens_per_s"] > b.stats["tokens_per_s"]
+
+
+def _timed(bundle: Any, spec: Spec, run: Any, prompt: str, max_new_tokens: int) -> Trace:
+    """One run of one spec, recorded as a Trace with each commit's arrival time."""
+    trace = Trace(
+        {
+            "model": bundle.model_id,
+            "method": spec.method,
+            "spec": spec.label,
+            "params": dict(run.cfg.params),
+            "prompt": prompt,
+            "prompt_ids": run.prompt_ids,
+            "max_new_tokens": max_new_tokens,
+            "n_layers": bundle.n_layers,
+            "vocab_size": vocab_size(bundle),
         }
-        trace.texts = token_texts(bundle, ids)
-        done = next(e for e in reversed(trace.events) if isinstance(e, Done))
-        trace.meta.update(
-            token_ids=tokens,
-            text=bundle.decode(tokens),
-            stats=done.stats,
-            finish_reason=done.finish_reason,
-            commit_s=[round(t, 5) for t in commit_s],
-        )
-        result.traces[spec.label] = trace
-        result.rows.append(_row(spec, trace, result))
-        trace.meta["lossless"] = result.rows[-1]["lossless"]
-        yield Comparison(result.specs, list(result.rows), dict(result.traces))  # as it stands
+    )
+    # When each commit arrived, from the run's start: the race is drawn against this clock, so
+    # its lines end where the table's tokens/s says (forward time alone leaves out the drafting
+    # work between forwards).
+    commit_s: list[float] = []
+    start = time.perf_counter()
+    for event in run_events(run):
+        if isinstance(event, Commit):
+            commit_s.append(time.perf_counter() - start)
+        trace.events.append(event)
+    tokens = trace.token_ids
+    ids = set(run.prompt_ids) | {
+        t for e in trace.events if isinstance(e, Commit | Draft) for t in e.tokens
+    }
+    trace.texts = token_texts(bundle, ids)
+    done = next(e for e in reversed(trace.events) if isinstance(e, Done))
+    trace.meta.update(
+        token_ids=tokens,
+        text=bundle.decode(tokens),
+        stats=done.stats,
+        finish_reason=done.finish_reason,
+        commit_s=[round(t, 5) for t in commit_s],
+    )
+    return trace
 
 
-def _row(spec: Spec, trace: Trace, result: Comparison) -> dict[str, Any]:
+def _row(
+    spec: Spec, trace: Trace, reference: Trace, diverged: Mapping[str, int], runs: int
+) -> dict[str, Any]:
     s = trace.stats
-    reference = result.traces[result.specs[0].label]
     base = reference.stats["tokens_per_s"] or 1.0
-    is_ref = spec is result.specs[0]
+    is_ref = trace is reference
     check = compare_tokens(reference.token_ids, trace.token_ids)
+    first = diverged.get(spec.label, check.first_divergence)
+    identical = check.identical and spec.label not in diverged
     accept = s.get("mean_acceptance_length")
     return {
         "method": spec.label,
@@ -294,11 +334,12 @@ def _row(spec: Spec, trace: Trace, result: Comparison) -> dict[str, Any]:
         "mean_acceptance_length": None if accept is None else round(accept, 2),
         "new_tokens": s["new_tokens"],
         "wall_s": s["wall_s"],
-        "identical": check.identical,
-        "first_divergence": check.first_divergence,
+        "runs": runs,
+        "identical": identical,
+        "first_divergence": None if identical else first,
         "lossless": "reference"
         if is_ref
-        else ("✓ identical" if check.identical else f"✗ differs at token {check.first_divergence}"),
+        else ("✓ identical" if identical else f"✗ differs at token {first}"),
     }
 
 

@@ -22,6 +22,7 @@ from visualizer import race_chart, speedup_chart, token_spans_html
 from .common import gpu, message
 from .compare import (
     DEFAULT_PRESET,
+    MAX_ROUNDS,
     PRESETS,
     TABLE_HEADERS,
     Comparison,
@@ -46,6 +47,7 @@ class CompareTab:
     specs: Any
     model: Any
     max_new: Any
+    rounds: Any
     button: Any
     status: Any
     headline: Any
@@ -144,14 +146,23 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                     elem_id="cmp-max-new",
                     min_width=200,
                 )
+            rounds = gr.Slider(
+                1,
+                MAX_ROUNDS,
+                value=1,
+                step=1,
+                label="Rounds: each spec runs this often, in rotated order; a row keeps its "
+                "fastest run (steadier numbers on a busy machine)",
+                elem_id="cmp-rounds",
+            )
             button = gr.Button("Compare", variant="primary", elem_id="cmp-btn")
             status = gr.Markdown(elem_id="cmp-status")
         with gr.Column(scale=3, min_width=320):
             headline = gr.Markdown(elem_id="cmp-headline")
             table = gr.Dataframe(
                 headers=TABLE_HEADERS,
-                label="Results: greedy, one run each in this order, autoregressive first as the "
-                "reference (a busy machine makes speeds noisy; ratios within one comparison hold best)",
+                label="Results: greedy, autoregressive first as the speed and lossless reference "
+                "(a busy machine makes speeds noisy: more rounds steady them)",
                 interactive=False,
                 elem_id="cmp-table",  # cells stay on one line; a narrow screen scrolls the table
             )
@@ -160,7 +171,19 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
             texts = gr.HTML(elem_id="cmp-texts")
 
     tab = CompareTab(
-        prompt, preset, specs, model, max_new, button, status, headline, table, chart, race, texts
+        prompt,
+        preset,
+        specs,
+        model,
+        max_new,
+        rounds,
+        button,
+        status,
+        headline,
+        table,
+        chart,
+        race,
+        texts,
     )
 
     def on_preset(name: str) -> dict:
@@ -170,23 +193,23 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
 
     @gpu
     def on_compare(
-        model_id: str, prompt_text: str, spec_text: str, budget: float
+        model_id: str, prompt_text: str, spec_text: str, budget: float, n_rounds: float
     ) -> Iterator[dict]:
         yield tab.cleared("⏳ Checking the specs and loading the model…")
         try:
-            for result in compare_methods(model_id, prompt_text, spec_text, budget):
+            runs = compare_methods(model_id, prompt_text, spec_text, budget, rounds=n_rounds)
+            for result in runs:
                 if result.done:
                     model_used = result.traces[result.specs[0].label].meta["model"]
                     yield tab.shown(result, f"✅ Done. {len(result.rows)} runs on {model_used}.")
                 else:
-                    following = result.specs[len(result.rows)].label
-                    yield tab.shown(result, f"⏳ {result.progress}; running {following}…")
+                    yield tab.shown(result, f"⏳ {result.progress}…")
         except DecodingLabError as exc:
             yield tab.cleared(message(str(exc)))
 
     button.click(
         on_compare,
-        [model, prompt, specs, max_new],
+        [model, prompt, specs, max_new, rounds],
         tab.views,
         api_visibility="private",
         concurrency_id="decode",
@@ -196,12 +219,17 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
 
 
 def compare(
-    prompt: str, methods: str = "autoregressive", model: str = "", max_new_tokens: int = 64
+    prompt: str,
+    methods: str = "autoregressive",
+    model: str = "",
+    max_new_tokens: int = 64,
+    rounds: int = 1,
 ) -> dict:
     """Run several method specs (comma-separated; NAME or NAME:KEY=VALUE[:KEY=VALUE]) greedily on
-    one prompt, autoregressive first. Returns rows (one per spec), texts (by spec) and headline."""
+    one prompt, autoregressive first; `rounds` > 1 runs each that often and keeps its fastest.
+    Returns rows (one per spec), texts (by spec) and the headline."""
     try:
-        *_, result = compare_methods(model or None, prompt, methods, max_new_tokens)
+        *_, result = compare_methods(model or None, prompt, methods, max_new_tokens, rounds=rounds)
     except DecodingLabError as exc:
         raise gr.Error(str(exc)) from None
     return {
