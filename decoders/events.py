@@ -80,18 +80,24 @@ class Verify(Event):
 
 @dataclass(frozen=True)
 class JacobiIteration(Event):
+    """The block of guesses one Jacobi iteration fed: `tokens[i]` is the guess for output position
+    `start + i` (`start` = tokens committed before this iteration; -1 in older traces);
+    `changed[i]`: whether that guess differs from the previous iteration's for the same position."""
+
     type: ClassVar[str] = "JacobiIteration"
     step: int
     iteration: int
     tokens: tuple[int, ...]
     changed: tuple[bool, ...]
+    start: int = -1
 
 
 @dataclass(frozen=True)
 class NgramPool(Event):
     """The n-gram pool after a lookahead step: `added` = n-grams the window yielded this step;
     `hits` = candidates found for the last committed token (what the verify branch checked);
-    `size` = n-grams held; `top` = the most used n-grams with their hit counts so far."""
+    `size` = n-grams held; `top` = the most used n-grams with their hit counts so far;
+    `n` = the n-gram size N (0 in older traces)."""
 
     type: ClassVar[str] = "NgramPool"
     step: int
@@ -99,6 +105,7 @@ class NgramPool(Event):
     hits: int
     size: int = 0
     top: tuple[tuple[int, ...], ...] = ()  # each: (hit count, *n-gram tokens)
+    n: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,12 +123,15 @@ class LookaheadWindow(Event):
 class AttentionMask(Event):
     """The attention pattern of one forward among its new inputs (the cached context is visible
     to all): `visible[i]` lists the input indices input i attends to; `labels[i]` names its branch
-    and slot, e.g. "x", "look L1·3", "verify c2·1"."""
+    and slot, e.g. "x", "look L1·3", "verify n2·d1"; `input_ids[i]` is input i's token and
+    `branches[i]` its group ("x", "lookahead", "verify"); both empty in older traces."""
 
     type: ClassVar[str] = "AttentionMask"
     step: int
     labels: tuple[str, ...]
     visible: tuple[tuple[int, ...], ...]
+    input_ids: tuple[int, ...] = ()
+    branches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         changed = tuple(
             previous is None or i >= len(previous) or g != previous[i] for i, g in enumerate(block)
         )
-        yield JacobiIteration(step, step, tuple(block), changed)
+        # The block guesses output positions len(budget.tokens) onwards (after x, the last commit).
+        yield JacobiIteration(step, step, tuple(block), changed, start=len(budget.tokens))
         if block:
             yield Draft(
                 step,

@@ -25,16 +25,12 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 
-import torch
-
 from .base import Budget, DecodeConfig
-from .events import AttentionMask, Draft, Event, LookaheadWindow, NgramPool, Verify
+from .events import Draft, Event, LookaheadWindow, NgramPool
 from .models import ModelBundle
 from .params import Param
-from .runtime import forward, keep_cache, new_cache
-from .steps import commit, start
-from .tree import depths, tree_mask, tree_positions
-from .verify import greedy_tree, sample_tree
+from .runtime import new_cache
+from .steps import RideAlong, start, verify_tree
 
 PARAMS = (
     Param("N", int, 6, "n-gram size: the window keeps N − 1 levels of Jacobi history", 2, 12),
@@ -145,7 +141,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     step = 0
     while not budget.done:
         step += 1
-        in_cache, x = len(context) - 1, context[-1]
+        x = context[-1]
         # Verification branch: pool n-grams for x, cut to the budget (the target adds one token).
         room = budget.remaining - 1
         before = context[-2] if p["rank_by_context"] and len(context) > 1 else None
@@ -153,13 +149,6 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         grams = list(dict.fromkeys(c[:room] for c in full))  # cut, and once each
         v_tokens, v_parents = trie(grams)
 
-        # One tree rooted at x: [x] + window (level by level) + trie.
-        look = [t for level in levels for t in level]
-        look_parents = window_parents(levels, 1) if levels else []
-        v_offset = 1 + len(look)
-        parents = [-1, *look_parents, *(v_offset + q if q >= 0 else 0 for q in v_parents)]
-        inputs = [x, *look, *v_tokens]
-        mask = tree_mask(parents, in_cache)
         if v_tokens:
             yield Draft(
                 step,
@@ -168,28 +157,29 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tuple(v_parents),
                 (1.0,) * len(v_tokens),
             )
-        if cfg.detail:
-            yield AttentionMask(step, _labels(levels, v_parents), _visible(mask, in_cache))
-        out = forward(
+        # ONE forward over one tree rooted at x: [x] + the window (level by level, riding along)
+        # + the trie. The shared tree phase verifies the trie, keeps x and the accepted path (the
+        # window's KV goes) and commits.
+        window = RideAlong(
+            tokens=[t for level in levels for t in level],
+            parents=window_parents(levels, 1) if levels else [],
+            labels=_window_labels(levels),
+            branch="lookahead",
+        )
+        committed_before = len(context)
+        verdict, logits = yield from verify_tree(
             bundle,
             cache,
-            inputs,
-            step=step,
-            kind="verify" if v_tokens else "target",
-            positions=tree_positions(parents, in_cache),
-            mask=mask,
+            context,
+            v_tokens,
+            v_parents,
+            sampler,
+            budget,
+            step,
+            ride=window,
+            record_mask=cfg.detail,
         )
-        yield out.event
-
-        rows = torch.cat([out.logits[:1], out.logits[v_offset:]])
-        if sampler.greedy:
-            verdict = greedy_tree(v_tokens, v_parents, rows)
-        else:
-            verdict = sample_tree(v_tokens, v_parents, rows, sampler)
         if v_tokens:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
             accepted = tuple(v_tokens[i] for i in verdict.accepted)
             for c in full:  # a hit: the n-gram's continuation was (partly) accepted
                 if accepted and c[: len(accepted)] == accepted[: len(c)]:
@@ -198,7 +188,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         # Lookahead: the top level's outputs are the new guesses; full columns yield n-grams.
         added: list[tuple[int, ...]] = []
         if levels:
-            top = out.logits[1 + (len(levels) - 1) * w : v_offset].argmax(dim=-1).tolist()
+            v_offset = 1 + len(window.tokens)
+            top = logits[1 + (len(levels) - 1) * w : v_offset].argmax(dim=-1).tolist()
             yield LookaheadWindow(step, tuple(map(tuple, levels)), tuple(top))
             if len(levels) == n - 1:
                 for i in range(w):
@@ -209,23 +200,11 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             else:  # warming up: the window grows a level per step until it holds N - 1
                 levels = [*levels, top]
         if levels or g:
-            yield NgramPool(step, tuple(added), len(grams), len(pool), pool.top())
-        # Keep x and the accepted trie path; the window's KV goes.
-        keep_cache(cache, in_cache, [0, *(v_offset + i for i in verdict.accepted)])
-        committed = commit(step, verdict, budget, context)
-        yield committed
+            yield NgramPool(step, tuple(added), len(grams), len(pool), pool.top(), n=n)
         if p["pool_from_output"]:  # n-grams that end in the tokens just committed
-            pool.seed(context, start=len(context) - len(committed.tokens) - n + 1)
+            pool.seed(context, start=committed_before - n + 1)
 
 
-def _labels(levels: Sequence[Sequence[int]], v_parents: Sequence[int]) -> tuple[str, ...]:
-    look = [f"look L{j}·{i}" for j, level in enumerate(levels) for i in range(len(level))]
-    # Trie nodes are shared by candidates, so they are named by node index and depth.
-    verify = [f"verify n{i}·d{d}" for i, d in enumerate(depths(v_parents))]
-    return ("x", *look, *verify)
-
-
-def _visible(mask: torch.Tensor, in_cache: int) -> tuple[tuple[int, ...], ...]:
-    """Read the mask tensor actually passed to the model back into lists of visible inputs."""
-    new = mask[0, 0, :, in_cache:] == 0
-    return tuple(tuple(int(j) for j in row.nonzero().flatten()) for row in new)
+def _window_labels(levels: Sequence[Sequence[int]]) -> list[str]:
+    """Names of the window's inputs for the attention-mask view: level j, column i."""
+    return [f"look L{j}·{i}" for j, level in enumerate(levels) for i in range(len(level))]

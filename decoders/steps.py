@@ -1,23 +1,34 @@
-"""Phases every draft-and-verify decoder shares: start (prefill + first token) and commit a verdict.
+"""Phases every draft-and-verify decoder shares: start (prefill + first token), verify a chain or a
+tree in one target forward, and commit the verdict.
 
 Written as generators that yield their events and return their result, so a method reads as its
-paper's loop: `context = yield from start(...)`, then per step draft, `yield from verify_chain(...)`.
+paper's loop: `context = yield from start(...)`, then per step draft, `yield from verify_chain(...)`
+(a chain draft) or `yield from verify_tree(...)` (a token tree, with optional ride-along inputs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from .base import Budget
 from .drafters import Drafter
-from .events import Commit, Event, Prefill, Verify
+from .events import AttentionMask, Commit, Event, Prefill, Verify
 from .models import ModelBundle
-from .runtime import crop_cache, forward
+from .runtime import crop_cache, forward, keep_cache
 from .sampling import Sampler
-from .verify import Verdict, greedy_chain, sample_deterministic_chain, speculative_chain
+from .tree import depths, tree_mask, tree_positions
+from .verify import (
+    Verdict,
+    greedy_chain,
+    greedy_tree,
+    sample_deterministic_chain,
+    sample_tree,
+    speculative_chain,
+)
 
 
 def start(
@@ -94,3 +105,94 @@ def verify_chain(
         drafter.observe(out.features[: 1 + len(verdict.accepted)])
     yield commit(step, verdict, budget, context)
     return verdict, out.logits
+
+
+@dataclass(frozen=True)
+class RideAlong:
+    """Inputs a method runs in the verify forward beside the tree, whose logits it reads back
+    (lookahead's Jacobi window). They sit between x and the tree; `parents` index the whole forward
+    (0 = x, the ride-along inputs from 1), parents first. `labels` name each input for the attention
+    mask view and `branch` names the group. Their KV is discarded after the forward."""
+
+    tokens: Sequence[int]
+    parents: Sequence[int]
+    labels: Sequence[str]
+    branch: str
+
+
+def verify_tree(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    context: list[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    sampler: Sampler,
+    budget: Budget,
+    step: int,
+    *,
+    ride: RideAlong | None = None,
+    drafter: Drafter | None = None,
+    record_mask: bool = False,
+) -> Generator[Event, None, tuple[Verdict, torch.Tensor]]:
+    """ONE target forward over [x, *ride-along inputs, *tree] with a tree attention mask (each node
+    sees the cache and its ancestors, at position cache + depth); follow the target down the tree
+    (greedy: its argmax; sampling: the multi-draft residual rule); keep the KV of x and the accepted
+    path only (compacted), and commit path + the target's own token.
+    `tokens`/`parents`: the draft tree (parents[i] = -1 for children of x). `record_mask`: also emit
+    the mask as an AttentionMask event (before the forward). A feature-level `drafter` is handed
+    the features of x and the accepted path. Returns the verdict and the forward's logits (all rows:
+    row 0 = x, rows 1.. = the ride-along inputs, then the tree's nodes)."""
+    in_cache, x = len(context) - 1, context[-1]
+    extra = list(ride.tokens) if ride is not None else []
+    offset = 1 + len(extra)  # the tree's first node in the forward
+    forward_parents = [
+        -1,
+        *(ride.parents if ride is not None else ()),
+        *(offset + q if q >= 0 else 0 for q in parents),
+    ]
+    mask = tree_mask(forward_parents, in_cache)
+    if record_mask:
+        labels = [
+            "x",
+            *(ride.labels if ride is not None else ()),
+            *(f"verify n{i}·d{d}" for i, d in enumerate(depths(parents))),
+        ]
+        branches = ["x", *[ride.branch] * len(extra), *["verify"] * len(tokens)]
+        yield AttentionMask(
+            step,
+            tuple(labels),
+            _visible(mask, in_cache),
+            input_ids=(x, *extra, *tokens),
+            branches=tuple(branches),
+        )
+    wants = drafter is not None and drafter.needs_features
+    out = forward(
+        bundle,
+        cache,
+        [x, *extra, *tokens],
+        step=step,
+        kind="verify" if tokens else "target",
+        positions=tree_positions(forward_parents, in_cache),
+        mask=mask,
+        features=wants,
+    )
+    yield out.event
+    rows = torch.cat([out.logits[:1], out.logits[offset:]]) if extra else out.logits
+    if sampler.greedy:
+        verdict = greedy_tree(tokens, parents, rows)
+    else:
+        verdict = sample_tree(tokens, parents, rows, sampler)
+    if tokens:
+        yield Verify(step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs)
+    kept = [0, *(offset + i for i in verdict.accepted)]
+    keep_cache(cache, in_cache, kept)  # x and the accepted path stay; the rest of the KV goes
+    if wants:
+        drafter.observe(out.features[kept])
+    yield commit(step, verdict, budget, context)
+    return verdict, out.logits
+
+
+def _visible(mask: torch.Tensor, in_cache: int) -> tuple[tuple[int, ...], ...]:
+    """Read the mask tensor actually passed to the model back into lists of visible inputs."""
+    new = mask[0, 0, :, in_cache:] == 0
+    return tuple(tuple(int(j) for j in row.nonzero().flatten()) for row in new)

@@ -31,16 +31,15 @@ import torch
 from .base import Budget, DecodeConfig
 from .drafters import Drafter, check_draft, make_drafter
 from .errors import InvalidParameter
-from .events import Draft, Event, Forward, Verify
+from .events import Draft, Event, Forward
 from .models import ModelBundle
 from .params import Param
 from .prompt_lookup import lookup
-from .runtime import forward, keep_cache, new_cache
+from .runtime import new_cache
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
-from .steps import commit, start
-from .tree import depths, feed_mask, tree_mask, tree_positions, with_root
-from .verify import greedy_tree, sample_tree
+from .steps import start, verify_tree
+from .tree import depths, feed_mask
 
 # A Medusa-style static tree: 15 nodes, 4 deep, wider where the draft is usually right.
 DEFAULT_CHOICES = "0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0.0"
@@ -244,7 +243,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     step = 0
     while not budget.done:
         step += 1
-        in_cache, x = len(context) - 1, context[-1]
+        x = context[-1]
         # The target adds one token after the accepted path: keep paths within remaining - 1.
         depth_cap = budget.remaining - 1
         tree, label = TreeDraft(), drafter.label
@@ -273,29 +272,15 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tuple(round(v, 6) for v in tree.probs),
             )
 
-        # ONE target forward over x and the whole tree.
-        parents = with_root(tree.parents)
-        out = forward(
+        # ONE target forward over x and the whole tree; keep x and the accepted path, commit.
+        yield from verify_tree(
             bundle,
             cache,
-            [x, *tree.tokens],
-            step=step,
-            kind="verify" if tree.tokens else "target",
-            positions=tree_positions(parents, in_cache),
-            mask=tree_mask(parents, in_cache),
-            features=drafter.needs_features,
+            context,
+            tree.tokens,
+            tree.parents,
+            sampler,
+            budget,
+            step,
+            drafter=drafter,
         )
-        yield out.event
-        if sampler.greedy:
-            verdict = greedy_tree(tree.tokens, tree.parents, out.logits)
-        else:
-            verdict = sample_tree(tree.tokens, tree.parents, out.logits, sampler)
-        if tree.tokens:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
-        kept = [0, *(1 + i for i in verdict.accepted)]
-        keep_cache(cache, in_cache, kept)
-        if drafter.needs_features:
-            drafter.observe(out.features[kept])
-        yield commit(step, verdict, budget, context)

@@ -156,6 +156,42 @@ def test_lookahead_accepts_ngrams_on_code_and_emits_its_views(embedded):
     assert len(windows[-1].levels) == 2 and len(windows[-1].outputs) == 3  # N - 1 levels × W
 
 
+def test_events_carry_what_the_views_need(tiny):
+    """The mask names each input's token and branch (x, the window level by level, the trie) as
+    fed to the model; the pool event records N; each Jacobi block records where it starts."""
+    res = generate(tiny, PROMPTS[5], "lookahead", 24, N=3, W=4, G=3, pool_from_output=True)
+    by_step = {}
+    for e in res.events:
+        by_step.setdefault(getattr(e, "step", None), []).append(e)
+    committed = [t for e in res.events if isinstance(e, Commit) for t in e.tokens]
+    done = 1  # the prefill's token
+    for e in res.events:
+        if isinstance(e, AttentionMask):
+            window = next(w for w in by_step[e.step] if isinstance(w, LookaheadWindow))
+            drafts = [d for d in by_step[e.step] if type(d).__name__ == "Draft"]
+            trie_tokens = list(drafts[0].tokens) if drafts else []
+            look = [t for level in window.levels for t in level]
+            x = committed[done - 1]
+            assert e.input_ids == (x, *look, *trie_tokens)
+            assert e.branches == ("x", *["lookahead"] * len(look), *["verify"] * len(trie_tokens))
+            assert len(e.labels) == len(e.visible) == len(e.input_ids)
+        elif isinstance(e, Commit) and e.step > 0:
+            done += len(e.tokens)
+    pools = [e for e in res.events if isinstance(e, NgramPool)]
+    assert pools and all(p.n == 3 for p in pools)
+
+    jac = generate(tiny, PROMPTS[0], "jacobi", 20, block=4)
+    starts = [e.start for e in jac.events if type(e).__name__ == "JacobiIteration"]
+    before = 0
+    expected = []
+    for e in jac.events:
+        if type(e).__name__ == "JacobiIteration":
+            expected.append(before)
+        elif isinstance(e, Commit):
+            before += len(e.tokens)
+    assert starts == expected and starts[0] == 1
+
+
 @pytest.mark.parametrize("budget", [1, 2, 3, 5])
 def test_budget_edge_cases(tiny, budget):
     for prompt in PROMPTS[:3]:
