@@ -14,9 +14,13 @@ from decoders.events import (
     Verify,
 )
 from visualizer.lookahead_views import (
+    ADDED_LABEL,
+    BOUNDARY_COLOUR,
+    CANDIDATE_STATUS,
     JACOBI_STATUS,
     MASK_BRANCH,
     MASK_NOTE,
+    SEPARATOR_COLOUR,
     WINDOW_STATUS,
     attention_mask,
     jacobi_panel,
@@ -24,6 +28,7 @@ from visualizer.lookahead_views import (
     lookahead_panel,
     lookahead_window,
     ngram_pool,
+    pool_candidates,
 )
 from visualizer.tokens import COLOURS
 
@@ -74,60 +79,94 @@ def legend(fig: go.Figure) -> list[str]:
 # --- Jacobi ---------------------------------------------------------------------------------------
 
 
-def test_jacobi_statuses_colours_and_boundary():
+def test_jacobi_rows_are_iterations_columns_absolute_positions():
+    """The figure the CLLM and Lookahead papers draw: each row is the whole sequence the forward
+    saw at absolute output positions, the committed prefix (fixed) growing row by row."""
     fig = jacobi_trajectory(JACOBI_TRACE, TEXTS, 2)
     h = heatmap(fig)
+    fixed, conv, wrong, changed = (JACOBI[k] for k in ("fixed", "converged", "wrong", "changed"))
     assert list(h.y) == [1, 2]  # one row per iteration
-    assert list(h.z[0]) == [JACOBI["changed"]] * 4  # the first guesses are all new
-    assert list(h.z[1]) == [
-        JACOBI["converged"],
-        JACOBI["converged"],
-        JACOBI["unchanged"],
-        JACOBI["changed"],
+    assert list(h.x) == [0, 1, 2, 3, 4, 5]  # output positions (0 = the first new token)
+    # Iteration 1 guessed positions 1-4 after the first token; its first guess was wrong.
+    assert list(h.z[0]) == [fixed, wrong, changed, changed, changed, None]
+    # Iteration 2 starts one position later (one token was committed) and accepts two guesses.
+    assert list(h.z[1]) == [fixed, fixed, conv, conv, wrong, changed]
+    assert [list(r) for r in h.text] == [
+        [" f", " g", "[", "x)", ";", ""],
+        [" f", "(x", "[", "&lt;b&gt;", ";", "longto…"],
     ]
-    assert colour_of(h, JACOBI["converged"]) == COLOURS["draft"]
-    assert colour_of(h, JACOBI["changed"]) == COLOURS["correction"]
-    assert colour_of(h, JACOBI["unchanged"]) == COLOURS["target"]
-    # Fixed-point boundary: before position 0 in iteration 1, after position 1 in iteration 2.
-    (bound,) = [t for t in fig.data if t.name.startswith("fixed point")]
-    assert list(bound.x) == [-0.5, -0.5, None, 1.5, 1.5, None]
+    assert colour_of(h, fixed) == COLOURS["target"]
+    assert colour_of(h, conv) == COLOURS["draft"]
+    assert colour_of(h, wrong) == COLOURS["rejected"]
+    assert colour_of(h, changed) == COLOURS["correction"]
+    # The converged guesses end before position 1 in iteration 1, before position 4 in iteration 2.
+    (bound,) = [t for t in fig.data if t.name == "end of the converged guesses"]
+    assert list(bound.x) == [0.5, 0.5, None, 3.5, 3.5, None]
     assert list(bound.y) == [0.5, 1.5, None, 1.5, 2.5, None]
     assert bound.line.width >= 3
     assert fig.layout.yaxis.autorange == "reversed"
-    assert list(fig.layout.yaxis.ticktext) == ["iteration 1 · +1", "iteration 2 · +3"]
-    assert "relative to the next uncommitted token" in fig.layout.xaxis.title.text
-    assert fig.layout.title.text == "Step 2: Jacobi iteration 2 accepted 2 of 4 guesses"
-    assert len(legend(fig)) == 3
+    assert list(fig.layout.yaxis.ticktext) == ["1 (+1)", "2 (+3)"]
+    assert fig.layout.xaxis.title.text.startswith("output position")
+    assert fig.layout.title.text == "Step 2: Jacobi trajectory"
+    assert fig.layout.title.subtitle.text.replace("<br>", " ").startswith(
+        "iteration 2: 2 of 4 guesses converged"
+    )
+    assert "5 tokens fixed" in fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert legend(fig) == [JACOBI_STATUS[k][1] for k in ("fixed", "converged", "wrong", "changed")]
+
+
+def test_jacobi_recorded_start_positions_match_the_old_traces_fallback():
+    """New traces record each block's absolute start; older ones are placed from the commits."""
+    recorded = [
+        JacobiIteration(e.step, e.iteration, e.tokens, e.changed, start=e.step)
+        if isinstance(e, JacobiIteration)
+        else e
+        for e in JACOBI_TRACE
+    ]
+    assert (
+        heatmap(jacobi_trajectory(recorded, TEXTS, 2)).z
+        == heatmap(jacobi_trajectory(JACOBI_TRACE, TEXTS, 2)).z
+    )
+    # A recorded start is trusted over the commits (here: shifted by one position).
+    shifted = [
+        JacobiIteration(e.step, e.iteration, e.tokens, e.changed, start=e.step + 1)
+        if isinstance(e, JacobiIteration)
+        else e
+        for e in JACOBI_TRACE
+    ]
+    assert list(heatmap(jacobi_trajectory(shifted, TEXTS, 2)).x) == list(range(7))
 
 
 def test_jacobi_hover_and_escaping():
     h = heatmap(jacobi_trajectory(JACOBI_TRACE, TEXTS, 2))
-    assert h.text[1][1] == "&lt;b&gt;"  # token "<b>" must not turn the text bold
-    assert h.text[0][3] == ";" and h.text[1][3] == "longto…"
-    hover = h.customdata[1][1]
-    assert "'&lt;b&gt;' · id 16" in hover and "converged" in hover and "iteration 2" in hover
+    assert h.text[1][3] == "&lt;b&gt;"  # token "<b>" must not turn the text bold
+    hover = h.customdata[1][3]
+    assert "'&lt;b&gt;' · id 16" in hover and "accepted by the target" in hover
+    assert "output position 3 · iteration 2" in hover
     assert "<b>" not in hover.replace("<br>", "")
-    assert "relative to the next uncommitted token" in hover
-    # A changed guess names the one it replaced: block 1 shifted by the one committed token.
-    assert "converged (was 'x)' · id 22)" in hover
-    assert "changed" in h.customdata[1][3] and "was" not in h.customdata[1][3]  # no old guess
-    assert "unchanged" in h.customdata[1][2] and "was" not in h.customdata[1][2]
-    assert "2 of 4 guesses accepted, 3 committed" in hover
+    # The first wrong guess names the target's token committed in its place.
+    assert "first wrong guess: the target's own token ' x' · id 17" in h.customdata[1][4]
+    assert "committed at step 1" in h.customdata[1][1]  # a fixed cell says when it was fixed
+    assert "changed by the previous forward" in h.customdata[1][5]
 
 
-def test_jacobi_rows_stop_at_step_and_keep_the_last_16():
+def test_jacobi_fixed_prefix_grows_row_by_row_and_keeps_the_last_16():
     fig = jacobi_trajectory(JACOBI_TRACE, TEXTS, 1)
     assert list(heatmap(fig).y) == [1]
     long = [Prefill((1,)), Commit(0, (10,), ("target",), (1.0,))]
     for s in range(1, 21):
         long += [
-            JacobiIteration(s, s, (11, 12), (True, s % 2 == 0)),
+            JacobiIteration(s, s, (11, 12), (True, s % 2 == 0), start=s),
             Verify(s, (), 13, "greedy-chain", ()),
             Commit(s, (13,), ("correction",), (1.0,)),
         ]
     fig = jacobi_trajectory(long, TEXTS, 20)
-    assert list(heatmap(fig).y) == list(range(5, 21))
-    assert "last 16 of 20 iterations" in fig.layout.title.text
+    h = heatmap(fig)
+    assert list(h.y) == list(range(5, 21))
+    fixed = [sum(c == JACOBI["fixed"] for c in row) for row in h.z]
+    assert fixed == list(range(5, 21))  # iteration s sees the s tokens committed before it
+    assert list(h.x) == list(range(22))  # every position up to the last block's end
+    assert "last 16 of 20 iterations" in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert jacobi_panel is jacobi_trajectory
 
 
@@ -158,11 +197,11 @@ WINDOW_TRACE = [
 def test_window_grid_and_added_columns():
     fig = lookahead_window(WINDOW_TRACE, TEXTS, 2)
     h = heatmap(fig)
-    added, hist, guess = WINDOW["added"], WINDOW["history"], WINDOW["guess"]
+    hist, guess = WINDOW["history"], WINDOW["guess"]
     assert [list(r) for r in h.z] == [
-        [added, hist, added],  # level 0 (bottom row)
-        [added, hist, added],  # level 1
-        [added, guess, added],  # the target's new guesses on top
+        [hist, hist, hist],  # level 0 (bottom row)
+        [hist, hist, hist],  # level 1
+        [guess, guess, guess],  # the target's new guesses on top
     ]
     assert [list(r) for r in h.text] == [
         ["def", " f", "(x"],
@@ -170,30 +209,74 @@ def test_window_grid_and_added_columns():
         ["&lt;b&gt;", " x", ";"],
     ]
     assert list(fig.layout.yaxis.ticktext) == ["level 0 (oldest)", "level 1", "new guesses"]
-    assert colour_of(h, added) == COLOURS["draft"]
+    assert colour_of(h, hist) == COLOURS["target"] and colour_of(h, guess) == COLOURS["bonus"]
+    # The columns whose n-gram entered the pool are outlined green (and say so in the legend).
     rects = [s for s in fig.layout.shapes if s.type == "rect"]
     assert sorted((s.x0, s.x1) for s in rects) == [(-0.5, 0.5), (1.5, 2.5)]
     assert all(s.y0 == -0.5 and s.y1 == 2.5 for s in rects)
+    assert ADDED_LABEL in legend(fig)
     assert "added to the pool this step" in h.customdata[0][0]
     assert "already in the pool" in h.customdata[2][1]
     assert "position x+1" in h.customdata[0][0] and "position x+3" in h.customdata[1][1]
     assert "new guess for position x+5" in h.customdata[2][2]
-    assert (
-        fig.layout.title.text
-        == "Step 2: window of 2 levels × 3 after x = ' f'; 2 new n-grams for the pool"
-    )
+    assert fig.layout.title.text == "Step 2: window of 2 levels × 3"
+    subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "after x = ' f'" in subtitle and "2 new n-grams for the pool" in subtitle
 
 
 def test_window_warm_up_and_empty_steps():
     fig = lookahead_window(WINDOW_TRACE, TEXTS, 1)
     assert len(heatmap(fig).z) == 2  # one level + the new guesses
-    assert "warming up (1 of 2 levels)" in fig.layout.xaxis.title.text
-    assert "fills one level per step" in fig.layout.xaxis.title.text
+    assert "warming up: 1 of 2 levels" in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert "none yet" in heatmap(fig).customdata[0][0]
     w0 = lookahead_window(WINDOW_TRACE, TEXTS, 3)
     assert w0.data == () and "W = 0" in w0.layout.annotations[0].text
     s0 = lookahead_window(WINDOW_TRACE, TEXTS, 0)
     assert s0.data == () and "no lookahead window at step 0" in s0.layout.annotations[0].text
+
+
+def test_window_reads_n_from_the_pool_event():
+    """N is recorded on NgramPool: the warm-up is told even before any n-gram was added."""
+    trace = [e for e in WINDOW_TRACE if not isinstance(e, NgramPool)]
+    trace.insert(3, NgramPool(1, (), 0, 6, (), n=4))
+    subtitle = lookahead_window(trace, TEXTS, 1).layout.title.subtitle.text.replace("<br>", " ")
+    assert "warming up: 1 of 3 levels" in subtitle
+
+
+# W = 1 (the CPU default): one column per step; it climbs a level per step until N - 1 = 2 levels.
+HISTORY_TRACE = [
+    Prefill((1, 10)),
+    Commit(0, (10,), ("target",), (0.9,)),
+    LookaheadWindow(1, ((21,),), (13,)),
+    NgramPool(1, (), 0, 4, (), n=3),
+    Commit(1, (11,), ("target",), (0.9,)),
+    LookaheadWindow(2, ((21,), (13,)), (14,)),
+    NgramPool(2, ((21, 13, 14),), 0, 5, (), n=3),
+    Commit(2, (12,), ("target",), (0.9,)),
+    LookaheadWindow(3, ((13,), (14,)), (15,)),
+    NgramPool(3, ((13, 14, 15),), 0, 6, (), n=3),
+    Commit(3, (13,), ("target",), (0.9,)),
+]
+
+
+def test_window_of_one_column_shows_the_jacobi_history_across_steps():
+    fig = lookahead_window(HISTORY_TRACE, TEXTS, 3)
+    h = heatmap(fig)
+    assert list(h.x) == [1, 2, 3]  # one column per step up to the selected one
+    hist, guess = WINDOW["history"], WINDOW["guess"]
+    assert [list(r) for r in h.z] == [
+        [hist, hist, hist],  # level 0
+        [None, hist, hist],  # level 1: filled from step 2 on
+        [guess, guess, guess],  # each step's new guess on top
+    ]
+    # A token climbs: the guess on top of step 1 is level 1 at step 2 and level 0 at step 3.
+    assert h.text[2][0] == h.text[1][1] == h.text[0][2] == "):"
+    frames = [(s.x0, s.x1, s.line.color) for s in fig.layout.shapes]
+    assert (2.5, 3.5, SEPARATOR_COLOUR) in frames  # the selected step's window
+    assert sum(c == BOUNDARY_COLOUR for _, _, c in frames) == 2  # steps 2 and 3 added n-grams
+    assert fig.layout.title.text == "Step 3: window of 2 levels × 1"
+    subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "W = 1" in subtitle and "3-gram" in subtitle and "'paper' preset" in subtitle
 
 
 # --- Lookahead: pool ------------------------------------------------------------------------------
@@ -221,31 +304,33 @@ def test_pool_bars_sorted_with_counts_and_labels():
     ]
     assert fig.layout.yaxis.autorange == "reversed"  # most hits on top
     assert "ids 10, 11, 12" in bars.customdata[0]
-    assert (
-        fig.layout.title.text
-        == "Step 5: pool holds 9 n-grams; 2 candidates checked, 1 token accepted"
-    )
+    assert fig.layout.title.text == "Step 5: pool holds 9 n-grams"
+    assert "most-hit n-grams" in fig.layout.title.subtitle.text.replace("<br>", " ")
 
 
-def test_pool_candidate_paths_mark_accepted_tokens():
-    fig = ngram_pool(POOL_TRACE, TEXTS, 5)
-    boxes = {t.name: t for t in fig.data if isinstance(t, go.Scatter)}
-    cells = {name: sorted(zip(t.x, t.y, t.text, strict=True)) for name, t in boxes.items()}
-    assert cells["x (last committed token)"] == [(0, 0, "def"), (0, 1, "def")]
-    assert cells["accepted draft"] == [(1, 0, " f")]
-    assert cells["rejected draft"] == [(1, 1, "["), (2, 0, "(x")]
-    assert cells["not checked (an ancestor was rejected)"] == [(2, 1, "x)")]
-    assert boxes["accepted draft"].marker.color == COLOURS["draft"]
-    assert list(fig.layout.yaxis2.ticktext) == ["candidate 1", "candidate 2"]
+def test_pool_candidates_are_their_own_figure_one_path_per_row():
+    fig = pool_candidates(POOL_TRACE, TEXTS, 5)
+    h = heatmap(fig)
+    code = {name: i for i, name in enumerate(CANDIDATE_STATUS)}
+    root, acc, rej, unchecked = (code[k] for k in ("root", "accepted", "rejected", "not checked"))
+    assert [list(r) for r in h.z] == [[root, acc, rej], [root, rej, unchecked]]
+    assert [list(r) for r in h.text] == [["x def", " f", "(x"], ["x def", "[", "x)"]]
+    assert colour_of(h, acc) == COLOURS["draft"] and colour_of(h, rej) == COLOURS["rejected"]
+    assert list(fig.layout.yaxis.ticktext) == ["candidate 1", "candidate 2"]
+    assert fig.layout.title.text == "Step 5: candidates after x = 'def'"
+    subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "2 n-grams from the pool" in subtitle and "1 token accepted" in subtitle
+    assert "trie node 1" in h.customdata[0][2] and "rejected" in h.customdata[0][2]
 
 
 def test_pool_without_hits_or_candidates_and_empty_steps():
     fig = ngram_pool(WINDOW_TRACE, TEXTS, 2)
-    texts = [a.text for a in fig.layout.annotations]
-    assert "no n-gram<br>has been hit yet" in texts
-    assert "no pool n-gram starts with x:<br>nothing to verify" in texts
-    empty = ngram_pool(POOL_TRACE, TEXTS, 0)
-    assert empty.data == () and "no n-gram pool at step 0" in empty.layout.annotations[0].text
+    assert "no n-gram has been hit yet" in fig.layout.annotations[0].text
+    fig = pool_candidates(WINDOW_TRACE, TEXTS, 2)
+    assert "no pool n-gram starts with x" in fig.layout.annotations[0].text.replace("<br>", " ")
+    for view in (ngram_pool, pool_candidates):
+        empty = view(POOL_TRACE, TEXTS, 0)
+        assert empty.data == () and "no n-gram pool at step 0" in empty.layout.annotations[0].text
 
 
 # --- Lookahead: attention mask --------------------------------------------------------------------
@@ -300,8 +385,26 @@ def test_mask_ticks_separators_and_note():
     )
     lines = [(s.x0, s.line.dash) for s in fig.layout.shapes if s.x0 == s.x1]
     assert lines == [(0.5, None), (2.5, "dot"), (4.5, None)]  # x | L0 : L1 | verify
-    assert MASK_NOTE in fig.layout.xaxis.title.text
-    assert fig.layout.title.text.endswith("(1 x · 4 lookahead · 2 verify)")
+    subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert MASK_NOTE in subtitle and subtitle.startswith("1 x · 4 lookahead · 2 verify")
+    assert fig.layout.title.text == "Step 3: attention among 7 inputs"
+
+
+def test_mask_takes_tokens_and_branches_from_the_event():
+    """New traces name each input's token and branch; the view does not rebuild them from the
+    window and draft events (here: none) or parse the labels."""
+    event = AttentionMask(
+        3,
+        ("root", "a", "b"),
+        ((0,), (0, 1), (0, 2)),
+        input_ids=(10, 11, 12),
+        branches=("x", "lookahead", "verify"),
+    )
+    fig = attention_mask([Prefill((1,)), event], TEXTS, 3)
+    h = heatmap(fig)
+    assert [row[0] for row in h.z] == [MASK["x"], MASK["lookahead"], MASK["verify"]]
+    assert list(fig.layout.yaxis.ticktext) == ["root def", "a  f", "b (x"]
+    assert "key 2: b '(x' · id 12" in h.customdata[1][2]
 
 
 def test_mask_missing_and_panel_dispatch():
@@ -333,7 +436,7 @@ def test_views_render_real_runs(tiny):
     look = generate(tiny, "def f(x):", "lookahead", 24, N=3, W=4, G=3)
     jac = generate(tiny, "def f(x):", "jacobi", 16, block=4)
     for res, views in (
-        (look, (lookahead_window, ngram_pool, attention_mask, lookahead_panel)),
+        (look, (lookahead_window, ngram_pool, pool_candidates, attention_mask, lookahead_panel)),
         (jac, (jacobi_trajectory,)),
     ):
         texts = {t: tiny.token_text(t) for t in token_ids(res.events)}

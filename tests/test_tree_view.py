@@ -7,7 +7,7 @@ import pytest
 
 from decoders.events import Commit, Draft, Forward, Prefill, Verify
 from visualizer.tokens import COLOURS
-from visualizer.tree_view import token_tree, tree_layout
+from visualizer.tree_view import label_limit, token_tree, tree_layout
 
 TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
 TEXTS |= {20: " g", 21: "[", 22: "x)", 30: "longtoken"}
@@ -33,7 +33,14 @@ BRANCHING = [
 
 
 def nodes_by_status(fig: go.Figure) -> dict[str, go.Scatter]:
-    return {t.name: t for t in fig.data if t.mode == "markers+text"}
+    """The per-status traces: legend entry, hover and data of each node (the box is an annotation)."""
+    return {t.name: t for t in fig.data if t.mode == "markers"}
+
+
+def box(fig: go.Figure, node: int):
+    """The annotation drawn as node `node`'s box."""
+    (b,) = [a for a in fig.layout.annotations if a.name == f"node {node}"]
+    return b
 
 
 def node_colour(fig: go.Figure, node: int) -> str:
@@ -77,10 +84,14 @@ def test_branching_tree_colours_each_status():
         "not checked (an ancestor was rejected)",
         "corrected by target",
     ]  # one legend entry per status shown, bonus absent
+    assert fig.layout.title.text == "Step 1: token tree from medusa"
     assert (
-        fig.layout.title.text
-        == "Step 1: token tree from medusa: 6 nodes, accepted 2, +1 correction"
+        fig.layout.title.subtitle.text.replace("<br>", " ") == "6 nodes, accepted 2, +1 correction"
     )
+    # Each node is a box in its status colour, outlined dark on the accepted path.
+    for node in range(-1, 7):
+        assert box(fig, node).bgcolor == node_colour(fig, node)
+    assert box(fig, 0).borderwidth == 2 and box(fig, 1).borderwidth == 1
 
 
 def test_branching_tree_bold_path_and_layout():
@@ -128,7 +139,7 @@ def test_whole_chain_accepted_gives_a_bonus():
     assert "id 10" in hover_of(fig, -1)  # no earlier commit: the prompt's last token is the root
     (path,) = [t for t in fig.data if t.name == "accepted path"]
     assert list(path.x) == [0, 1, 2, 3, 4] and set(path.y) == {0}  # a chain is one straight row
-    assert fig.layout.title.text.endswith("accepted 3, +1 bonus")
+    assert fig.layout.title.subtitle.text.replace("<br>", " ").endswith("accepted 3, +1 bonus")
 
 
 def test_commit_cut_short_has_no_extra_node():
@@ -140,7 +151,7 @@ def test_commit_cut_short_has_no_extra_node():
     ]
     fig = token_tree(events, TEXTS, 1)
     assert sum(len(t.x) for t in nodes_by_status(fig).values()) == 3
-    assert "+1" not in fig.layout.title.text
+    assert "+1" not in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert "not committed" in hover_of(fig, 1) and "not committed" not in hover_of(fig, 0)
 
 
@@ -173,7 +184,18 @@ def test_token_text_is_escaped_and_truncated():
     fig = token_tree(events, TEXTS, 1)
     labels = [s for t in nodes_by_status(fig).values() for s in t.text]
     assert "&lt;b&gt;" in labels and "<b>" not in labels  # Plotly would render <b> as markup
-    assert "longto…" in labels
+    # Two columns leave room for the whole token: the box grows with its text.
+    assert "longtoken" in labels and box(fig, 1).text == "longtoken"
+    assert {a.text for a in fig.layout.annotations} >= {"&lt;b&gt;", "longtoken"}
+
+
+def test_node_labels_shrink_only_when_the_tree_is_deep():
+    """Labels are cut so that every depth column fits the narrowest (phone) plot."""
+    assert label_limit(2) == 12 and label_limit(6) >= 5 and label_limit(12) == 3
+    deep = tuple(range(-1, 10))  # a chain of 11 nodes: 12 columns with the root
+    events = [Prefill((1,)), Draft(1, "x", (30,) * 11, deep, (0.5,) * 11), Verify(1, (), 14, "g")]
+    fig = token_tree(events, TEXTS, 1)
+    assert box(fig, 0).text == "lon…"
 
 
 def test_tree_layout_properties():
@@ -218,6 +240,6 @@ def test_wide_random_tree_renders():
     leaves = [i for i in range(60) if i not in parents]
     assert sorted(pos[i + 1][1] for i in leaves) == list(range(len(leaves)))  # distinct, even
     assert sum(len(t.x) for t in nodes_by_status(fig).values()) == 62
-    assert fig.layout.height <= 720 and fig.layout.height >= 280
+    assert 280 <= fig.layout.height <= 28 * 60 + 170  # ~28 px a leaf: boxes never touch
     assert node_colour(fig, 60) == COLOURS["bonus"]
     assert fig.to_json()  # serialises (what gradio sends to the browser)

@@ -84,7 +84,7 @@ def test_tokens_per_step_stacks_origins():
     by_name = {t.name: list(t.y) for t in fig.data}
     assert by_name["accepted draft"] == [0, 2, 0]
     assert by_name["corrected by target"] == [0, 1, 0]
-    assert fig.layout.yaxis.title.text == "tokens committed"
+    assert fig.layout.yaxis.title.text == "tokens"  # short: the axis can be short on a phone
 
 
 def test_acceptance_figures():
@@ -102,7 +102,8 @@ def test_topk_panel_marks_the_chosen_token():
     bar = fig.data[0]
     assert list(bar.x) == [0.6, 0.3]
     assert bar.marker.color[0] != bar.marker.color[1]
-    assert "step 1" in fig.layout.title.text
+    assert fig.layout.title.text == "Step 1: top-2 candidates"
+    assert "chosen: dark green" in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert "no top-k" in method_panel("autoregressive", SPEC, TEXTS, 1).layout.annotations[0].text
 
 
@@ -122,8 +123,30 @@ def test_draft_panel_colours_accepted_rejected_and_the_correction():
     draft, target = fig.data
     assert list(draft.marker.color) == [COLOURS["draft"], COLOURS["draft"], COLOURS["rejected"]]
     assert list(target.marker.color) == [COLOURS["draft"], COLOURS["draft"], COLOURS["correction"]]
-    assert "accepted 2" in fig.layout.title.text
+    assert fig.layout.title.text == "Step 1: self:8"  # the drafter; what it did underneath
+    assert "drafted 3, accepted 2" in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert "plain target step" in draft_panel(SPEC, TEXTS, 2).layout.annotations[0].text
+
+
+def test_titles_fit_a_phone_and_legends_sit_below_the_plot():
+    """Every figure's title is short, details go in a subtitle, and the legend has its own strip
+    at the bottom of the figure (a wrapping legend then never runs into the title)."""
+    from visualizer import acceptance_panel, draft_panel, forward_timeline, tokens_per_step
+
+    stats = {"acceptance_histogram": [1, 0, 2], "acceptance_by_position": [0.67, 0.5] * 5}
+    figures = [
+        forward_timeline(SPEC),
+        tokens_per_step(SPEC),
+        acceptance_panel(stats),
+        draft_panel(SPEC, TEXTS, 1),
+        method_panel("autoregressive", AR, TEXTS, 1),
+    ]
+    for fig in figures:
+        assert len(fig.layout.title.text) <= 40
+        assert fig.layout.title.automargin and fig.layout.title.yref == "container"
+        assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0
+        for line in (fig.layout.title.subtitle.text or "").split("<br>"):
+            assert len(line) <= 48
 
 
 def test_acceptance_panel_shows_histogram_and_rate_per_position():
@@ -133,6 +156,14 @@ def test_acceptance_panel_shows_histogram_and_rate_per_position():
     fig = acceptance_panel(stats)
     assert [list(t.y) for t in fig.data] == [[1, 0, 2], [0.67, 0.5]]
     assert list(fig.data[1].x) == [1, 2]
-    assert "per draft position" in fig.layout.title.text
+    # Stacked (each full width, readable on a phone); each plot's subplot title says what it
+    # counts, so no y-axis title sits between them.
+    assert fig.layout.yaxis.domain[0] > fig.layout.yaxis2.domain[1]
+    assert [a.text for a in fig.layout.annotations] == [
+        "steps, by drafts accepted in the step",
+        "acceptance rate, by draft position",
+    ]
+    assert not fig.layout.yaxis.title.text and not fig.layout.yaxis2.title.text
+    assert fig.layout.xaxis2.dtick == 1  # every draft position labelled
     empty = acceptance_panel({"acceptance_histogram": []})
     assert not empty.data and "no drafts" in empty.layout.annotations[0].text

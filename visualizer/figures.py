@@ -18,18 +18,43 @@ LANE_COLOURS = {
     "draft": "#66bb6a",
 }
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+# Plotly does not wrap text: a subtitle line of at most this many characters fits a figure on a
+# 390 px phone (~340 px wide); titles are kept under ~40.
+SUBTITLE_CHARS = 48
 
 
-def _base_layout(fig: go.Figure, title: str, height: int = 260) -> go.Figure:
+def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = "") -> go.Figure:
+    """The shared frame: a short title (and an optional one-line subtitle) in a top strip that
+    pushes the plot down as far as it needs, the legend in a strip of its own at the bottom.
+    Neither sits over the plot, and a legend that wraps on a narrow screen grows its strip
+    instead of running into the title. Titles are kept short so they fit a 390 px phone."""
+    if subtitle and "<br>" not in subtitle:
+        subtitle = _wrap(subtitle, SUBTITLE_CHARS)
     fig.update_layout(
-        title=dict(text=title, x=0.01, y=0.98, yref="container", yanchor="top", font=dict(size=14)),
+        title=dict(
+            text=title,
+            subtitle=dict(text=subtitle, font=dict(size=12, color="#546e7a")),
+            x=0.01,
+            xanchor="left",
+            y=1,
+            yanchor="top",
+            yref="container",
+            pad=dict(t=8),
+            automargin=True,
+            font=dict(size=14),
+        ),
         template="plotly_white",
         font=FONT,
         height=height + 20,
-        # The title sits in the top strip, the legend in a row of its own between it and the plot.
-        margin=dict(l=60, r=20, t=64, b=45),
+        margin=dict(l=60, r=20, t=24, b=10),
         legend=dict(
-            orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0.0, font=dict(size=11)
+            orientation="h",
+            yref="container",
+            y=0,
+            yanchor="bottom",
+            xanchor="left",
+            x=0.0,
+            font=dict(size=11),
         ),
     )
     return fig
@@ -38,7 +63,7 @@ def _base_layout(fig: go.Figure, title: str, height: int = 260) -> go.Figure:
 def _empty(title: str, message: str, height: int = 260) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(
-        text=message,
+        text=_wrap(message, 44),
         showarrow=False,
         x=0.5,
         y=0.5,
@@ -49,6 +74,18 @@ def _empty(title: str, message: str, height: int = 260) -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _base_layout(fig, title, height)
+
+
+def _wrap(text: str, width: int) -> str:
+    """Break a plain sentence into <br>-separated lines of at most ~`width` characters (Plotly
+    does not wrap text, and a phone is narrow)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
 
 
 def forward_timeline(events: Sequence[Event], upto_step: int | None = None) -> go.Figure:
@@ -98,7 +135,12 @@ def forward_timeline(events: Sequence[Event], upto_step: int | None = None) -> g
     fig.update_layout(barmode="overlay", bargap=0.25)
     fig.update_xaxes(title_text="time since start (ms)")
     fig.update_yaxes(title_text="pass", categoryorder="array", categoryarray=list(reversed(used)))
-    return _base_layout(fig, "Forward passes over time", height=120 + 45 * len(used))
+    return _base_layout(
+        fig,
+        "Forward passes over time",
+        height=140 + 45 * len(used),
+        subtitle="one bar per forward pass; hover for its inputs",
+    )
 
 
 def tokens_per_step(events: Sequence[Event], upto_step: int | None = None) -> go.Figure:
@@ -128,8 +170,13 @@ def tokens_per_step(events: Sequence[Event], upto_step: int | None = None) -> go
             )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="step")
-    fig.update_yaxes(title_text="tokens committed", rangemode="tozero", dtick=1)
-    return _base_layout(fig, "Tokens committed per step")
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", dtick=1)
+    return _base_layout(
+        fig,
+        "Tokens committed per step",
+        height=280,
+        subtitle="coloured by where each token came from",
+    )
 
 
 def acceptance_histogram(stats: Mapping[str, Any]) -> go.Figure:
@@ -167,20 +214,35 @@ def acceptance_by_position(stats: Mapping[str, Any]) -> go.Figure:
 
 
 def acceptance_panel(stats: Mapping[str, Any]) -> go.Figure:
-    """Both acceptance views side by side: how many drafts each step kept, and how often each draft
-    position survives (where the drafter stops agreeing with the target)."""
+    """Both acceptance views, one above the other (each full width, so ten draft positions stay
+    readable on a phone): how many drafts each step kept, and how often each draft position
+    survives (where the drafter stops agreeing with the target). What each bar counts is said in
+    the subplot's title, so no axis title sits between the two plots."""
     from plotly.subplots import make_subplots
 
     if not stats.get("acceptance_histogram"):
         return _empty("Acceptance", "no drafts: each step commits one target token")
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16)
-    for col, part in enumerate((acceptance_histogram(stats), acceptance_by_position(stats)), 1):
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        vertical_spacing=0.3,
+        subplot_titles=(
+            "steps, by drafts accepted in the step",
+            "acceptance rate, by draft position",
+        ),
+    )
+    fig.update_annotations(font=dict(size=12, color="#455a64"), xanchor="left", x=0)
+    for row, part in enumerate((acceptance_histogram(stats), acceptance_by_position(stats)), 1):
         for trace in part.data:
-            fig.add_trace(trace, row=1, col=col)
-        fig.update_xaxes(part.layout.xaxis, row=1, col=col)
-        fig.update_yaxes(part.layout.yaxis, row=1, col=col)
+            fig.add_trace(trace, row=row, col=1)
+        fig.update_xaxes(part.layout.xaxis, row=row, col=1)
+        fig.update_yaxes(part.layout.yaxis, row=row, col=1)
+        fig.update_yaxes(title_text="", row=row, col=1)
+        fig.update_xaxes(tickfont=dict(size=11), row=row, col=1)
     fig.update_layout(showlegend=False)
-    return _base_layout(fig, "Acceptance: per step (left) and per draft position (right)")
+    _base_layout(fig, "Acceptance", height=400)
+    fig.update_layout(margin=dict(t=64))  # the first subplot's title sits under the main title
+    return fig
 
 
 def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
@@ -203,43 +265,13 @@ def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         )
     )
     fig.update_xaxes(title_text="target probability", range=[0, 1], tickformat=".0%")
-    fig.update_yaxes(title_text="candidate token", autorange="reversed")
+    fig.update_yaxes(title_text="", autorange="reversed", automargin=True)
     return _base_layout(
-        fig, f"Top-{len(top.tokens)} candidates at step {step} (chosen: dark green)", height=300
+        fig,
+        f"Step {step}: top-{len(top.tokens)} candidates",
+        height=300,
+        subtitle="the target's likeliest tokens; chosen: dark green",
     )
-
-
-def compare_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Speedup vs autoregressive and tokens per target forward, per method, side by side."""
-    if not rows:
-        return _empty("Compare", "run a comparison to see it here")
-    names = [r["method"] for r in rows]
-    fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            name="speedup vs autoregressive (×)",
-            x=names,
-            y=[r["speedup"] for r in rows],
-            marker_color="#2e7d32",
-            text=[f"{r['speedup']:.2f}×" for r in rows],
-            textposition="outside",
-        )
-    )
-    fig.add_trace(
-        go.Bar(
-            name="tokens / target forward",
-            x=names,
-            y=[r["tokens_per_target_forward"] for r in rows],
-            marker_color="#90caf9",
-            text=[f"{r['tokens_per_target_forward']:.2f}" for r in rows],
-            textposition="outside",
-        )
-    )
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#607d8b")
-    fig.update_layout(barmode="group")
-    fig.update_xaxes(title_text="method")
-    fig.update_yaxes(title_text="ratio", rangemode="tozero")
-    return _base_layout(fig, "Speedup and tokens per forward (same prompt, same run)", height=340)
 
 
 def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
@@ -297,8 +329,14 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     )
     fig.update_yaxes(title_text="", categoryorder="array", categoryarray=["target", "draft"])
     fig.update_layout(showlegend=False)
-    title = f"Step {step}: {draft.source} drafted {len(draft.tokens)}, accepted {n_acc}"
-    return _base_layout(fig, title, height=230)
+    title = f"Step {step}: {_short(draft.source, 36)}"
+    subtitle = f"drafted {len(draft.tokens)}, accepted {n_acc}; the target's tokens below"
+    return _base_layout(fig, title, height=230, subtitle=subtitle)
+
+
+def _short(text: str, limit: int) -> str:
+    """Cut a label to `limit` characters (titles must fit a phone)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _token_row(

@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from decoders.events import (
     AttentionMask,
@@ -30,7 +29,7 @@ from decoders.events import (
 )
 from decoders.tree import depths, leaf_paths
 
-from .figures import _base_layout, _empty
+from .figures import SUBTITLE_CHARS, _base_layout, _empty, _wrap
 from .tokens import COLOURS, LABELS
 from .tree_view import _label, _root_token
 
@@ -40,17 +39,19 @@ MAX_ITERATIONS = 16  # Jacobi rows shown: the last ones up to the selected step
 
 # status -> (colour, legend label); the index of a status is its heatmap code.
 JACOBI_STATUS: dict[str, tuple[str, str]] = {
-    "unchanged": (COLOURS["target"], "unchanged since the previous iteration"),
+    "fixed": (COLOURS["target"], "fixed: committed earlier"),
+    "converged": (COLOURS["draft"], "converged: accepted this iteration"),
+    "wrong": (COLOURS["rejected"], "first wrong guess (the target's token replaces it)"),
     "changed": (COLOURS["correction"], "changed by the previous forward"),
-    "converged": (COLOURS["draft"], "converged: accepted by the target"),
+    "unchanged": (COLOURS["pending"], "unchanged since the previous iteration"),
 }
 WINDOW_STATUS: dict[str, tuple[str, str]] = {
     "history": (COLOURS["target"], "Jacobi history (a level of the window)"),
-    "guess": (COLOURS["bonus"], "new guess (the target's output on top of a column)"),
-    "added": (COLOURS["draft"], "column's n-gram added to the pool this step"),
+    "guess": (COLOURS["bonus"], "new guess (the target's output on top)"),
 }
+ADDED_LABEL = "green frame: its n-gram joined the pool"
 CANDIDATE_STATUS: dict[str, tuple[str, str]] = {
-    "root": (COLOURS["target"], "x (last committed token)"),
+    "root": (COLOURS["target"], "x (the last committed token)"),
     "accepted": (COLOURS["draft"], LABELS["draft"]),
     "rejected": (COLOURS["rejected"], LABELS["rejected"]),
     "not checked": (COLOURS["pending"], "not checked (an ancestor was rejected)"),
@@ -152,13 +153,32 @@ def _heatmap(
 # --- Jacobi ---------------------------------------------------------------------------------------
 
 
+def _committed_by_position(events: Sequence[Event], step: int) -> list[tuple[int, int]]:
+    """The output so far as (token, step that committed it), position 0 = the first new token."""
+    out: list[tuple[int, int]] = []
+    for e in events:
+        if isinstance(e, Commit) and e.step <= step:
+            out += [(t, e.step) for t in e.tokens]
+    return out
+
+
+def _cell_label(text: str, columns: int) -> str:
+    """A token inside a heatmap cell, shorter as the cells get narrower (none when too narrow)."""
+    limit = 6 if columns <= 8 else 4 if columns <= 16 else 2 if columns <= 32 else 0
+    if not limit:
+        return ""
+    shown = text.replace("\n", "↵").replace("\t", "⇥")
+    return html.escape(shown[:limit] + ("…" if len(shown) > limit else ""), quote=False)
+
+
 def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    """The Jacobi block, one row per iteration (the last 16 up to `step`), one column per block
-    position. A cell is the guess fed at that iteration: orange when it differs from the previous
-    iteration's guess for the same position, grey when it stood still, green when the target
-    accepted it (the converged prefix); a dark bar marks where each row's fixed point ends. After
-    each commit the block re-anchors: position 0 is always the first token not yet committed."""
-    title = f"Jacobi iterations up to step {step}"
+    """The Jacobi trajectory as the CLLM and Lookahead papers draw it: one row per iteration (the
+    last 16 up to `step`), one column per ABSOLUTE output position. Each row is the sequence the
+    forward saw: the tokens committed before it (grey: the fixed point so far), then the block of
+    guesses: green where the target accepted them (converged), red for the first wrong guess (the
+    target's own token is committed there instead), orange where the previous forward changed the
+    guess, white where it stood still. Read down the rows, the fixed-point prefix grows."""
+    title = f"Step {step}: Jacobi trajectory"
     its = [e for e in events if isinstance(e, JacobiIteration) and e.step <= step]
     if not its:
         return _empty(
@@ -166,14 +186,24 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
         )
     verifies = {e.step: e for e in events if isinstance(e, Verify)}
     commits = {e.step: e for e in events if isinstance(e, Commit)}
-    first = max(0, len(its) - MAX_ITERATIONS)
-    shown = its[first:]
-    m = max(1, *(len(it.tokens) for it in shown))
-    code = _codes(JACOBI_STATUS)
+    output = _committed_by_position(events, step)
+
+    def start_of(it: JacobiIteration) -> int:
+        if it.start >= 0:
+            return it.start
+        # Older traces: the block starts after everything committed before its step.
+        return sum(len(c.tokens) for s, c in commits.items() if s < it.step)
 
     def n_accepted(it: JacobiIteration) -> int:
         v = verifies.get(it.step)
         return len(v.accepted) if v is not None and it.tokens else 0
+
+    first = max(0, len(its) - MAX_ITERATIONS)
+    shown = its[first:]
+    hi = max(max(start_of(it) + len(it.tokens) for it in shown), start_of(shown[-1]) + 1)
+    lo = 0 if hi <= 40 else max(0, start_of(shown[0]) - 1)
+    columns = hi - lo
+    code = _codes(JACOBI_STATUS)
 
     z: list[list[int | None]] = []
     text: list[list[str]] = []
@@ -182,44 +212,57 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
     ticks: list[str] = []
     bx: list[float | None] = []
     by: list[float | None] = []
-    for k, it in enumerate(shown, start=first):
-        a = n_accepted(it)
+    for it in shown:
+        c, a = start_of(it), n_accepted(it)
         commit = commits.get(it.step)
         committed = len(commit.tokens) if commit is not None else 0
-        before = its[k - 1] if k > 0 else None
-        # jacobi.py: the next block is the outputs after the committed ones, so the previous
-        # iteration's guess for position i sat at position (its accepted count + 1 + i).
-        shift = n_accepted(before) + 1 if before is not None else 0
         y = float(it.iteration)
         rows.append(y)
-        ticks.append(f"iteration {it.iteration} · +{committed}")
+        ticks.append(f"{it.iteration} (+{committed})")
         zr: list[int | None] = []
         tr: list[str] = []
         hr: list[str] = []
-        for i in range(m):
-            if i >= len(it.tokens):
+        for pos in range(lo, hi):
+            i = pos - c
+            if pos < c and pos < len(output):
+                t, when = output[pos]
+                status = "fixed"
+                note = f"committed at step {when}: part of the fixed point"
+            elif 0 <= i < len(it.tokens):
+                t = it.tokens[i]
+                changed = it.changed[i] if i < len(it.changed) else True
+                status = (
+                    "converged"
+                    if i < a
+                    else "wrong"
+                    if i == a and it.step in verifies
+                    else "changed"
+                    if changed
+                    else "unchanged"
+                )
+                note = {
+                    "converged": "guess accepted by the target this iteration",
+                    "wrong": "first wrong guess: the target's own token "
+                    + (f"{_tok(texts, commit.tokens[a])} " if commit and a < committed else "")
+                    + "is committed here instead",
+                    "changed": "changed by the previous forward, not yet fixed",
+                    "unchanged": "the same guess as the previous iteration, not yet fixed",
+                }[status]
+            else:
                 zr.append(None)
                 tr.append("")
                 hr.append("")
                 continue
-            t = it.tokens[i]
-            changed = it.changed[i] if i < len(it.changed) else True
-            status = "converged" if i < a else "changed" if changed else "unchanged"
             zr.append(code[status])
-            tr.append(_label(texts.get(t, "?")))
-            was = ""
-            if changed and before is not None and shift + i < len(before.tokens):
-                was = f" (was {_tok(texts, before.tokens[shift + i])})"
+            tr.append(_cell_label(texts.get(t, "?"), columns))
             hr.append(
-                f"{_tok(texts, t)}<br>{status}{was}<br>iteration {it.iteration} · block position {i}"
-                " (relative to the next uncommitted token)"
-                f"<br>step {it.step}: {a} of {len(it.tokens)} guesses accepted, {committed} committed"
+                f"{_tok(texts, t)}<br>output position {pos} · iteration {it.iteration}<br>{note}"
             )
         z.append(zr)
         text.append(tr)
         hover.append(hr)
         if it.step in verifies and it.tokens:
-            bx += [a - 0.5, a - 0.5, None]
+            bx += [c + a - 0.5, c + a - 0.5, None]
             by += [y - 0.5, y + 0.5, None]
 
     fig = go.Figure()
@@ -227,12 +270,12 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
         _heatmap(
             z,
             JACOBI_STATUS,
-            x=range(m),
+            x=range(lo, hi),
             y=rows,
             text=text,
             hover=hover,
-            name="guesses",
-            font_size=11 if m <= 10 else 9 if m <= 16 else 7,
+            name="trajectory",
+            font_size=11 if columns <= 16 else 9,
         )
     )
     fig.add_trace(
@@ -241,7 +284,7 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
             y=by,
             mode="lines",
             line=dict(width=4, color=BOUNDARY_COLOUR),
-            name="fixed point ends (after the accepted prefix)",
+            name="end of the converged guesses",
             hoverinfo="skip",
         )
     )
@@ -250,13 +293,14 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
         if code[status] in used:
             fig.add_trace(_swatch(colour, label))
     fig.update_xaxes(
-        title_text="block position (relative to the next uncommitted token; re-anchored after each commit)",
-        tickvals=list(range(m)),
-        range=[-0.5, m - 0.5],
+        title_text="output position (0 = first new token)",
+        dtick=1 if columns <= 12 else 2 if columns <= 30 else 5,
+        range=[lo - 0.5, hi - 0.5],
         showgrid=False,
         zeroline=False,
     )
     fig.update_yaxes(
+        title_text="iteration (+ tokens it fixed)",
         tickvals=rows,
         ticktext=ticks,
         autorange="reversed",  # the newest iteration at the bottom, like reading down a log
@@ -265,12 +309,18 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
         automargin=True,
     )
     last = shown[-1]
-    title = (
-        f"Step {step}: Jacobi iteration {last.iteration} accepted {n_accepted(last)} of "
-        f"{len(last.tokens)} guesses"
-        + (f" (last {len(shown)} of {len(its)} iterations)" if first else "")
+    a = n_accepted(last)
+    guessed = (
+        f"{a} of {len(last.tokens)} guesses converged"
+        if last.tokens
+        else "no guesses (room for one token only)"
     )
-    return _base_layout(fig, title, height=max(240, 110 + 32 * len(shown)))
+    subtitle = f"iteration {last.iteration}: {guessed}, {len(output)} tokens fixed" + (
+        f"; the last {len(shown)} of {len(its)} iterations" if first else ""
+    )
+    legend = len(used) + 1
+    height = max(260, 120 + 30 * len(shown) + 16 * legend)
+    return _base_layout(fig, title, height=height, subtitle=subtitle)
 
 
 jacobi_panel = jacobi_trajectory
@@ -278,27 +328,54 @@ jacobi_panel = jacobi_trajectory
 
 # --- Lookahead: the window ------------------------------------------------------------------------
 
+HISTORY_STEPS = 12  # W = 1: the window's single column at the last steps, side by side
+
 
 def _ngram_size(events: Sequence[Event]) -> int | None:
-    """N, read off the n-grams any step added to the pool (a full window yields N-grams)."""
+    """N: recorded on every NgramPool event; older traces: read off an n-gram the pool gained."""
+    for e in events:
+        if isinstance(e, NgramPool) and e.n:
+            return e.n
     for e in events:
         if isinstance(e, NgramPool) and e.added:
             return len(e.added[0])
     return None
 
 
+def _x_text(events: Sequence[Event], texts: Mapping[int, str], step: int, limit: int = 12) -> str:
+    x_id, _ = _root_token(events, step)
+    if x_id is None:
+        return "?"
+    shown = repr(texts.get(x_id, "?"))
+    return html.escape(shown if len(shown) <= limit else shown[: limit - 2] + "…'", quote=False)
+
+
+def _window_column(
+    window: LookaheadWindow, i: int, added: set[tuple[int, ...]]
+) -> tuple[tuple[int, ...], bool]:
+    """Column i's n-gram (its history plus the new guess on top) and whether it entered the pool."""
+    if i >= len(window.outputs):
+        return (), False
+    gram = (*(level[i] for level in window.levels if i < len(level)), window.outputs[i])
+    return gram, gram in added
+
+
 def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
     """Lookahead's 2D window at `step`: level 0 (the oldest Jacobi guesses) at the bottom, each
     level above it one Jacobi iteration newer, and the target's new guesses on top. Read bottom to
     top, a column is a run of consecutive positions, so column i plus its new guess is an n-gram;
-    the columns whose n-gram entered the pool this step are outlined green."""
-    title = f"Lookahead window at step {step}"
+    the columns whose n-gram entered the pool this step are outlined green. With W = 1 the window
+    is a single column, so the figure lines up that column at the last steps instead: the Jacobi
+    history of one trajectory, each token sliding down a level per step."""
+    title = f"Step {step}: lookahead window"
     window = _at(events, LookaheadWindow, step)
     if window is None or not window.levels or not window.levels[0]:
         if _at(events, NgramPool, step) is not None:
             return _empty(title, "W = 0: no lookahead window, only n-gram verification")
         note = " (step 0 is the prefill)" if step == 0 else ""
         return _empty(title, f"no lookahead window at step {step}{note}")
+    if len(window.levels[0]) == 1:
+        return _window_history(events, texts, step)
     pool = _at(events, NgramPool, step)
     added = set(pool.added) if pool is not None else set()
     levels = window.levels
@@ -306,14 +383,11 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
     outputs = tuple(window.outputs[:w])
     n = _ngram_size(events)
     full = n == n_levels + 1 if n is not None else bool(added)
-    x_id, _ = _root_token(events, step)
     code = _codes(WINDOW_STATUS)
 
-    grams = [
-        (*(level[i] for level in levels if i < len(level)), outputs[i]) if i < len(outputs) else ()
-        for i in range(w)
-    ]
-    is_added = [bool(g) and g in added for g in grams]
+    columns = [_window_column(window, i, added) for i in range(w)]
+    grams = [g for g, _ in columns]
+    is_added = [a for _, a in columns]
     z: list[list[int | None]] = []
     text: list[list[str]] = []
     hover: list[list[str]] = []
@@ -330,9 +404,9 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
                 hr.append("")
                 continue
             t = row[i]
-            status = "added" if is_added[i] else "guess" if top else "history"
+            status = "guess" if top else "history"
             zr.append(code[status])
-            tr.append(_label(texts.get(t, "?")))
+            tr.append(_cell_label(texts.get(t, "?"), w))
             where = (
                 f"new guess for position x+{i + n_levels + 1} (the target's argmax on top of column {i})"
                 if top
@@ -377,20 +451,17 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
                 line=dict(color=BOUNDARY_COLOUR, width=3),
                 fillcolor="rgba(0,0,0,0)",
             )
-    used = {s for row in z for s in row if s is not None}
-    for status, (colour, label) in WINDOW_STATUS.items():
-        if code[status] in used:
-            fig.add_trace(_swatch(colour, label))
+    used = _legend(fig, z, any(is_added))
     ticks = ["level 0 (oldest)" if j == 0 else f"level {j}" for j in range(n_levels)] + [
         "new guesses"
     ]
-    note = "column i: level 0 sits at position x+i+1, each level one position further"
+    note = "column i + its new guess is an n-gram"
     if n is not None and n_levels + 1 < n:
-        note = f"warming up ({n_levels} of {n - 1} levels): the window fills one level per step"
+        note = f"warming up: {n_levels} of {n - 1} levels, one more per step"
     elif n is None and not added:
-        note = "no n-grams yet: the window fills one level per step until it holds N − 1"
+        note = "no n-grams yet: the window fills one level per step"
     fig.update_xaxes(
-        title_text=f"window position<br>{note}",
+        title_text="window position",
         tickvals=list(range(w)),
         range=[-0.5, w - 0.5],
         showgrid=False,
@@ -404,13 +475,146 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
         zeroline=False,
         automargin=True,
     )
-    fig.update_layout(margin=dict(b=70))
-    title = (
-        f"Step {step}: window of {n_levels} level{'s' if n_levels != 1 else ''} × {w} after "
-        f"x = {html.escape(repr(texts.get(x_id, '?')), quote=False) if x_id is not None else '?'}"
-        f"; {sum(is_added)} new n-gram{'s' if sum(is_added) != 1 else ''} for the pool"
+    title = f"Step {step}: window of {n_levels} level{'s' if n_levels != 1 else ''} × {w}"
+    k = sum(is_added)
+    subtitle = (
+        f"after x = {_x_text(events, texts, step)}; {note}; "
+        f"{k} new n-gram{'s' if k != 1 else ''} for the pool"
     )
-    return _base_layout(fig, title, height=max(240, 150 + 40 * (n_levels + 1)))
+    height = max(260, 150 + 44 * (n_levels + 1) + 16 * used)
+    return _base_layout(fig, title, height=height, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+
+
+def _window_history(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """W = 1: the window's one column at each of the last steps up to `step`, side by side."""
+    windows = [
+        e
+        for e in events
+        if isinstance(e, LookaheadWindow) and e.step <= step and e.levels and len(e.levels[0]) == 1
+    ][-HISTORY_STEPS:]
+    pools = {e.step: e for e in events if isinstance(e, NgramPool)}
+    n = _ngram_size(events)
+    depth = max(len(wnd.levels) for wnd in windows)
+    code = _codes(WINDOW_STATUS)
+    z: list[list[int | None]] = [[] for _ in range(depth + 1)]
+    text: list[list[str]] = [[] for _ in range(depth + 1)]
+    hover: list[list[str]] = [[] for _ in range(depth + 1)]
+    added_steps: list[int] = []
+    for wnd in windows:
+        pool = pools.get(wnd.step)
+        gram, is_added = _window_column(wnd, 0, set(pool.added) if pool is not None else set())
+        if is_added:
+            added_steps.append(wnd.step)
+        cells = [level[0] for level in wnd.levels] + list(wnd.outputs[:1])
+        for j in range(depth + 1):
+            # Row `depth` is the new guess; the levels sit bottom-up below it.
+            if j == depth:
+                t: int | None = cells[-1] if len(cells) > len(wnd.levels) else None
+                status = "guess"
+                where = "new guess: the target's output on top of the column"
+            elif j < len(wnd.levels):
+                t, status = cells[j], "history"
+                where = f"level {j} (position x+{j + 1})"
+            else:
+                t = None
+            if t is None:
+                z[j].append(None)
+                text[j].append("")
+                hover[j].append("")
+                continue
+            z[j].append(code[status])
+            text[j].append(_cell_label(texts.get(t, "?"), len(windows)))
+            fate = (
+                "added to the pool"
+                if is_added
+                else "already in the pool"
+                if n is not None and len(gram) == n
+                else "the window is still filling"
+            )
+            hover[j].append(
+                f"{_tok(texts, t)}<br>step {wnd.step} · {where}"
+                f"<br>column n-gram {_gram(gram, texts)}: {fate}"
+            )
+    fig = go.Figure()
+    steps = [wnd.step for wnd in windows]
+    fig.add_trace(
+        _heatmap(
+            z,
+            WINDOW_STATUS,
+            x=steps,
+            y=range(depth + 1),
+            text=text,
+            hover=hover,
+            name="window",
+            font_size=11 if len(windows) <= 8 else 9,
+        )
+    )
+    fig.add_shape(  # the selected step's window
+        type="rect",
+        x0=step - 0.5,
+        x1=step + 0.5,
+        y0=-0.5,
+        y1=depth + 0.5,
+        line=dict(color=SEPARATOR_COLOUR, width=3),
+        fillcolor="rgba(0,0,0,0)",
+    )
+    for added_step in added_steps:
+        fig.add_shape(
+            type="rect",
+            x0=added_step - 0.45,
+            x1=added_step + 0.45,
+            y0=-0.45,
+            y1=depth + 0.45,
+            line=dict(color=BOUNDARY_COLOUR, width=2),
+            fillcolor="rgba(0,0,0,0)",
+        )
+    used = _legend(fig, z, bool(added_steps))
+    fig.update_xaxes(
+        title_text="step (dark frame: this step)",
+        tickvals=steps,
+        range=[steps[0] - 0.5, steps[-1] + 0.5],
+        showgrid=False,
+        zeroline=False,
+    )
+    fig.update_yaxes(
+        tickvals=list(range(depth + 1)),
+        ticktext=["level 0 (oldest)", *(f"level {j}" for j in range(1, depth)), "new guess"],
+        range=[-0.5, depth + 0.5],
+        showgrid=False,
+        zeroline=False,
+        automargin=True,
+    )
+    window = windows[-1]
+    subtitle = (
+        f"W = 1: one column of {len(window.levels)} Jacobi level"
+        f"{'s' if len(window.levels) != 1 else ''} after x = {_x_text(events, texts, step)}. "
+        "Each step the column climbs one level (tokens slide down) and, once full, "
+        f"column + new guess is one {n or 'N'}-gram for the pool. The 'paper' preset (W = 15) "
+        "shows a 2D window."
+    )
+    height = max(280, 170 + 40 * (depth + 1) + 16 * used)
+    return _base_layout(
+        fig,
+        f"Step {step}: window of {len(window.levels)} level{'s' if len(window.levels) != 1 else ''} × 1",
+        height=height,
+        subtitle=_wrap(subtitle, SUBTITLE_CHARS),
+    )
+
+
+def _legend(fig: go.Figure, z: list[list[int | None]], outlined: bool) -> int:
+    """Legend entries for the window's cell colours in use, and the green outline; their count."""
+    code = _codes(WINDOW_STATUS)
+    used = {s for row in z for s in row if s is not None}
+    count = 0
+    for status, (colour, label) in WINDOW_STATUS.items():
+        if code[status] in used:
+            fig.add_trace(_swatch(colour, label))
+            count += 1
+    if outlined:
+        fig.add_trace(_swatch("rgba(0,0,0,0)", ADDED_LABEL))
+        fig.data[-1].marker.line = dict(width=2, color=BOUNDARY_COLOUR)
+        count += 1
+    return count
 
 
 # --- Lookahead: the n-gram pool and the candidates checked ----------------------------------------
@@ -425,170 +629,143 @@ def _trie_paths(parents: Sequence[int]) -> list[list[int]]:
     return leaf_paths(parents)
 
 
-def _note_in(fig: go.Figure, axis: str, text: str) -> None:
-    """A grey note in the middle of an (empty) subplot: axis "" is the first, "2" the second."""
-    xd, yd = fig.layout[f"xaxis{axis}"].domain, fig.layout[f"yaxis{axis}"].domain
-    fig.add_annotation(
-        text=text,
-        xref="paper",
-        yref="paper",
-        x=(xd[0] + xd[1]) / 2,
-        y=(yd[0] + yd[1]) / 2,
-        showarrow=False,
-        font=dict(color="#607d8b"),
-    )
-
-
 def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    """Left: the pool's most-hit n-grams as bars (hit counts including this step's check). Right: the
-    candidate n-grams the verification branch checked at `step`, one root-to-leaf path of the trie
-    per row, each token green (accepted), red (compared and lost) or grey (never compared)."""
-    title = f"n-gram pool at step {step}"
+    """The pool's most-hit n-grams as bars (hit counts so far, this step's check included): which
+    continuations the window's Jacobi guesses (and the prompt and output) keep supplying."""
+    title = f"Step {step}: n-gram pool"
     pool = _at(events, NgramPool, step)
     if pool is None:
         note = " (step 0 is the prefill)" if step == 0 else ""
         return _empty(title, f"no n-gram pool at step {step}{note}")
+    n = pool.n or _ngram_size(events)
+    title = f"Step {step}: pool holds {pool.size} n-grams"
+    subtitle = (
+        f"{'N = ' + str(n) + '; ' if n else ''}most-hit n-grams so far "
+        "(a hit: a verified candidate was at least partly accepted)"
+    )
+    top = sorted((e for e in pool.top if len(e) >= 2), key=lambda e: -e[0])
+    if not top:
+        fig = _empty(title, "no n-gram has been hit yet")
+        return _base_layout(fig, title, height=200, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+    fig = go.Figure(
+        go.Bar(
+            x=[e[0] for e in top],
+            y=list(range(len(top))),
+            orientation="h",
+            marker_color="#2e7d32",
+            text=[str(e[0]) for e in top],
+            textposition="auto",
+            customdata=[f"{_gram(e[1:], texts)}<br>ids {', '.join(map(str, e[1:]))}" for e in top],
+            hovertemplate="%{customdata}<br>%{x} hits<extra></extra>",
+            name="hits",
+            showlegend=False,
+        )
+    )
+    fig.update_yaxes(
+        tickvals=list(range(len(top))),
+        ticktext=[_gram(e[1:], texts, limit=24) for e in top],
+        autorange="reversed",
+        automargin=True,
+    )
+    fig.update_xaxes(
+        title_text="hits so far", rangemode="tozero", dtick=1 if top[0][0] <= 10 else None
+    )
+    height = min(560, max(220, 130 + 28 * len(top)))
+    return _base_layout(fig, title, height=height, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+
+
+def pool_candidates(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """The candidate n-grams the verification branch checked at `step`, one root-to-leaf path of
+    the trie per row (shared prefixes are one node, verified once): x, then each token green
+    (accepted), red (compared with the target's choice and lost) or grey (never compared)."""
+    title = f"Step {step}: candidates after x"
+    pool = _at(events, NgramPool, step)
     draft = _at(events, Draft, step)
     verify = _at(events, Verify, step)
+    if pool is None:
+        note = " (step 0 is the prefill)" if step == 0 else ""
+        return _empty(title, f"no n-gram pool at step {step}{note}")
     x_id, _ = _root_token(events, step)
-    x_text = html.escape(repr(texts.get(x_id, "?")), quote=False) if x_id is not None else "?"
-
-    top = sorted((e for e in pool.top if len(e) >= 2), key=lambda e: -e[0])
+    title = f"Step {step}: candidates after x = {_x_text(events, texts, step)}"
     paths = _trie_paths(draft.parents) if draft is not None else []
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.45, 0.55],
-        horizontal_spacing=0.2,
-        subplot_titles=(
-            "most-hit n-grams (hits so far)",
-            f"candidates after x = {x_text}",
-        ),
-    )
-    fig.update_annotations(font=dict(size=12, color="#455a64"))  # the subplot titles
-    if top:
-        fig.add_trace(
-            go.Bar(
-                x=[e[0] for e in top],
-                y=list(range(len(top))),
-                orientation="h",
-                marker_color="#2e7d32",
-                text=[str(e[0]) for e in top],
-                textposition="auto",
-                customdata=[
-                    f"{_gram(e[1:], texts)}<br>ids {', '.join(map(str, e[1:]))}" for e in top
-                ],
-                hovertemplate="%{customdata}<br>%{x} hits<extra></extra>",
-                name="hits",
-                showlegend=False,
-            ),
-            row=1,
-            col=1,
-        )
-        fig.update_yaxes(
-            tickvals=list(range(len(top))),
-            ticktext=[_gram(e[1:], texts, limit=24) for e in top],
-            autorange="reversed",
-            automargin=True,
-            row=1,
-            col=1,
-        )
-        fig.update_xaxes(
-            title_text="hits",
-            rangemode="tozero",
-            dtick=1 if top[0][0] <= 10 else None,
-            row=1,
-            col=1,
-        )
-    else:
-        _note_in(fig, "", "no n-gram<br>has been hit yet")  # wrapped: the panel can be narrow
-        fig.update_xaxes(visible=False, row=1, col=1)
-        fig.update_yaxes(visible=False, row=1, col=1)
-
-    n_acc = 0
-    if draft is not None and paths:
-        n = len(draft.tokens)
-        accepted = [a for a in (verify.accepted if verify is not None else ()) if 0 <= a < n]
-        acc = set(accepted)
-        n_acc = len(accepted)
-        status = [
-            "accepted"
-            if i in acc
-            else "rejected"
-            if verify is not None and (p == -1 or p in acc)
-            else "not checked"
-            for i, p in enumerate(draft.parents)
-        ]
-        cells: dict[str, list[tuple[int, int, int | None, str, str]]] = {
-            s: [] for s in CANDIDATE_STATUS
-        }
-        for r, path in enumerate(paths):
-            cells["root"].append((0, r, x_id, "root", "x: the last committed token"))
-            for d, node in enumerate(path, start=1):
-                s = status[node]
-                cells[s].append(
-                    (d, r, draft.tokens[node], s, f"{s}<br>trie node {node} · depth {d}")
-                )
-        for s, (colour, label) in CANDIDATE_STATUS.items():
-            if not cells[s]:
+    if draft is None or not paths:
+        return _empty(title, "no pool n-gram starts with x: nothing to verify this step", 200)
+    n = len(draft.tokens)
+    accepted = [a for a in (verify.accepted if verify is not None else ()) if 0 <= a < n]
+    acc = set(accepted)
+    status = [
+        "accepted"
+        if i in acc
+        else "rejected"
+        if verify is not None and (p == -1 or p in acc)
+        else "not checked"
+        for i, p in enumerate(draft.parents)
+    ]
+    depth = max(len(p) for p in paths)
+    code = _codes(CANDIDATE_STATUS)
+    z: list[list[int | None]] = []
+    text: list[list[str]] = []
+    hover: list[list[str]] = []
+    for r, path in enumerate(paths):
+        zr: list[int | None] = [code["root"]]
+        tr = ["x " + _cell_label(texts.get(x_id, "?"), depth + 1) if x_id is not None else "x"]
+        hr = [f"{_tok(texts, x_id)}<br>x: the last committed token"]
+        for d in range(1, depth + 1):
+            if d > len(path):
+                zr.append(None)
+                tr.append("")
+                hr.append("")
                 continue
-            fig.add_trace(
-                go.Scatter(
-                    x=[c[0] for c in cells[s]],
-                    y=[c[1] for c in cells[s]],
-                    mode="markers+text",
-                    marker=dict(
-                        symbol="square", size=30, color=colour, line=dict(width=1, color="#90a4ae")
-                    ),
-                    text=[
-                        _label(texts.get(c[2], "?")) if c[2] is not None else "x" for c in cells[s]
-                    ],
-                    textfont=dict(size=10),
-                    hovertext=[f"{_tok(texts, c[2])}<br>{c[4]}" for c in cells[s]],
-                    hoverinfo="text",
-                    name=label,
-                ),
-                row=1,
-                col=2,
+            node = path[d - 1]
+            s = status[node]
+            zr.append(code[s])
+            tr.append(_cell_label(texts.get(draft.tokens[node], "?"), depth + 1))
+            hr.append(
+                f"{_tok(texts, draft.tokens[node])}<br>{s}<br>candidate {r + 1} · depth {d}"
+                f" · trie node {node}"
             )
-        depth = max(len(p) for p in paths)
-        fig.update_xaxes(
-            title_text="depth after x",
-            dtick=1,
-            range=[-0.6, depth + 0.6],
-            showgrid=False,
-            zeroline=False,
-            row=1,
-            col=2,
+        z.append(zr)
+        text.append(tr)
+        hover.append(hr)
+    fig = go.Figure()
+    fig.add_trace(
+        _heatmap(
+            z,
+            CANDIDATE_STATUS,
+            x=range(depth + 1),
+            y=range(len(paths)),
+            text=text,
+            hover=hover,
+            name="candidates",
         )
-        fig.update_yaxes(
-            tickvals=list(range(len(paths))),
-            ticktext=[f"candidate {r + 1}" for r in range(len(paths))],
-            range=[len(paths) - 0.5, -0.5],
-            showgrid=False,
-            zeroline=False,
-            automargin=True,
-            row=1,
-            col=2,
-        )
-    else:
-        _note_in(fig, "2", "no pool n-gram starts with x:<br>nothing to verify")
-        fig.update_xaxes(visible=False, row=1, col=2)
-        fig.update_yaxes(visible=False, row=1, col=2)
-
-    title = (
-        f"Step {step}: pool holds {pool.size} n-grams; {pool.hits} candidate"
-        f"{'s' if pool.hits != 1 else ''} checked, {n_acc} token{'s' if n_acc != 1 else ''} accepted"
     )
-    rows = max(len(top), len(paths), 3)
-    height = min(620, max(260, 140 + 34 * rows))
-    _base_layout(fig, title, height=height)
-    # Legend in its own strip under the title, the subplot titles under it (they would overlap).
-    fig.update_layout(
-        margin=dict(t=104),
-        legend=dict(yref="container", y=1 - 30 / (height + 20), yanchor="top"),
+    used = {s for row in z for s in row if s is not None}
+    for s, (colour, label) in CANDIDATE_STATUS.items():
+        if code[s] in used:
+            fig.add_trace(_swatch(colour, label))
+    fig.update_xaxes(
+        title_text="depth after x",
+        tickvals=list(range(depth + 1)),
+        ticktext=["x", *map(str, range(1, depth + 1))],
+        range=[-0.5, max(depth, 6) + 0.5],  # short candidates keep square-ish cells
+        showgrid=False,
+        zeroline=False,
     )
-    return fig
+    fig.update_yaxes(
+        tickvals=list(range(len(paths))),
+        ticktext=[f"candidate {r + 1}" for r in range(len(paths))],
+        range=[len(paths) - 0.5, -0.5],
+        showgrid=False,
+        zeroline=False,
+        automargin=True,
+    )
+    k = len(accepted)
+    subtitle = (
+        f"{pool.hits} n-gram{'s' if pool.hits != 1 else ''} from the pool, merged into a trie and "
+        f"verified in the same forward; {k} token{'s' if k != 1 else ''} accepted"
+    )
+    height = min(620, max(240, 150 + 30 * len(paths) + 16 * len(used)))
+    return _base_layout(fig, title, height=height, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
 
 
 # --- Lookahead: the attention mask ----------------------------------------------------------------
@@ -597,6 +774,7 @@ _LOOK = re.compile(r"^look L(\d+)")
 
 
 def _branch(label: str) -> str:
+    """Older traces name the branch only in the label."""
     if label == "x" or label.startswith("x "):
         return "x"
     if label.startswith("look"):
@@ -607,8 +785,8 @@ def _branch(label: str) -> str:
 
 
 def _input_tokens(events: Sequence[Event], step: int, n: int) -> list[int | None]:
-    """The step's inputs as lookahead.py lays them out: [x, *window level by level, *trie]; all
-    None if that does not add up to the mask's size."""
+    """Older traces without the inputs' ids: rebuild them as lookahead.py laid them out then,
+    [x, *window level by level, *trie]; all None if that does not add up to the mask's size."""
     x_id, _ = _root_token(events, step)
     window = _at(events, LookaheadWindow, step)
     draft = _at(events, Draft, step)
@@ -631,8 +809,15 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         return _empty(title, f"no attention mask at step {step} ({note})")
     labels = list(ev.labels)
     n = len(labels)
-    ids = _input_tokens(events, step, n)
-    branches = [_branch(lb) for lb in labels]
+    # The event names each input's token and branch; older traces only label them.
+    ids: list[int | None] = (
+        list(ev.input_ids) if len(ev.input_ids) == n else _input_tokens(events, step, n)
+    )
+    branches = (
+        [b if b in MASK_BRANCH and b != "masked" else "other" for b in ev.branches]
+        if len(ev.branches) == n
+        else [_branch(lb) for lb in labels]
+    )
     code = _codes(MASK_BRANCH)
     names = [
         html.escape(lb, quote=False)
@@ -673,14 +858,14 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
     for branch in ("x", "lookahead", "verify", "other", "masked"):
         if branch == "masked" or branch in branches:
             fig.add_trace(_swatch(*MASK_BRANCH[branch]))
-    if n <= 64:
+    if n <= 32:
         tickvals, ticktext = list(range(n)), names
     else:  # too many to label: name the first input of each branch
         tickvals = [i for i in range(n) if i == 0 or branches[i] != branches[i - 1]]
         ticktext = [names[i] for i in tickvals]
     size = 10 if n <= 24 else 8
     fig.update_xaxes(
-        title_text=f"key (the input attended to) · {MASK_NOTE}",
+        title_text="key (the input attended to)",
         tickvals=tickvals,
         ticktext=ticktext,
         tickangle=-60,
@@ -701,11 +886,13 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         automargin=True,
     )
     counts = {b: branches.count(b) for b in ("x", "lookahead", "verify")}
-    title = (
-        f"Step {step}: attention among the forward's {n} new inputs "
-        f"({counts['x']} x · {counts['lookahead']} lookahead · {counts['verify']} verify)"
+    title = f"Step {step}: attention among {n} inputs"
+    subtitle = _wrap(
+        f"{counts['x']} x · {counts['lookahead']} lookahead · {counts['verify']} verify; "
+        f"{MASK_NOTE}",
+        SUBTITLE_CHARS,
     )
-    return _base_layout(fig, title, height=min(900, max(340, 20 * n + 240)))
+    return _base_layout(fig, title, height=min(900, max(360, 20 * n + 280)), subtitle=subtitle)
 
 
 def lookahead_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:

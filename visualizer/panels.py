@@ -9,7 +9,13 @@ import plotly.graph_objects as go
 from decoders.events import Event
 
 from .figures import draft_panel, topk_panel
-from .lookahead_views import jacobi_trajectory, lookahead_panel, lookahead_window, ngram_pool
+from .lookahead_views import (
+    jacobi_trajectory,
+    lookahead_panel,
+    lookahead_window,
+    ngram_pool,
+    pool_candidates,
+)
 from .prompt_lookup_view import copy_source
 from .self_speculative_view import self_speculative_panel
 from .tree_view import token_tree
@@ -33,11 +39,13 @@ def method_panel(
     return PANELS.get(method, topk_panel)(events, texts, step)
 
 
-# Methods with more to show than one panel: drawn under the main one, same step.
+# Methods with more to show than one panel: drawn under the main one, same step, each full width
+# (the page shows up to MAX_EXTRA_PANELS).
 EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
-    "lookahead": (lookahead_window, ngram_pool),
+    "lookahead": (lookahead_window, pool_candidates, ngram_pool),
     "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept
 }
+MAX_EXTRA_PANELS = 4
 
 
 def extra_panels(

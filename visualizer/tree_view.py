@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from decoders.events import Commit, Draft, Event, Prefill, Verify
 
-from .figures import _base_layout, _empty
+from .figures import SUBTITLE_CHARS, _base_layout, _empty, _wrap
 from .tokens import COLOURS, LABELS
 
 EDGE_COLOUR = "#b0bec5"
@@ -28,9 +28,10 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (COLOURS key, legend l
     "correction": ("correction", LABELS["correction"]),
     "bonus": ("bonus", LABELS["bonus"]),
 }
-PX_PER_LEAF = 28
-MARGINS_PX = 110  # title + legend strip on top, the depth axis below
-MIN_HEIGHT, MAX_HEIGHT = 260, 700
+PX_PER_LEAF = 28  # a node's box is ~20 px tall: leaves never touch
+MARGINS_PX = 150  # title strip on top, the depth axis and the legend below
+MIN_HEIGHT, MAX_HEIGHT = 280, 1600
+NARROWEST_PX = 330  # plot width on a 390 px phone: node labels are cut to fit their column there
 
 
 def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
@@ -63,10 +64,16 @@ def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
     return [(float(d), yy) for d, yy in zip(depth, y, strict=True)]
 
 
-def _label(text: str) -> str:
+def _label(text: str, limit: int = 6) -> str:
     """Short in-box label: newlines and tabs made visible, cut to fit, escaped for Plotly."""
     shown = text.replace("\n", "↵").replace("\t", "⇥")
-    return html.escape(shown[:6] + ("…" if len(shown) > 6 else ""), quote=False)
+    return html.escape(shown[:limit] + ("…" if len(shown) > limit else ""), quote=False)
+
+
+def label_limit(columns: int) -> int:
+    """Characters a node label may show when `columns` depths share the narrowest plot (~6.5 px a
+    character at 10 px, plus the box's padding), between 3 and 12."""
+    return max(3, min(12, int((NARROWEST_PX / max(columns, 1) - 16) / 6.5)))
 
 
 def _p(probs: Sequence[float], i: int) -> str:
@@ -169,8 +176,9 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
 
     n_leaves = int(max(y for _, y in pos)) + 1  # leaves sit at y = 0, 1, …; parents in between
     height = min(MAX_HEIGHT, max(MIN_HEIGHT, PX_PER_LEAF * n_leaves + MARGINS_PX))
-    per_leaf_px = (height - MARGINS_PX) / n_leaves
-    size = max(8.0, min(32.0, 0.85 * per_leaf_px))  # boxes shrink when a wide tree hits the cap
+    max_depth = max(x for x, _ in pos)
+    limit = label_limit(int(max_depth) + 1)
+    font = 10 if (height - MARGINS_PX) / n_leaves >= 20 else 8  # a huge tree hit the height cap
     for st, (colour_key, label) in STATUS_STYLE.items():
         rows = [r for r in nodes if r[3] == st]
         if not rows:
@@ -187,35 +195,45 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
                 f"<br>depth {pos[slot][0]:.0f}"
                 + ("" if idx < 0 else f" · node {idx}" if idx < n else " · target's token")
             )
+        labels = [_label(texts.get(r[2], "?"), limit) if r[2] is not None else "root" for r in rows]
+        # The legend entry, the hover target and the data of each node; the box drawn over it is
+        # an annotation, which Plotly sizes to its text (a marker is a fixed-size square).
         fig.add_trace(
             go.Scatter(
                 x=[pos[r[0]][0] for r in rows],
                 y=[pos[r[0]][1] for r in rows],
-                mode="markers+text",
-                marker=dict(
-                    symbol="square",
-                    size=size,
-                    color=COLOURS[colour_key],
-                    line=dict(
-                        width=[2 if r[0] in on_path else 1 for r in rows],
-                        color=[PATH_COLOUR if r[0] in on_path else "#90a4ae" for r in rows],
-                    ),
-                ),
-                text=[_label(texts.get(r[2], "?")) if r[2] is not None else "root" for r in rows],
-                textfont=dict(size=11 if size >= 24 else 9 if size >= 16 else 7),
+                mode="markers",
+                marker=dict(symbol="square", size=12, color=COLOURS[colour_key]),
+                text=labels,
                 customdata=[r[1] for r in rows],  # node index: -1 root, n the target's token
                 hovertext=hover,
                 hoverinfo="text",
                 name=label,
             )
         )
+        for r, text, h in zip(rows, labels, hover, strict=True):
+            fig.add_annotation(
+                x=pos[r[0]][0],
+                y=pos[r[0]][1],
+                text=text,
+                showarrow=False,
+                bgcolor=COLOURS[colour_key],
+                bordercolor=PATH_COLOUR if r[0] in on_path else "#90a4ae",
+                borderwidth=2 if r[0] in on_path else 1,
+                borderpad=3,
+                font=dict(size=font, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+                hovertext=h,
+                name=f"node {r[1]}",
+            )
 
-    max_depth = max(x for x, _ in pos)
     fig.update_xaxes(
         title_text="depth", dtick=1, range=[-0.5, max_depth + 0.5], showgrid=False, zeroline=False
     )
     fig.update_yaxes(visible=False, range=[n_leaves - 0.5, -0.5])  # first leaf on top
-    title = f"Step {step}: token tree from {draft.source}: {n} nodes, accepted {len(accepted)}"
-    if extra:
-        title += f", +1 {nodes[-1][3]}"
-    return _base_layout(fig, title, height=height)
+    # The title names the drafter; what was grafted on and the verdict go in the subtitle.
+    first, *rest = draft.source.split(" + ")
+    title = f"Step {step}: token tree from {first if len(first) <= 28 else first[:27] + '…'}"
+    subtitle = f"{n} nodes, accepted {len(accepted)}" + (f", +1 {nodes[-1][3]}" if extra else "")
+    if rest:
+        subtitle = _wrap(f"+ {' + '.join(rest)}; {subtitle}", SUBTITLE_CHARS)
+    return _base_layout(fig, title, height=height, subtitle=subtitle)
