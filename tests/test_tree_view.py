@@ -243,3 +243,17 @@ def test_wide_random_tree_renders():
     assert 280 <= fig.layout.height <= 28 * 60 + 170  # ~28 px a leaf: boxes never touch
     assert node_colour(fig, 60) == COLOURS["bonus"]
     assert fig.to_json()  # serialises (what gradio sends to the browser)
+
+
+def test_a_long_drafter_name_is_cut_in_the_title_and_told_in_full_below():
+    source = (
+        "eagle (auto: the EAGLE head shipped for this model) + prompt lookup (n=2, 1 new nodes)"
+    )
+    events = [Prefill((1,)), Draft(11, source, (11,), (-1,), (0.9,)), Verify(11, (0,), 12, "g")]
+    fig = token_tree(events, TEXTS, 11)
+    title = fig.layout.title.text
+    assert title.startswith("Step 11: token tree from eagle") and title.endswith("…")
+    assert len(title) <= 42  # fits a phone
+    subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "the EAGLE head shipped for this model" in subtitle and "prompt lookup (n=2" in subtitle
+    assert subtitle.endswith("1 node, accepted 1")

@@ -19,8 +19,9 @@ LANE_COLOURS = {
 }
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 # Plotly does not wrap text: a subtitle line of at most this many characters fits a figure on a
-# 390 px phone (~340 px wide); titles are kept under ~40.
+# 390 px phone (~340 px wide).
 SUBTITLE_CHARS = 48
+TITLE_CHARS = 42  # at the title's larger font
 
 
 def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = "") -> go.Figure:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from decoders.events import Commit, Draft, Event, Prefill, Verify
 
-from .figures import SUBTITLE_CHARS, _base_layout, _empty, _wrap
+from .figures import SUBTITLE_CHARS, TITLE_CHARS, _base_layout, _empty, _wrap
 from .tokens import COLOURS, LABELS
 
 EDGE_COLOUR = "#b0bec5"
@@ -230,10 +230,15 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         title_text="depth", dtick=1, range=[-0.5, max_depth + 0.5], showgrid=False, zeroline=False
     )
     fig.update_yaxes(visible=False, range=[n_leaves - 0.5, -0.5])  # first leaf on top
-    # The title names the drafter; what was grafted on and the verdict go in the subtitle.
+    # The title names the drafter (cut to fit a phone); the full source, anything grafted on and
+    # the verdict go in the subtitle.
     first, *rest = draft.source.split(" + ")
-    title = f"Step {step}: token tree from {first if len(first) <= 28 else first[:27] + '…'}"
-    subtitle = f"{n} nodes, accepted {len(accepted)}" + (f", +1 {nodes[-1][3]}" if extra else "")
-    if rest:
-        subtitle = _wrap(f"+ {' + '.join(rest)}; {subtitle}", SUBTITLE_CHARS)
+    title = f"Step {step}: token tree from "
+    room = TITLE_CHARS - len(title)
+    title += first if len(first) <= room else first[: room - 1] + "…"
+    verdict = f"{n} node{'s' if n != 1 else ''}, accepted {len(accepted)}" + (
+        f", +1 {nodes[-1][3]}" if extra else ""
+    )
+    source = " + ".join(rest if len(first) <= room else [first, *rest])
+    subtitle = _wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
     return _base_layout(fig, title, height=height, subtitle=subtitle)
