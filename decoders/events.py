@@ -214,6 +214,24 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 
+def token_ids(event: Event) -> list[int]:
+    """Every token id an event names: what a view may need the text of (the window's guesses,
+    the pool's n-grams, the mask's inputs, not only the drafts and commits)."""
+    if isinstance(event, Prefill):
+        return list(event.prompt_ids)
+    if isinstance(event, Draft | Commit | TopK | JacobiIteration):
+        return list(event.tokens)
+    if isinstance(event, Verify):
+        return [] if event.correction is None else [event.correction]
+    if isinstance(event, LookaheadWindow):
+        return [t for level in event.levels for t in level] + list(event.outputs)
+    if isinstance(event, NgramPool):  # a `top` entry is (hit count, *n-gram)
+        return [t for gram in event.added for t in gram] + [t for e in event.top for t in e[1:]]
+    if isinstance(event, AttentionMask):
+        return list(event.input_ids)
+    return []
+
+
 # --- JSON -----------------------------------------------------------------------------------------
 
 

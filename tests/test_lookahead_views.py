@@ -456,3 +456,15 @@ def test_views_render_real_runs(tiny):
     assert len(heatmap(jacobi_trajectory(jac.events, texts, jac_steps[-1])).y) == min(
         16, len(jac_steps)
     )
+
+
+def test_every_token_a_view_names_is_listed_for_its_text():
+    """The page keeps token texts for what events name (decoders.events.token_ids): the window's
+    guesses, the pool's n-grams (not the hit counts) and the mask's inputs too."""
+    from decoders.events import token_ids
+
+    assert token_ids(LookaheadWindow(1, ((1, 2), (3, 4)), (5, 6))) == [1, 2, 3, 4, 5, 6]
+    assert token_ids(NgramPool(1, ((7, 8),), 0, 1, ((99, 9, 10),), n=2)) == [7, 8, 9, 10]
+    assert token_ids(AttentionMask(1, ("x",), ((0,),), input_ids=(11,))) == [11]
+    assert token_ids(Verify(1, (), 12, "g")) == [12]
+    assert token_ids(JacobiIteration(1, 1, (13, 14), (True, True))) == [13, 14]

@@ -145,6 +145,7 @@ def test_titles_fit_a_phone_and_legends_sit_below_the_plot():
         assert len(fig.layout.title.text) <= 40
         assert fig.layout.title.automargin and fig.layout.title.yref == "container"
         assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0
+        assert fig.layout.modebar.orientation == "v"  # the toolbar stays clear of the title
         for line in (fig.layout.title.subtitle.text or "").split("<br>"):
             assert len(line) <= 48
 

@@ -39,6 +39,7 @@ from decoders.events import (
     Prefill,
     TopK,
     Verify,
+    token_ids,
     trace_from_json,
     trace_to_dict,
 )
@@ -262,10 +263,9 @@ def run_live(
     for batch in in_background(run_events(run), every_s):
         for event in batch:
             trace.events.append(event)
-            if isinstance(event, Commit | TopK | Draft):
-                for t in event.tokens:
-                    if t not in trace.texts:
-                        trace.texts[t] = bundle.token_text(t)
+            for t in token_ids(event):  # every token a view may name, not only the commits
+                if t not in trace.texts:
+                    trace.texts[t] = bundle.token_text(t)
         if any(isinstance(e, Commit) for e in batch):
             yield Live(trace, False, time.perf_counter() - start)
     tokens = trace.token_ids

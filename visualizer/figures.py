@@ -48,6 +48,21 @@ def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = 
         font=FONT,
         height=height + 20,
         margin=dict(l=60, r=20, t=24, b=10),
+        # The toolbar shows on touch and hover at the top right: keep it to one narrow column
+        # (download) so it never covers the title; hover is what these views are read with.
+        modebar=dict(
+            orientation="v",
+            remove=[
+                "zoom",
+                "pan",
+                "select",
+                "lasso",
+                "zoomIn",
+                "zoomOut",
+                "autoScale",
+                "resetScale",
+            ],
+        ),
         legend=dict(
             orientation="h",
             yref="container",
