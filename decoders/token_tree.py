@@ -78,8 +78,9 @@ PARAMS = (
         "trust",
         int,
         3,
-        "with lookup: when the copied chain matched at least this many tokens (1-3), draft it "
-        "alone and skip the drafter this step (SAM-Decoding's switch); 0 = always grow the tree",
+        "with lookup > 0: when the copied chain matched at least this many tokens (1-3), draft it "
+        "alone and skip the drafter this step (SAM-Decoding's switch); 0 = always grow the tree "
+        "(no effect without a lookup branch)",
         0,
         3,
     ),
@@ -227,8 +228,6 @@ def check(bundle: ModelBundle, params) -> None:
     check_draft(bundle, params)
     if params["shape"] == "static":
         parse_choices(params["choices"])
-    if params["trust"] and not params["lookup"]:
-        raise InvalidParameter("token_tree: trust only applies with a lookup branch (lookup > 0)")
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:

@@ -340,12 +340,20 @@ def test_eos_inside_an_accepted_path_stops_like_autoregressive(tiny, draft):
         ({"draft": "self:9"}, r"1\.\.4"),
         ({"lookup": 33}, r"lookup.*\[0, 32\]"),
         ({"lookup": 8, "trust": 4}, r"trust.*\[0, 3\]"),
-        ({"lookup": 0, "trust": 2}, "lookup > 0"),
     ],
 )
 def test_invalid_parameters_are_clear_errors(tiny, params, message):
     with pytest.raises(InvalidParameter, match=message):
         generate(tiny, PROMPTS[0], "token_tree", 8, **params)
+
+
+def test_trust_without_a_lookup_branch_has_no_effect(tiny):
+    """Turning the copied branch off (lookup=0) leaves the default trust nothing to trust."""
+    off = generate(tiny, PROMPTS[0], "token_tree", 12, draft="eagle", lookup=0)
+    both_off = generate(tiny, PROMPTS[0], "token_tree", 12, draft="eagle", lookup=0, trust=0)
+    assert off.token_ids == both_off.token_ids
+    assert off.stats["target_forwards"] == both_off.stats["target_forwards"]
+    assert not any("prompt lookup" in e.source for e in off.events if isinstance(e, Draft))
 
 
 def test_stream_rejects_bad_choices_at_call_time(tiny):
