@@ -33,10 +33,11 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             name="speculative",
-            title="Speculative decoding (draft model or self:k early exit)",
+            title="Speculative decoding (EAGLE head, a draft model, or self:k)",
             decode=speculative.decode,
             params=speculative.PARAMS,
-            presets={"paper": {"draft": "self", "gamma": 4, "schedule": "fixed"}},
+            # Leviathan et al.: a fixed γ; the drafter stays ours (no smaller sibling model offline)
+            presets={"paper": {"gamma": 4, "schedule": "fixed"}},
             check=drafters.check_draft,
             summary="A cheap drafter proposes γ tokens; the target accepts a prefix in one forward.",
         ),
