@@ -214,6 +214,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 
+
 def token_ids(event: Event) -> list[int]:
     """Every token id an event names: what a view may need the text of (the window's guesses,
     the pool's n-grams, the mask's inputs, not only the drafts and commits)."""
