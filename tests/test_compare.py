@@ -5,13 +5,15 @@ and on a phone, with every chart label inside its figure."""
 import re
 from itertools import pairwise
 
+import gradio as gr
 import pytest
 from gradio_client import Client
 from playwright.sync_api import expect
 
+import ui.compare
 from conftest import ARTIFACTS
-from decoders import METHODS, InvalidInput, generate
-from decoders.events import Commit
+from decoders import METHODS, InvalidInput, generate, prepare
+from decoders.events import Commit, Draft, token_ids
 from ui.compare import (
     DEFAULT_PRESET,
     PRESETS,
@@ -24,7 +26,8 @@ from ui.compare import (
     split_specs,
     table_rows,
 )
-from visualizer import compare_chart, race_chart, speedup_chart
+from ui.compare_tab import preset_value
+from visualizer import race_chart, speedup_chart
 from visualizer.compare_views import race_points, wrap_label
 
 PROMPT = "def add(a, b):"
@@ -129,6 +132,35 @@ def test_the_headline_names_the_fastest_and_counts_identical_outputs():
         "Nothing beat autoregressive here; the closest: jacobi at 0.62×; "
         "the output is identical to greedy."
     )
+    # Half precision: a difference comes with the Run tab's caveat.
+    rows[1]["caveat"] = "torch.float16 on cuda: near-ties can flip between batch shapes"
+    assert headline(rows).endswith(
+        "prompt_lookup differs at token 7 (torch.float16 on cuda: near-ties can flip between "
+        "batch shapes)."
+    )
+
+
+def test_an_unknown_preset_leaves_the_specs_alone():
+    assert preset_value("quick look") == "\n".join(PRESETS["quick look"])
+    assert isinstance(preset_value(None), type(gr.skip()))
+    assert not any("early exit" in name for name in PRESETS)
+
+
+def test_warm_up_runs_each_distinct_spec_once_without_detail(monkeypatch):
+    calls = []
+
+    def recording(bundle, prompt, method, max_new_tokens, **kw):
+        calls.append((method, max_new_tokens, dict(kw["params"]), kw.get("detail", True)))
+        return prepare(bundle, prompt, method, max_new_tokens, **kw)
+
+    monkeypatch.setattr(ui.compare, "prepare", recording)
+    specs = "speculative:draft=self:2:gamma=3\nspeculative:draft=self:1:gamma=2\njacobi"
+    final = list(compare_methods("tiny-random", PROMPT, specs, 6))[-1]
+    warm = [c for c in calls if c[1] == 4]
+    assert len(warm) == len(final.specs) == 4  # autoregressive and the three specs
+    assert [c[2] for c in warm] == [s.params for s in final.specs]
+    assert not any(c[3] for c in calls)  # warm and timed runs alike skip detail
+    assert all(r["caveat"] is None for r in final.rows)  # float32 on CPU is exact
 
 
 def test_the_table_uses_one_number_format():
@@ -188,6 +220,16 @@ def test_race_lines_rise_with_time_and_end_at_the_token_count(compared):
     assert fig.data[0].line.dash == "dash"  # the reference
 
 
+def test_compare_traces_keep_the_text_of_every_token_a_view_names(compared):
+    for label, trace in compared[-1].traces.items():
+        named = {t for e in trace.events for t in token_ids(e)}
+        assert named <= set(trace.texts), label
+    # Lookahead's window and pool name tokens no commit or draft does (kept all the same).
+    events = compared[-1].traces["lookahead"].events
+    drafted = {t for e in events if isinstance(e, Commit | Draft) for t in e.tokens}
+    assert {t for e in events for t in token_ids(e)} - drafted
+
+
 def test_race_points_fall_back_to_the_forward_clock_when_times_do_not_fit(compared):
     trace = compared[-1].traces["prompt_lookup"]
     commits = sum(isinstance(e, Commit) for e in trace.events)
@@ -197,7 +239,6 @@ def test_race_points_fall_back_to_the_forward_clock_when_times_do_not_fit(compar
 def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
     rows = compared[-1].rows
     fig = speedup_chart(rows)
-    assert compare_chart is speedup_chart
     speed, per_forward = fig.data
     assert speed.orientation == "h" and list(speed.x) == [r["speedup"] for r in rows]
     assert list(speed.y) == [wrap_label(r["method"]) for r in rows]
@@ -225,6 +266,8 @@ def test_rounds_keep_each_specs_fastest_run_and_check_every_run():
     # Round 2 starts one spec later (prompt_lookup, jacobi, autoregressive).
     assert [len(c.rows) for c in steps] == [1, 2, 3, 3, 3, 3]
     final = steps[-1]
+    # Mid round 2 only prompt_lookup has run twice: each row counts its own runs.
+    assert [r["runs"] for r in steps[3].rows] == [1, 2, 1]
     assert final.done and [r["runs"] for r in final.rows] == [2, 2, 2]
     assert all(r["identical"] for r in final.rows[1:])
     for r in final.rows:  # the row is the faster of its spec's two runs

@@ -19,7 +19,7 @@ from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.bench import parse_method
 from decoders.engine import check_request, run_events
 from decoders.errors import DecodingLabError
-from decoders.events import Commit, Done, Draft
+from decoders.events import Commit, Done, token_ids
 from decoders.params import SAMPLING_PARAMS, validate_params
 
 from .session import Trace, check_budget, check_draft, get_bundle, token_texts, vocab_size
@@ -79,7 +79,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
         paper_spec(name) for name, m in METHODS.items() if "paper" in m.presets
     ),
     # Who drafts matters more than how: the trained head against the model's own first layers.
-    "drafters: trained head vs early exit": (
+    "drafters: trained head vs the model's first layers": (
         "speculative:draft=eagle",
         "speculative:draft=self:8",
         "token_tree:draft=eagle",
@@ -198,6 +198,9 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
     else:
         where = "; ".join(f"{r['method']} differs at token {r['first_divergence']}" for r in differ)
         same = f"{len(others) - len(differ)} of {len(others)} outputs identical to greedy; {where}"
+        caveat = next((r["caveat"] for r in differ if r.get("caveat")), None)
+        if caveat:
+            same += f" ({caveat})"
     return f"{speed}; {same}."
 
 
@@ -239,33 +242,38 @@ def compare_methods(
         except DecodingLabError as exc:
             raise InvalidInput(f"method spec {s.label!r}: {exc}") from None
     if warm_up:
-        # A method's first forwards in a process are slow (allocations, a drafter's first use):
-        # a few tokens of each method first, so no row pays for them and the reference is not
-        # made slow by going first.
-        first_of_each: dict[str, Spec] = {}
+        # A spec's first forwards in a process are slow (allocations, a drafter's first use, a
+        # draft length's first shapes): a few tokens of each spec first, so no row pays for them
+        # and the reference is not made slow by going first. parse_specs already dropped
+        # duplicate settings, so each distinct spec warms once; like the timed runs, no detail.
         for s in parsed:
-            first_of_each.setdefault(s.method, s)
-        for s in first_of_each.values():
-            warm = prepare(bundle, prompt, s.method, min(4, max_new_tokens), params=s.params)
+            warm = prepare(
+                bundle, prompt, s.method, min(4, max_new_tokens), params=s.params, detail=False
+            )
             for _ in run_events(warm):
                 pass
     best: dict[str, Trace] = {}  # each spec's fastest run so far
     diverged: dict[str, int] = {}  # a spec whose run (any round) left greedy: where
+    n_runs: dict[str, int] = {}  # runs so far per spec (a spec later in this round has one fewer)
     total, done = len(parsed) * rounds, 0
     for k in range(rounds):
         shift = k % len(parsed)
         for spec in parsed[shift:] + parsed[:shift]:
             trace = _timed(bundle, spec, runs[spec.label], prompt, max_new_tokens)
             done += 1
+            n_runs[spec.label] = n_runs.get(spec.label, 0) + 1
             if spec is not parsed[0]:  # the reference ran first in round 1
                 reference = best[parsed[0].label].token_ids
-                check = compare_tokens(reference, trace.token_ids)
+                check = compare_tokens(reference, trace.token_ids, bundle.exact)
                 if not check.identical:
                     diverged.setdefault(spec.label, check.first_divergence or 0)
             if spec.label not in best or _faster(trace, best[spec.label]):
                 best[spec.label] = trace
             shown = [p for p in parsed if p.label in best]
-            rows = [_row(p, best[p.label], best[parsed[0].label], diverged, k + 1) for p in shown]
+            rows = [
+                _row(p, best[p.label], best[parsed[0].label], diverged, n_runs[p.label], bundle)
+                for p in shown
+            ]
             for r in rows:
                 best[r["method"]].meta["lossless"] = r["lossless"]
             yield Comparison(parsed, rows, {p.label: best[p.label] for p in shown}, done, total)
@@ -300,9 +308,9 @@ def _timed(bundle: Any, spec: Spec, run: Any, prompt: str, max_new_tokens: int) 
             commit_s.append(time.perf_counter() - start)
         trace.events.append(event)
     tokens = trace.token_ids
-    ids = set(run.prompt_ids) | {
-        t for e in trace.events if isinstance(e, Commit | Draft) for t in e.tokens
-    }
+    # Every token a view may name (the lookahead window and pool, Jacobi blocks, the tree mask's
+    # inputs), as the Run tab keeps them, not only commits and drafts.
+    ids = set(run.prompt_ids) | {t for e in trace.events for t in token_ids(e)}
     trace.texts = token_texts(bundle, ids)
     done = next(e for e in reversed(trace.events) if isinstance(e, Done))
     trace.meta.update(
@@ -316,15 +324,33 @@ def _timed(bundle: Any, spec: Spec, run: Any, prompt: str, max_new_tokens: int) 
 
 
 def _row(
-    spec: Spec, trace: Trace, reference: Trace, diverged: Mapping[str, int], runs: int
+    spec: Spec,
+    trace: Trace,
+    reference: Trace,
+    diverged: Mapping[str, int],
+    runs: int,
+    bundle: Any,
 ) -> dict[str, Any]:
     s = trace.stats
     base = reference.stats["tokens_per_s"] or 1.0
     is_ref = trace is reference
-    check = compare_tokens(reference.token_ids, trace.token_ids)
+    check = compare_tokens(reference.token_ids, trace.token_ids, bundle.exact)
     first = diverged.get(spec.label, check.first_divergence)
     identical = check.identical and spec.label not in diverged
     accept = s.get("mean_acceptance_length")
+    # As the Run tab says: in half precision a different batch shape can flip a near-tie, so a
+    # difference there is not by itself a broken method.
+    caveat = (
+        None
+        if check.exact_dtype
+        else f"{bundle.dtype} on {bundle.device}: near-ties can flip between batch shapes"
+    )
+    if is_ref:
+        lossless = "reference"
+    elif identical:
+        lossless = "✓ identical"
+    else:
+        lossless = f"✗ differs at token {first}" + ("" if caveat is None else " (half precision)")
     return {
         "method": spec.label,
         "name": spec.method,
@@ -337,9 +363,8 @@ def _row(
         "runs": runs,
         "identical": identical,
         "first_divergence": None if identical else first,
-        "lossless": "reference"
-        if is_ref
-        else ("✓ identical" if identical else f"✗ differs at token {first}"),
+        "lossless": lossless,
+        "caveat": caveat,
     }
 
 

@@ -106,6 +106,12 @@ def texts_html(result: Comparison) -> str:
     return "".join(parts)
 
 
+def preset_value(name: str) -> Any:
+    """The specs box's new value for a preset; an unknown name (a cleared dropdown) leaves the
+    box as it is (an empty update would be read as its new value)."""
+    return "\n".join(PRESETS[name]) if name in PRESETS else gr.skip()
+
+
 def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
     """Call inside a `gr.Tab` (within the page's gr.Blocks): lays the tab out, wires its handlers."""
     with gr.Row(elem_id="cmp-row"):
@@ -187,7 +193,7 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
     )
 
     def on_preset(name: str) -> dict:
-        return {tab.specs: "\n".join(PRESETS.get(name, ()))} if name in PRESETS else {}
+        return {tab.specs: preset_value(name)}
 
     preset.change(on_preset, preset, specs, api_visibility="private")
 

@@ -1,6 +1,6 @@
 """Pure drawing functions: trace events in, Plotly figures or HTML out. No torch, no gradio."""
 
-from .compare_views import compare_chart, race_chart, speedup_chart
+from .compare_views import race_chart, speedup_chart
 from .figures import (
     acceptance_by_position,
     acceptance_histogram,
@@ -18,7 +18,6 @@ __all__ = [
     "acceptance_by_position",
     "acceptance_histogram",
     "acceptance_panel",
-    "compare_chart",
     "draft_panel",
     "extra_panels",
     "forward_timeline",

@@ -194,6 +194,3 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
         hovermode="closest",
     )
     return fig
-
-
-compare_chart = speedup_chart  # its name before the race joined it
