@@ -431,3 +431,91 @@ def test_a_copy_source_outside_the_context_is_refused(tiny):
     sources[0]["start"] = 10**6
     with pytest.raises(TraceError, match="the copied span must lie within"):
         read_trace(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def method_traces(tiny) -> dict[str, dict]:
+    """One small trace per method whose events the holes below forge."""
+    runs = {
+        "jacobi": ("jacobi", {}),
+        "lookahead": ("lookahead", {"W": 2, "N": 3, "G": 2}),
+        "token_tree": ("token_tree", {"draft": "self:2"}),
+        "self_speculative": ("self_speculative", {}),
+    }
+    return {
+        name: json.loads(run_to_end("tiny-random", "def f(x): return f(x)", m, 16, p).to_json())
+        for name, (m, p) in runs.items()
+    }
+
+
+def _last(data: dict, kind: str) -> dict:
+    return [e for e in data["events"] if e["type"] == kind][-1]
+
+
+def _bad_accepted_path(d):
+    verify = next(e for e in d["events"] if e["type"] == "Verify" and len(e["accepted"]) == 0)
+    draft = next(e for e in d["events"] if e["type"] == "Draft" and e["step"] == verify["step"])
+    # A node that is not the root's child cannot be accepted first.
+    verify["accepted"] = [next(j for j, p in enumerate(draft["parents"]) if p != -1)]
+
+
+def _huge_draft(d):
+    draft = first(d, "Draft")
+    n = 200
+    draft.update(tokens=[1] * n, parents=list(range(-1, n - 1)), probs=[1.0] * n)
+
+
+@pytest.mark.parametrize(
+    ("method", "fn", "message"),
+    [
+        # The Jacobi trajectory spans absolute positions from `start`: 0 or 10^9 would hang the view.
+        ("jacobi", lambda d: _last(d, "JacobiIteration").update(start=10**9), "start must be"),
+        ("jacobi", lambda d: _last(d, "JacobiIteration").update(start=0), "start must be"),
+        ("jacobi", lambda d: first(d, "JacobiIteration").update(iteration=-3), "iteration must"),
+        ("jacobi", lambda d: first(d, "JacobiIteration").update(iteration=10**9), "iteration must"),
+        ("lookahead", lambda d: first(d, "NgramPool").update(n=99), "n must be in 2..12"),
+        ("lookahead", lambda d: first(d, "LookaheadWindow")["outputs"].append(1), "equally wide"),
+        (
+            "lookahead",
+            lambda d: first(d, "LookaheadWindow")["levels"][0].append(1),
+            "equally wide",
+        ),
+        (
+            "lookahead",
+            lambda d: first(d, "AttentionMask")["input_ids"].__setitem__(0, 10**9),
+            "input_ids' must hold token ids",
+        ),
+        (
+            "lookahead",
+            lambda d: first(d, "AttentionMask")["input_ids"].append(1),
+            "one entry per label",
+        ),
+        (
+            "lookahead",
+            lambda d: first(d, "AttentionMask")["branches"].append("x"),
+            "one entry per label",
+        ),
+        ("token_tree", _huge_draft, "a draft has at most"),
+        ("token_tree", _bad_accepted_path, "form a path from the draft's root"),
+        (
+            "self_speculative",
+            lambda d: first(d, "DraftStop").update(reason="bored"),
+            "reason must be one of",
+        ),
+        (
+            "token_tree",
+            lambda d: d["params"].update(temperature="0.5"),
+            "'params.temperature' must be a float",
+        ),
+        ("token_tree", lambda d: d["params"].update(depth=99), "'depth' must be in"),
+        ("token_tree", lambda d: d["params"].update(bogus=1), "unknown parameter 'bogus'"),
+    ],
+)
+def test_a_trace_whose_events_would_mislead_or_hang_the_views_is_refused(
+    method_traces, method, fn, message
+):
+    data = method_traces[method]
+    read_trace(json.dumps(data))  # as recorded: fine
+    with pytest.raises(TraceError) as info:
+        read_trace(edit(data, fn))
+    assert message in str(info.value)

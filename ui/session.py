@@ -44,7 +44,7 @@ from decoders.events import (
     trace_to_dict,
 )
 from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable
-from decoders.params import SAMPLING_PARAMS, Param
+from decoders.params import SAMPLING_PARAMS, Param, validate_params
 from decoders.stats import compute_stats
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
@@ -505,6 +505,38 @@ ORIGINS = frozenset({"target", "draft", "correction", "bonus"})
 FORWARD_KINDS = frozenset({"prefill", "target", "draft", "verify"})
 MAX_LAYERS = 1024
 MAX_VOCAB = 10_000_000
+# The largest draft any method proposes in one step: lookahead's pool trie, G ≤ 16 candidates of
+# N − 1 ≤ 11 tokens (token_tree: MAX_NODES = 64 grown + a 32-token copied branch).
+MAX_DRAFT_NODES = 16 * 11
+DRAFT_STOP_REASONS = frozenset({"confidence", "max_draft", "eos", "budget"})
+NGRAM_SIZES = range(2, 13)  # lookahead's N; 0 in traces made before the field existed
+
+
+def check_trace_params(params: Mapping[str, Any], method: str) -> dict[str, Any]:
+    """The trace's `params` against the method's schema: JSON types as the schema says (so a
+    temperature of "0.5" is refused, not parsed), then names, ranges and choices."""
+    schema = {p.name: p for p in METHODS[method].schema}
+    json_types: dict[type, tuple[type, ...]] = {
+        bool: (bool,),
+        int: (int,),
+        float: (int, float),
+        str: (str,),
+    }
+    for name, value in params.items():
+        p = schema.get(name)
+        if p is None:
+            continue  # validate_params names the unknown parameter with the valid ones
+        ok = isinstance(value, json_types.get(p.type, (p.type,))) and (
+            p.type is bool or not isinstance(value, bool)
+        )
+        if not ok:
+            raise TraceError(
+                f"trace field 'params.{name}' must be a {p.type.__name__}, got {value!r}"
+            )
+    try:
+        return validate_params(METHODS[method].schema, params, method)
+    except DecodingLabError as exc:
+        raise TraceError(f"trace field 'params': {exc}") from None
 
 
 def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
@@ -553,6 +585,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             f"got {meta['vocab_size']!r}",
         )
     need(isinstance(meta.get("params", {}), dict), "trace field 'params' must be an object")
+    check_trace_params(meta.get("params", {}), method)
     vocab = vocab or meta.get("vocab_size") or MAX_VOCAB
 
     def tokens_ok(ids: Any, where: str) -> None:
@@ -571,7 +604,9 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     events = trace.events
     n_layers = meta.get("n_layers", MAX_LAYERS)
     last_commit = -1
-    drafted: dict[int, int] = {}  # step -> draft nodes proposed
+    n_committed = 0
+    committed_before: dict[int, int] = {}  # step -> tokens committed by the earlier steps
+    drafted: dict[int, list[int]] = {}  # step -> the parents of the draft nodes proposed
     for i, e in enumerate(events):
         where = f"event {i} ({e.type})"
         if isinstance(e, Done):
@@ -584,6 +619,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             need(
                 step <= last_commit + 1, f"{where}: step {step} comes before step {last_commit + 1}"
             )
+            committed_before.setdefault(step, n_committed)
         if isinstance(e, Prefill):
             tokens_ok(e.prompt_ids, f"{where}.prompt_ids")
             need(
@@ -594,6 +630,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             need(step > last_commit, f"{where}: step {step} commits again after step {last_commit}")
             last_commit = step
             tokens_ok(e.tokens, f"{where}.tokens")
+            n_committed += len(e.tokens)
             need(
                 len(e.tokens) == len(e.origins) == len(e.probs) > 0,
                 f"{where}: tokens, origins and probs must be equally long and not empty",
@@ -614,11 +651,24 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 f"{where}: each parent must be -1 or an earlier node",
             )
             probs_ok(e.probs, where)
-            drafted[step] = drafted.get(step, 0) + len(e.tokens)
-        elif isinstance(e, Verify):
             need(
-                all(whole(a, 0, drafted.get(step, 0) - 1) for a in e.accepted),
-                f"{where}: accepted nodes must be among the step's {drafted.get(step, 0)} drafted",
+                len(e.tokens) <= MAX_DRAFT_NODES,
+                f"{where}: a draft has at most {MAX_DRAFT_NODES} nodes, got {len(e.tokens)}",
+            )
+            need(step not in drafted, f"{where}: step {step} drafts twice")
+            drafted[step] = list(e.parents)
+        elif isinstance(e, Verify):
+            parents = drafted.get(step, [])
+            need(
+                all(whole(a, 0, len(parents) - 1) for a in e.accepted),
+                f"{where}: accepted nodes must be among the step's {len(parents)} drafted",
+            )
+            # Acceptance walks down the tree from its root: each node is the previous one's child.
+            need(
+                all(
+                    parents[a] == (e.accepted[j - 1] if j else -1) for j, a in enumerate(e.accepted)
+                ),
+                f"{where}: accepted nodes must form a path from the draft's root",
             )
             if e.correction is not None:
                 tokens_ok([e.correction], f"{where}.correction")
@@ -643,11 +693,40 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             need(
                 len(e.tokens) == len(e.changed), f"{where}: tokens and changed must be equally long"
             )
+            need(
+                len(e.tokens) <= MAX_DRAFT_NODES,
+                f"{where}: a Jacobi block has at most {MAX_DRAFT_NODES} tokens",
+            )
+            need(
+                whole(e.iteration, 0, len(events)),
+                f"{where}: iteration must be a whole number in 0..{len(events)}",
+            )
+            # The block guesses absolute output positions start, start + 1, ...: those right after
+            # what the earlier steps committed (-1: a trace made before the field existed).
+            need(
+                whole(e.start, -1, n_committed) and e.start in (-1, committed_before[step]),
+                f"{where}: start must be the {committed_before[step]} tokens committed before "
+                f"step {step} (or -1), got {e.start!r}",
+            )
         elif isinstance(e, LookaheadWindow):
             for level in e.levels:
                 tokens_ok(level, f"{where}.levels")
             tokens_ok(e.outputs, f"{where}.outputs")
+            width = len(e.outputs)
+            need(
+                all(len(level) == width for level in e.levels),
+                f"{where}: every level and the outputs must be equally wide",
+            )
+            need(
+                width <= MAX_DRAFT_NODES and len(e.levels) <= max(NGRAM_SIZES),
+                f"{where}: the window is at most {MAX_DRAFT_NODES} wide and "
+                f"{max(NGRAM_SIZES)} levels deep",
+            )
         elif isinstance(e, NgramPool):
+            need(
+                whole(e.n, 0, max(NGRAM_SIZES)) and (e.n == 0 or e.n in NGRAM_SIZES),
+                f"{where}: n must be in {min(NGRAM_SIZES)}..{max(NGRAM_SIZES)} (or 0), got {e.n!r}",
+            )
             for gram in e.added:
                 tokens_ok(gram, f"{where}.added")
             for entry in e.top:
@@ -661,8 +740,18 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 all(0 <= j < len(e.labels) for row in e.visible for j in row),
                 f"{where}: visible indices must be among the {len(e.labels)} inputs",
             )
+            tokens_ok(e.input_ids, f"{where}.input_ids")
+            need(
+                len(e.input_ids) in (0, len(e.labels)) and len(e.branches) in (0, len(e.labels)),
+                f"{where}: input_ids and branches must have one entry per label",
+            )
         elif isinstance(e, DraftStop):
             probs_ok((e.threshold, e.rate, *e.confidences), where)
+            need(
+                e.reason in DRAFT_STOP_REASONS,
+                f"{where}: reason must be one of {', '.join(sorted(DRAFT_STOP_REASONS))}, "
+                f"got {e.reason!r}",
+            )
         elif isinstance(e, CopySource):
             # The copy's source must lie in the context the model saw at that step.
             longest = len(prompt_ids) + meta["max_new_tokens"]
