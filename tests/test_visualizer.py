@@ -15,6 +15,8 @@ from visualizer import (
     token_spans_html,
     tokens_per_step,
 )
+from visualizer.panels import EXTRA_PANELS, MAX_EXTRA_PANELS
+from visualizer.text import add_caption, cut, short_token, token_hover, wrap
 from visualizer.tokens import COLOURS, lossless_badge_html
 
 TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 99: "<b>"}
@@ -168,3 +170,31 @@ def test_acceptance_panel_shows_histogram_and_rate_per_position():
     assert fig.layout.xaxis2.dtick == 1  # every draft position labelled
     empty = acceptance_panel({"acceptance_histogram": []})
     assert not empty.data and "no drafts" in empty.layout.annotations[0].text
+
+
+def test_every_methods_extra_views_fit_the_pages_slots():
+    assert all(len(views) <= MAX_EXTRA_PANELS for views in EXTRA_PANELS.values())
+
+
+def test_token_labels_show_whitespace_cut_and_escape():
+    assert short_token("a\tb\nc", 6) == "a⇥b↵c"
+    assert short_token("<script>", 3) == "&lt;sc…"  # cut before escaping: 3 visible characters
+    assert short_token("", 3) == ""
+    assert cut("abcdef", 4) == "abc…" and cut("abcd", 4) == "abcd"
+    assert token_hover("<a>\n", 7) == "'&lt;a&gt;\\n' · id 7" and token_hover("x", None).endswith(
+        "?"
+    )
+
+
+def test_wrap_breaks_at_spaces_only():
+    assert wrap("one two three four", 9) == "one two<br>three<br>four"
+    assert wrap("a-very-long-word x", 5) == "a-very-long-word<br>x"  # never cut inside a word
+
+
+def test_a_caption_grows_the_figure_by_its_lines():
+    fig = add_caption(go.Figure(), ["word " * 30, "", "<b>not bold</b>"], 200)
+    text = fig.layout.annotations[0].text
+    lines = text.split("<br>")
+    assert all(len(line) <= 52 for line in lines) and "&lt;b&gt;" in text
+    assert fig.layout.height == 200 + 20 + 15 * len(lines)
+    assert fig.layout.margin.b == 30 + 15 * len(lines)

@@ -21,27 +21,13 @@ from decoders.engine import check_request, run_events
 from decoders.errors import DecodingLabError
 from decoders.events import Commit, Done, token_ids
 from decoders.params import SAMPLING_PARAMS, validate_params
+from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
 
 from .session import Trace, check_budget, check_draft, get_bundle, token_texts, vocab_size
 
 REFERENCE = "autoregressive"
 MAX_SPECS = 16  # rows per comparison: each is a full run
 MAX_ROUNDS = 5  # runs per spec (each row keeps its fastest)
-
-
-# --- number format (the table, the headline and the charts all use these) ------------------------
-
-
-def fmt_ratio(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}"
-
-
-def fmt_speedup(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}×"
-
-
-def fmt_rate(x: float | None) -> str:
-    return "—" if x is None else f"{x:.1f}"
 
 
 # --- specs and presets ----------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 
 from decoders.events import Commit, Event, Forward
 
-from .figures import FONT, _empty
+from .figures import _base_layout, _empty
+from .text import fmt_ratio, fmt_speedup
 
 # One colour per row, in row order (autoregressive, the reference, is grey and dashed).
 PALETTE = (
@@ -55,29 +56,17 @@ def wrap_label(spec: str, width: int = WRAP) -> str:
     return "<br>".join(lines)
 
 
-def _layout(fig: go.Figure, title: str, height: int, top: int) -> go.Figure:
-    """Title in a strip under Plotly's toolbar (a phone shows the toolbar all the time, top right,
-    over whatever sits there), then the plot; `top` = the top margin (title, and a legend above
-    the plot if any). Axes grow their margins to fit their labels."""
-    fig.update_layout(
-        title=dict(
-            text=title,
-            x=0.01,
-            xanchor="left",
-            y=1,
-            yanchor="top",
-            yref="container",
-            pad=dict(t=34),
-            font=dict(size=14),
-        ),
-        template="plotly_white",
-        font=FONT,
-        height=height,
-        margin=dict(l=10, r=20, t=top, b=10),
-        legend=dict(
-            orientation="h", yanchor="bottom", y=1.01, xanchor="left", x=0.0, font=dict(size=11)
-        ),
-    )
+def _layout(
+    fig: go.Figure, title: str, height: int, top: int, legend_on_top: bool = False
+) -> go.Figure:
+    """The views' shared frame (figures._base_layout), with the title lower, in a strip under
+    Plotly's toolbar (a phone shows the toolbar all the time, top right, over whatever sits
+    there), then the plot; `top` = the top margin (title, and the legend when it sits above the
+    plot). Wrapped spec labels are wide: the axes grow their margins to fit them."""
+    _base_layout(fig, title, height - 20)
+    fig.update_layout(title_pad_t=34, margin=dict(l=10, t=top))
+    if legend_on_top:  # a short legend reads best right above the bars it names
+        fig.update_layout(legend=dict(yref="paper", y=1.01, yanchor="bottom"))
     fig.update_xaxes(automargin=True)
     fig.update_yaxes(automargin=True)
     return fig
@@ -102,7 +91,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             x=speedups,
             orientation="h",
             marker_color=colours,
-            text=[f"{x:.2f}×" for x in speedups],
+            text=[fmt_speedup(x) for x in speedups],
             textposition="outside",
             cliponaxis=False,
             hovertemplate="%{y}<br>%{x:.2f}× over autoregressive<extra></extra>",
@@ -115,7 +104,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             x=per_forward,
             orientation="h",
             marker_color="#90caf9",
-            text=[f"{x:.2f}" for x in per_forward],
+            text=[fmt_ratio(x) for x in per_forward],
             textposition="outside",
             cliponaxis=False,
             hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
@@ -131,7 +120,8 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_layout(barmode="group", bargap=0.25)
     fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
     fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
-    return _layout(fig, "Speedup over autoregressive", 150 + band * len(rows), top=88)
+    title = "Speedup over autoregressive"
+    return _layout(fig, title, 150 + band * len(rows), top=88, legend_on_top=True)
 
 
 def race_points(
@@ -185,12 +175,8 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
         ticklen=6,
         tickcolor="white",
     )
+    # Many long specs: the legend sits at the foot of the figure (the shared frame's place for
+    # it) and the plot makes room for it.
     fig = _layout(fig, "Race: tokens committed against time", 400 + 22 * len(runs), top=64)
-    # Many long specs: the legend sits at the foot of the figure and the plot makes room for it.
-    fig.update_layout(
-        legend=dict(
-            orientation="h", yref="container", y=0.0, yanchor="bottom", xanchor="left", x=0.0
-        ),
-        hovermode="closest",
-    )
+    fig.update_layout(hovermode="closest")
     return fig

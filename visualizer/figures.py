@@ -10,6 +10,8 @@ import plotly.graph_objects as go
 
 from decoders.events import Commit, Event, Forward, TopK
 
+from .text import cut, short_token, token_hover, wrap
+
 LANES = ("target", "verify", "draft")  # prefill is drawn in the target lane
 LANE_COLOURS = {
     "prefill": "#546e7a",
@@ -30,7 +32,7 @@ def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = 
     Neither sits over the plot, and a legend that wraps on a narrow screen grows its strip
     instead of running into the title. Titles are kept short so they fit a 390 px phone."""
     if subtitle and "<br>" not in subtitle:
-        subtitle = _wrap(subtitle, SUBTITLE_CHARS)
+        subtitle = wrap(subtitle, SUBTITLE_CHARS)
     fig.update_layout(
         title=dict(
             text=title,
@@ -79,7 +81,7 @@ def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = 
 def _empty(title: str, message: str, height: int = 260) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(
-        text=_wrap(message, 44),
+        text=wrap(message, 44),
         showarrow=False,
         x=0.5,
         y=0.5,
@@ -90,18 +92,6 @@ def _empty(title: str, message: str, height: int = 260) -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _base_layout(fig, title, height)
-
-
-def _wrap(text: str, width: int) -> str:
-    """Break a plain sentence into <br>-separated lines of at most ~`width` characters (Plotly
-    does not wrap text, and a phone is narrow)."""
-    lines: list[str] = []
-    for word in text.split(" "):
-        if lines and len(lines[-1]) + 1 + len(word) <= width:
-            lines[-1] += " " + word
-        else:
-            lines.append(word)
-    return "<br>".join(lines)
 
 
 def forward_timeline(events: Sequence[Event], upto_step: int | None = None) -> go.Figure:
@@ -321,7 +311,7 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
             draft_colours,
             texts,
             [
-                f"{texts.get(t, '?')!r} · id {t} · {s}"
+                f"{token_hover(texts.get(t, '?'), t)} · {s}"
                 for t, s in zip(draft.tokens, status, strict=True)
             ],
         )
@@ -333,7 +323,7 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
             [COLOURS.get(o, COLOURS["target"]) for o in commit.origins],
             texts,
             [
-                f"{texts.get(t, '?')!r} · id {t} · {o} · p={p:.3f}"
+                f"{token_hover(texts.get(t, '?'), t)} · {o} · p={p:.3f}"
                 for t, o, p in zip(commit.tokens, commit.origins, commit.probs, strict=True)
             ],
         )
@@ -345,14 +335,9 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     )
     fig.update_yaxes(title_text="", categoryorder="array", categoryarray=["target", "draft"])
     fig.update_layout(showlegend=False)
-    title = f"Step {step}: {_short(draft.source, 36)}"
+    title = f"Step {step}: {cut(draft.source, 36)}"
     subtitle = f"drafted {len(draft.tokens)}, accepted {n_acc}; the target's tokens below"
     return _base_layout(fig, title, height=230, subtitle=subtitle)
-
-
-def _short(text: str, limit: int) -> str:
-    """Cut a label to `limit` characters (titles must fit a phone)."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _token_row(
@@ -364,7 +349,7 @@ def _token_row(
         y=[row] * len(tokens),
         mode="markers+text",
         marker=dict(symbol="square", size=34, color=colours, line=dict(width=1, color="#90a4ae")),
-        text=[texts.get(t, "?").replace("\n", "↵")[:6] for t in tokens],
+        text=[short_token(texts.get(t, "?"), 5) for t in tokens],  # 34 px boxes: 6 characters
         textfont=dict(size=11),
         hovertext=hover,
         hoverinfo="text",

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
@@ -29,9 +28,10 @@ from decoders.events import (
 )
 from decoders.tree import depths, leaf_paths
 
-from .figures import SUBTITLE_CHARS, _base_layout, _empty, _wrap
+from .figures import SUBTITLE_CHARS, _base_layout, _empty
+from .text import cut, escape, short_token, token_hover, visible, wrap
 from .tokens import COLOURS, LABELS
-from .tree_view import _label, _root_token
+from .tree_view import _root_token
 
 BOUNDARY_COLOUR = "#1b5e20"  # the accepted path / fixed-point boundary, as in the tree view
 SEPARATOR_COLOUR = "#37474f"
@@ -81,15 +81,12 @@ def _tok(texts: Mapping[int, str], t: int | None) -> str:
     """A token for hover text: its repr, escaped for Plotly, and its id."""
     if t is None:
         return "? · id ?"
-    return f"{html.escape(repr(texts.get(t, '?')), quote=False)} · id {t}"
+    return token_hover(texts.get(t, "?"), t)
 
 
 def _gram(gram: Sequence[int], texts: Mapping[int, str], limit: int = 40) -> str:
     """An n-gram as one escaped label: token texts joined by '|', whitespace made visible."""
-    shown = "|".join(texts.get(t, "?").replace("\n", "↵").replace("\t", "⇥") for t in gram)
-    if len(shown) > limit:
-        shown = shown[: limit - 1] + "…"
-    return html.escape(shown, quote=False)
+    return escape(cut("|".join(visible(texts.get(t, "?")) for t in gram), limit))
 
 
 def _scale(colours: Sequence[str]) -> list[list]:
@@ -162,13 +159,30 @@ def _committed_by_position(events: Sequence[Event], step: int) -> list[tuple[int
     return out
 
 
+def _frame_column(
+    fig: go.Figure,
+    x: int,
+    top_row: int,
+    colour: str = BOUNDARY_COLOUR,
+    width: int = 3,
+    inset: float = 0.5,
+) -> None:
+    """Frame heatmap column `x` over rows 0..`top_row` (green: its n-gram entered the pool)."""
+    fig.add_shape(
+        type="rect",
+        x0=x - inset,
+        x1=x + inset,
+        y0=-inset,
+        y1=top_row + inset,
+        line=dict(color=colour, width=width),
+        fillcolor="rgba(0,0,0,0)",
+    )
+
+
 def _cell_label(text: str, columns: int) -> str:
     """A token inside a heatmap cell, shorter as the cells get narrower (none when too narrow)."""
     limit = 6 if columns <= 8 else 4 if columns <= 16 else 2 if columns <= 32 else 0
-    if not limit:
-        return ""
-    shown = text.replace("\n", "↵").replace("\t", "⇥")
-    return html.escape(shown[:limit] + ("…" if len(shown) > limit else ""), quote=False)
+    return short_token(text, limit) if limit else ""
 
 
 def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
@@ -347,7 +361,7 @@ def _x_text(events: Sequence[Event], texts: Mapping[int, str], step: int, limit:
     if x_id is None:
         return "?"
     shown = repr(texts.get(x_id, "?"))
-    return html.escape(shown if len(shown) <= limit else shown[: limit - 2] + "…'", quote=False)
+    return escape(shown if len(shown) <= limit else shown[: limit - 2] + "…'")  # keep the quote
 
 
 def _window_column(
@@ -442,15 +456,7 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
     )
     for i in range(w):
         if is_added[i]:
-            fig.add_shape(
-                type="rect",
-                x0=i - 0.5,
-                x1=i + 0.5,
-                y0=-0.5,
-                y1=n_levels + 0.5,
-                line=dict(color=BOUNDARY_COLOUR, width=3),
-                fillcolor="rgba(0,0,0,0)",
-            )
+            _frame_column(fig, i, n_levels)
     used = _legend(fig, z, any(is_added))
     ticks = ["level 0 (oldest)" if j == 0 else f"level {j}" for j in range(n_levels)] + [
         "new guesses"
@@ -482,7 +488,7 @@ def lookahead_window(events: Sequence[Event], texts: Mapping[int, str], step: in
         f"{k} new n-gram{'s' if k != 1 else ''} for the pool"
     )
     height = max(260, 150 + 44 * (n_levels + 1) + 16 * used)
-    return _base_layout(fig, title, height=height, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+    return _base_layout(fig, title, height=height, subtitle=wrap(subtitle, SUBTITLE_CHARS))
 
 
 def _window_history(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
@@ -549,25 +555,9 @@ def _window_history(events: Sequence[Event], texts: Mapping[int, str], step: int
             font_size=11 if len(windows) <= 8 else 9,
         )
     )
-    fig.add_shape(  # the selected step's window
-        type="rect",
-        x0=step - 0.5,
-        x1=step + 0.5,
-        y0=-0.5,
-        y1=depth + 0.5,
-        line=dict(color=SEPARATOR_COLOUR, width=3),
-        fillcolor="rgba(0,0,0,0)",
-    )
-    for added_step in added_steps:
-        fig.add_shape(
-            type="rect",
-            x0=added_step - 0.45,
-            x1=added_step + 0.45,
-            y0=-0.45,
-            y1=depth + 0.45,
-            line=dict(color=BOUNDARY_COLOUR, width=2),
-            fillcolor="rgba(0,0,0,0)",
-        )
+    _frame_column(fig, step, depth, colour=SEPARATOR_COLOUR)  # the selected step's window
+    for added_step in added_steps:  # inset, inside the selected step's frame where they meet
+        _frame_column(fig, added_step, depth, width=2, inset=0.45)
     used = _legend(fig, z, bool(added_steps))
     fig.update_xaxes(
         title_text="step (dark frame: this step)",
@@ -597,7 +587,7 @@ def _window_history(events: Sequence[Event], texts: Mapping[int, str], step: int
         fig,
         f"Step {step}: window of {len(window.levels)} level{'s' if len(window.levels) != 1 else ''} × 1",
         height=height,
-        subtitle=_wrap(subtitle, SUBTITLE_CHARS),
+        subtitle=wrap(subtitle, SUBTITLE_CHARS),
     )
 
 
@@ -646,7 +636,7 @@ def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     top = sorted((e for e in pool.top if len(e) >= 2), key=lambda e: -e[0])
     if not top:
         fig = _empty(title, "no n-gram has been hit yet")
-        return _base_layout(fig, title, height=200, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+        return _base_layout(fig, title, height=200, subtitle=wrap(subtitle, SUBTITLE_CHARS))
     fig = go.Figure(
         go.Bar(
             x=[e[0] for e in top],
@@ -671,7 +661,7 @@ def ngram_pool(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         title_text="hits so far", rangemode="tozero", dtick=1 if top[0][0] <= 10 else None
     )
     height = min(560, max(220, 130 + 28 * len(top)))
-    return _base_layout(fig, title, height=height, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+    return _base_layout(fig, title, height=height, subtitle=wrap(subtitle, SUBTITLE_CHARS))
 
 
 def pool_candidates(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
@@ -765,7 +755,7 @@ def pool_candidates(events: Sequence[Event], texts: Mapping[int, str], step: int
         f"verified in the same forward; {k} token{'s' if k != 1 else ''} accepted"
     )
     height = min(620, max(240, 150 + 30 * len(paths) + 16 * len(used)))
-    return _base_layout(fig, title, height=height, subtitle=_wrap(subtitle, SUBTITLE_CHARS))
+    return _base_layout(fig, title, height=height, subtitle=wrap(subtitle, SUBTITLE_CHARS))
 
 
 # --- Lookahead: the attention mask ----------------------------------------------------------------
@@ -820,8 +810,7 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
     )
     code = _codes(MASK_BRANCH)
     names = [
-        html.escape(lb, quote=False)
-        + (f" {_label(texts.get(t, '?'))}" if t is not None and n <= 64 else "")
+        escape(lb) + (f" {short_token(texts.get(t, '?'), 6)}" if t is not None and n <= 64 else "")
         for lb, t in zip(labels, ids, strict=True)
     ]
 
@@ -830,10 +819,10 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
     for r in range(n):
         seen = {c for c in (ev.visible[r] if r < len(ev.visible) else ()) if 0 <= c < n}
         z.append([code[branches[r]] if c in seen else code["masked"] for c in range(n)])
-        q = f"query {r}: {html.escape(labels[r], quote=False)} {_tok(texts, ids[r])}"
+        q = f"query {r}: {escape(labels[r])} {_tok(texts, ids[r])}"
         hover.append(
             [
-                f"{q}<br>key {c}: {html.escape(labels[c], quote=False)} {_tok(texts, ids[c])}"
+                f"{q}<br>key {c}: {escape(labels[c])} {_tok(texts, ids[c])}"
                 f"<br>{'visible' if c in seen else 'masked'}"
                 for c in range(n)
             ]
@@ -887,7 +876,7 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
     )
     counts = {b: branches.count(b) for b in ("x", "lookahead", "verify")}
     title = f"Step {step}: attention among {n} inputs"
-    subtitle = _wrap(
+    subtitle = wrap(
         f"{counts['x']} x · {counts['lookahead']} lookahead · {counts['verify']} verify; "
         f"{MASK_NOTE}",
         SUBTITLE_CHARS,

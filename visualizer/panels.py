@@ -40,7 +40,7 @@ def method_panel(
 
 
 # Methods with more to show than one panel: drawn under the main one, same step, each full width
-# (the page shows up to MAX_EXTRA_PANELS).
+# (the page, ui/run_tab.py, has MAX_EXTRA_PANELS slots for them).
 EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "lookahead": (lookahead_window, pool_candidates, ngram_pool),
     "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept

@@ -11,8 +11,6 @@ suffix. Pure: events in, Figure out (no torch, no gradio).
 
 from __future__ import annotations
 
-import html
-import textwrap
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -20,10 +18,10 @@ import plotly.graph_objects as go
 from decoders.events import Commit, CopySource, Draft, Event, Prefill, Verify
 
 from .figures import _base_layout, _empty, draft_panel
+from .text import add_caption, escape, token_hover, visible
 from .tokens import COLOURS
 
 LINE_CHARS = 44  # characters per row: fits a 390 px phone in an 11 px monospace font
-CAPTION_CHARS = 52
 MATCH_COLOUR = "#bbdefb"  # the earlier n-gram and the suffix it matched (one pair: one hue)
 SUFFIX_EDGE = "#1565c0"
 PROMPT_INK, OUTPUT_INK = "#78909c", "#1f2937"
@@ -47,7 +45,7 @@ ROLE_FILL = {
 
 def _shown(text: str) -> str:
     """A token's text with its whitespace visible and kept (SVG collapses plain spaces)."""
-    return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "\u00a0") or "∅"
+    return visible(text).replace(" ", "\u00a0") or "∅"
 
 
 def context_at(events: Sequence[Event], step: int) -> tuple[list[int], int] | None:
@@ -174,9 +172,9 @@ def copy_source(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         ink["x"].append(col + size / 2)
         ink["y"].append(y)
         cut = shown if len(shown) <= size else shown[: size - 1]
-        ink["text"].append(html.escape(cut, quote=False))  # Plotly shows &quot; literally
+        ink["text"].append(escape(cut))
         ink["hover"].append(
-            f"#{i} · {texts.get(t, '?')!r} · id {t} · {ROLE_LABELS.get(what, what)}"
+            f"#{i} · {token_hover(texts.get(t, '?'), t)} · {ROLE_LABELS.get(what, what)}"
             + (" (chat template or prompt)" if part == "prompt" and i not in role else "")
         )
     for part, ink in inks.items():
@@ -237,24 +235,6 @@ def copy_source(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     )
     title = f"Step {step}: n={n} match, {copied} copied"
     height = 60 + ROW_PX * n_lines
-    fig = _base_layout(fig, title, height=height)
-    lines = "<br>".join(textwrap.wrap(html.escape(caption, quote=False), CAPTION_CHARS))
-    caption_lines = lines.count("<br>") + 1
-    fig.add_annotation(
-        text=lines,
-        x=0.0,
-        xref="paper",
-        xanchor="left",
-        y=0.0,
-        yref="paper",
-        yanchor="top",
-        yshift=-6,
-        align="left",
-        showarrow=False,
-        font=dict(size=11, color="#455a64"),
-    )
-    fig.update_layout(
-        height=height + 20 + 15 * caption_lines,
-        margin=dict(l=12, r=12, b=30 + 15 * caption_lines),
-    )
+    fig = add_caption(_base_layout(fig, title, height=height), [caption], height)
+    fig.update_layout(margin=dict(l=12, r=12))
     return fig

@@ -10,8 +10,6 @@ plain decoding and why. Pure: events in, Figure out (no torch, no gradio).
 
 from __future__ import annotations
 
-import html
-import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,21 +18,13 @@ import plotly.graph_objects as go
 from decoders.events import Commit, Draft, DraftStop, Event, Forward, Verify
 
 from .figures import _base_layout, _empty, draft_panel
+from .text import CAPTION_CHARS as CAPTION_CHARS  # the caption's wrap width (tests read it here)
+from .text import add_caption, fmt_ratio, fmt_speedup, short_token, token_hover
 from .tokens import COLOURS
 
 THETA_COLOUR = "#c62828"
 BAR_EDGE = "#546e7a"
-CAPTION_CHARS = 52  # wrap width: the caption must fit a 390 px phone as well as a 1440 px page
 LABELLED_BARS = 7  # up to this many drafted tokens, each bar is labelled with its text
-
-
-def _wrap(text: str, width: int = CAPTION_CHARS) -> str:
-    return "<br>".join(textwrap.wrap(html.escape(text, quote=False), width))
-
-
-def _label(text: str, chars: int = 5) -> str:
-    shown = text.replace("\n", "↵").replace("\t", "⇥")
-    return html.escape(shown[:chars] + ("…" if len(shown) > chars else ""), quote=False)
 
 
 @dataclass(frozen=True)
@@ -101,10 +91,10 @@ def cost_sentence(cost: RunCost | None) -> str:
     )
     if cost.speedup < 1.0:
         return (
-            f"Slower than plain decoding on this model (about {cost.speedup:.2f}×): {why}, so "
+            f"Slower than plain decoding on this model (about {fmt_speedup(cost.speedup)}): {why}, so "
             f"{per_step}. To win, a step must commit more tokens than it costs in full forwards."
         )
-    return f"Faster than plain decoding (about {cost.speedup:.2f}×): {why}, and {per_step}."
+    return f"Faster than plain decoding (about {fmt_speedup(cost.speedup)}): {why}, and {per_step}."
 
 
 def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str]) -> str:
@@ -154,11 +144,11 @@ def self_speculative_panel(
                 color=[colour.get(s, COLOURS["pending"]) for s in status],
                 line=dict(width=1, color=BAR_EDGE),
             ),
-            text=[f"{c:.2f}" for c in conf],
+            text=[fmt_ratio(c) for c in conf],
             textposition="outside",
             cliponaxis=False,
             hovertext=[
-                f"{texts.get(t, '?')!r} · id {t} · confidence {c:.3f} vs θ {stop.threshold:.3f}"
+                f"{token_hover(texts.get(t, '?'), t)} · confidence {c:.3f} vs θ {stop.threshold:.3f}"
                 f" · {s}"
                 for t, c, s in zip(tokens, conf, status, strict=True)
             ],
@@ -183,7 +173,9 @@ def self_speculative_panel(
     fig.update_xaxes(
         tickmode="array",
         tickvals=x,
-        ticktext=[str(i) for i in x] if many else [_label(texts.get(t, "?")) for t in tokens],
+        ticktext=[str(i) for i in x]
+        if many
+        else [short_token(texts.get(t, "?"), 5) for t in tokens],
         tickangle=0,
         tickfont=dict(size=10),
         range=[0.4, max(len(tokens), 3) + 0.6],
@@ -194,24 +186,6 @@ def self_speculative_panel(
 
 
 def _caption(fig: go.Figure, sentences: Sequence[str], height: int) -> go.Figure:
-    """Wrapped caption lines under the plot, in a bottom margin sized to hold them."""
-    lines = "<br>".join(_wrap(s) for s in sentences if s)
-    n_lines = lines.count("<br>") + 1
-    left = fig.layout.margin.l if fig.layout.margin.l is not None else 60
-    bottom = 64 + 15 * n_lines  # the caption, then room for a legend row under it
-    fig.add_annotation(
-        text=lines,
-        x=0.0,
-        xref="paper",
-        xanchor="left",
-        xshift=8 - left,  # from the figure's left edge, not the plot's: the full width to wrap in
-        y=0.0,
-        yref="paper",
-        yanchor="top",
-        yshift=-30,
-        align="left",
-        showarrow=False,
-        font=dict(size=11, color="#455a64"),
-    )
-    fig.update_layout(height=height + 20 + 15 * n_lines, margin=dict(b=bottom))
-    return fig
+    """The caption under the tick labels, across the figure's full width, then room for a legend
+    row under it."""
+    return add_caption(fig, sentences, height, gap_px=30, below_px=64, from_figure_edge=True)

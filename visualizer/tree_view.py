@@ -7,14 +7,14 @@ and turned down (red), and which nodes were never checked because an ancestor lo
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
 from decoders.events import Commit, Draft, Event, Prefill, Verify
 
-from .figures import SUBTITLE_CHARS, TITLE_CHARS, _base_layout, _empty, _wrap
+from .figures import SUBTITLE_CHARS, TITLE_CHARS, _base_layout, _empty
+from .text import cut, short_token, token_hover, wrap
 from .tokens import COLOURS, LABELS
 
 EDGE_COLOUR = "#b0bec5"
@@ -62,12 +62,6 @@ def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
         if children[v]:
             y[v] = sum(y[c] for c in children[v]) / len(children[v])
     return [(float(d), yy) for d, yy in zip(depth, y, strict=True)]
-
-
-def _label(text: str, limit: int = 6) -> str:
-    """Short in-box label: newlines and tabs made visible, cut to fit, escaped for Plotly."""
-    shown = text.replace("\n", "↵").replace("\t", "⇥")
-    return html.escape(shown[:limit] + ("…" if len(shown) > limit else ""), quote=False)
 
 
 def label_limit(columns: int) -> int:
@@ -190,12 +184,14 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             if st == "accepted" and accepted.index(idx) >= committed_upto:
                 note = " (not committed: the length budget or EOS came first)"
             hover.append(
-                f"{html.escape(repr(text), quote=False)} · id {tok if tok is not None else '?'}"
+                f"{token_hover(text, tok)}"
                 f"<br>{st}{note}<br>draft p: {dp} · target p: {tp}"
                 f"<br>depth {pos[slot][0]:.0f}"
                 + ("" if idx < 0 else f" · node {idx}" if idx < n else " · target's token")
             )
-        labels = [_label(texts.get(r[2], "?"), limit) if r[2] is not None else "root" for r in rows]
+        labels = [
+            short_token(texts.get(r[2], "?"), limit) if r[2] is not None else "root" for r in rows
+        ]
         # The legend entry, the hover target and the data of each node; the box drawn over it is
         # an annotation, which Plotly sizes to its text (a marker is a fixed-size square).
         fig.add_trace(
@@ -235,10 +231,10 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     first, *rest = draft.source.split(" + ")
     title = f"Step {step}: token tree from "
     room = TITLE_CHARS - len(title)
-    title += first if len(first) <= room else first[: room - 1] + "…"
+    title += cut(first, room)
     verdict = f"{n} node{'s' if n != 1 else ''}, accepted {len(accepted)}" + (
         f", +1 {nodes[-1][3]}" if extra else ""
     )
     source = " + ".join(rest if len(first) <= room else [first, *rest])
-    subtitle = _wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
+    subtitle = wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
     return _base_layout(fig, title, height=height, subtitle=subtitle)
