@@ -20,7 +20,7 @@ from .events import AttentionMask, Commit, Event, Prefill, Verify
 from .models import ModelBundle
 from .runtime import crop_cache, forward, keep_cache
 from .sampling import Sampler
-from .tree import depths, tree_mask, tree_positions
+from .tree import depths, tree_mask, tree_positions, with_root
 from .verify import (
     Verdict,
     greedy_chain,
@@ -145,11 +145,7 @@ def verify_tree(
     in_cache, x = len(context) - 1, context[-1]
     extra = list(ride.tokens) if ride is not None else []
     offset = 1 + len(extra)  # the tree's first node in the forward
-    forward_parents = [
-        -1,
-        *(ride.parents if ride is not None else ()),
-        *(offset + q if q >= 0 else 0 for q in parents),
-    ]
+    forward_parents = with_root(parents, ride.parents if ride is not None else ())
     mask = tree_mask(forward_parents, in_cache)
     if record_mask:
         labels = [

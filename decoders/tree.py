@@ -91,6 +91,9 @@ def feed_mask(
     return mask.view(1, 1, len(feed), total)
 
 
-def with_root(parents: Sequence[int]) -> tuple[int, ...]:
-    """The parent array of [root, *nodes]: for verifying when the root is fed with the tree."""
-    return (-1, *(p + 1 for p in parents))
+def with_root(parents: Sequence[int], between: Sequence[int] = ()) -> tuple[int, ...]:
+    """The parent array of [root, *between, *nodes]: for verifying when the root is fed with the
+    tree. `between` are the parents of inputs fed between the root and the tree (lookahead's
+    window), already indexing the whole array; the tree's own roots hang off the root."""
+    offset = 1 + len(between)  # the tree's first node
+    return (-1, *between, *(offset + p if p >= 0 else 0 for p in parents))
