@@ -115,6 +115,13 @@ def load_model(
         return _cache[key]
 
 
+def loaded(model_id: str) -> ModelBundle | None:
+    """The bundle of a model this process has already loaded (any device), or None: never loads."""
+    key_id = EMBEDDED_ID if model_id.strip().lower() in EMBEDDED_ALIASES else model_id.strip()
+    with _lock:
+        return next((b for (k, _, _), b in _cache.items() if k == key_id), None)
+
+
 def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if dtype is None:
         # float32 on CPU keeps greedy exact; half precision on a GPU is the realistic setting there.

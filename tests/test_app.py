@@ -519,3 +519,65 @@ def test_a_trace_whose_events_would_mislead_or_hang_the_views_is_refused(
     with pytest.raises(TraceError) as info:
         read_trace(edit(data, fn))
     assert message in str(info.value)
+
+
+# --- trace files: bounded work, whatever the file says ----------------------------------------------
+
+
+def test_a_trace_past_the_pages_cap_is_refused_with_the_pages_cap(tiny_trace):
+    with pytest.raises(TraceError) as info:
+        read_trace(edit(tiny_trace, lambda d: d.update(max_new_tokens=UI_MAX_NEW_TOKENS + 1)))
+    assert f"'max_new_tokens' must be a whole number in 1..{UI_MAX_NEW_TOKENS}" in str(info.value)
+
+
+def test_a_trace_with_a_huge_prompt_is_refused(tiny_trace):
+    with pytest.raises(TraceError, match="'prompt_ids' holds 100000 tokens; the limit is"):
+        read_trace(edit(tiny_trace, lambda d: d.update(prompt_ids=[1] * 100_000)))
+
+
+def test_a_longer_trace_than_the_page_runs_is_not_rechecked(tiny_trace):
+    trace = read_trace(json.dumps(tiny_trace))
+    trace.meta["max_new_tokens"] = UI_MAX_NEW_TOKENS + 1  # as a trace made by the CLI could say
+    badge = recheck_lossless(trace)
+    assert badge["status"] == "not checked" and "longer than this page runs" in badge["note"]
+
+
+def test_reading_a_trace_loads_no_model(tiny_trace, monkeypatch):
+    import decoders.models
+    from decoders.models import EMBEDDED_ID
+
+    def refuse(*args):
+        raise AssertionError("read_trace loaded a model")
+
+    monkeypatch.setattr(decoders.models, "_load", refuse)
+    # The embedded model is offered here: its trace is read without loading it.
+    data = edit(tiny_trace, lambda d: d.update(model=EMBEDDED_ID, vocab_size=50_000))
+    assert read_trace(data).meta["model"] == EMBEDDED_ID
+    # Without the model, ids are held to the file's own vocabulary.
+    bad = edit(
+        tiny_trace,
+        lambda d: (
+            d.update(model="someone/not-loaded", vocab_size=100),
+            d.update(prompt_ids=[500]),
+        ),
+    )
+    with pytest.raises(TraceError, match=r"must hold token ids in 0\.\.99"):
+        read_trace(bad)
+
+
+def test_the_recheck_refuses_ids_beyond_the_models_vocabulary(tiny_trace, monkeypatch):
+    import ui.session
+
+    monkeypatch.setattr(ui.session, "loaded", lambda model: None)  # as if tiny-random were cold
+    big = edit(tiny_trace, lambda d: (d.update(vocab_size=10**6), d["prompt_ids"].append(900_000)))
+    big = edit(json.loads(big), lambda d: first(d, "Prefill")["prompt_ids"].append(900_000))
+    badge = recheck_lossless(read_trace(big))
+    assert badge["status"] == "not checked" and "beyond tiny-random's vocabulary" in badge["note"]
+
+
+def test_an_import_is_queued_with_the_runs():
+    from ui import build_demo
+
+    demo = build_demo()
+    handlers = {getattr(f.fn, "__name__", ""): f for f in demo.fns.values()}
+    assert handlers["on_import"].concurrency_id == handlers["on_run"].concurrency_id == "decode"

@@ -618,6 +618,7 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
 
     # --- trace files ------------------------------------------------------------------------------
 
+    @gpu
     def on_import(path: str | None) -> Iterator[dict]:
         if not path:
             yield {t.status: gr.skip()}
@@ -643,7 +644,12 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         }
 
     t.upload.upload(
-        on_import, t.upload, [*t.views, *t.form], api_visibility="private", show_progress="hidden"
+        on_import,
+        t.upload,
+        [*t.views, *t.form],
+        api_visibility="private",
+        concurrency_id="decode",  # its greedy re-check is a decode: queued with the runs
+        show_progress="hidden",
     ).then(lambda: None, None, t.upload, api_visibility="private")  # ready for another file
 
     # --- method, preset, the model's view ---------------------------------------------------------

@@ -17,7 +17,6 @@ from typing import Any
 
 from decoders import METHODS, InvalidInput, compare_tokens, load_model, prepare
 from decoders.engine import (
-    MAX_NEW_TOKENS_CAP,
     MAX_PROMPT_CHARS,
     check_request,
     greedy_reference,
@@ -43,7 +42,7 @@ from decoders.events import (
     trace_from_json,
     trace_to_dict,
 )
-from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable
+from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable, loaded
 from decoders.params import SAMPLING_PARAMS, Param, validate_params
 from decoders.stats import compute_stats
 
@@ -505,6 +504,8 @@ ORIGINS = frozenset({"target", "draft", "correction", "bonus"})
 FORWARD_KINDS = frozenset({"prefill", "target", "draft", "verify"})
 MAX_LAYERS = 1024
 MAX_VOCAB = 10_000_000
+# A prompt's tokens: no more than the engine's prompt limit in characters (a token is >= 1 of them).
+MAX_PROMPT_IDS = MAX_PROMPT_CHARS
 # The largest draft any method proposes in one step: lookahead's pool trie, G ≤ 16 candidates of
 # N − 1 ≤ 11 tokens (token_tree: MAX_NODES = 64 grown + a 32-token copied branch).
 MAX_DRAFT_NODES = 16 * 11
@@ -568,9 +569,9 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
         f"trace field 'prompt' must be text of at most {MAX_PROMPT_CHARS} characters",
     )
     need(
-        whole(meta.get("max_new_tokens"), 1, MAX_NEW_TOKENS_CAP),
-        f"trace field 'max_new_tokens' must be a whole number in 1..{MAX_NEW_TOKENS_CAP}, "
-        f"got {meta.get('max_new_tokens')!r}",
+        whole(meta.get("max_new_tokens"), 1, UI_MAX_NEW_TOKENS),
+        f"trace field 'max_new_tokens' must be a whole number in 1..{UI_MAX_NEW_TOKENS} "
+        f"(this page's cap), got {meta.get('max_new_tokens')!r}",
     )
     if "n_layers" in meta:
         need(
@@ -600,6 +601,10 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     prompt_ids = meta.get("prompt_ids")
     tokens_ok(prompt_ids, "prompt_ids")
     need(bool(prompt_ids), "trace field 'prompt_ids' is empty")
+    need(
+        len(prompt_ids) <= MAX_PROMPT_IDS,
+        f"trace field 'prompt_ids' holds {len(prompt_ids)} tokens; the limit is {MAX_PROMPT_IDS}",
+    )
 
     events = trace.events
     n_layers = meta.get("n_layers", MAX_LAYERS)
@@ -679,7 +684,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 f"{where}: kind must be among {', '.join(sorted(FORWARD_KINDS))}",
             )
             need(
-                whole(e.n_input_tokens, 0, MAX_NEW_TOKENS_CAP + len(prompt_ids)),
+                whole(e.n_input_tokens, 0, UI_MAX_NEW_TOKENS + len(prompt_ids)),
                 f"{where}: bad n_input_tokens",
             )
             need(whole(e.layers, 0, n_layers), f"{where}: layers must be in 0..{n_layers}")
@@ -786,17 +791,13 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
 
 
 def read_trace(data: str | bytes) -> Trace:
-    """Parse a trace file and check it; with the trace's model available here, token ids are
-    checked against its real vocabulary."""
+    """Parse a trace file and check it. Token ids are checked against the real vocabulary when
+    the trace's model is loaded here already (reading a file never loads a model); otherwise
+    against the file's own `vocab_size`, and `recheck_lossless` checks them once it has the model."""
     trace = Trace.from_json(data)
     model = trace.meta.get("model")
-    vocab = None
-    if isinstance(model, str) and model in {v for _, v in model_choices()}:
-        try:
-            vocab = vocab_size(get_bundle(model))
-        except DecodingLabError:
-            vocab = None
-    return check_trace(trace, vocab)
+    bundle = loaded(model) if isinstance(model, str) and model else None
+    return check_trace(trace, vocab_size(bundle) if bundle is not None else None)
 
 
 def recheck_lossless(trace: Trace) -> dict[str, Any]:
@@ -816,12 +817,28 @@ def recheck_lossless(trace: Trace) -> dict[str, Any]:
             "status": "not checked",
             "note": f"not checked: {model} is not available here (the file's own claim is not trusted)",
         }
+    if meta["max_new_tokens"] > UI_MAX_NEW_TOKENS:
+        return {
+            "status": "not checked",
+            "note": f"not checked: longer than this page runs ({UI_MAX_NEW_TOKENS} tokens)",
+        }
     try:
         bundle = get_bundle(model)
     except DecodingLabError as exc:
         return {"status": "not checked", "note": f"not checked: {exc}"}
     tokens = trace.token_ids
     budget = meta["max_new_tokens"] if meta.get("finish_reason") != "cancelled" else len(tokens)
+    vocab = vocab_size(bundle)
+    if any(t >= vocab for t in (*meta["prompt_ids"], *tokens)):
+        return {
+            "status": "not checked",
+            "note": f"not checked: token ids beyond {model}'s vocabulary of {vocab}",
+        }
+    if len(meta["prompt_ids"]) + budget > bundle.context_length:
+        return {
+            "status": "not checked",
+            "note": f"not checked: longer than {model}'s context of {bundle.context_length} tokens",
+        }
     reference = _cached_reference(bundle, tuple(meta["prompt_ids"]), budget)
     check = compare_tokens(reference, tokens, bundle.exact)
     return {
