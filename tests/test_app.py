@@ -581,3 +581,60 @@ def test_an_import_is_queued_with_the_runs():
     demo = build_demo()
     handlers = {getattr(f.fn, "__name__", ""): f for f in demo.fns.values()}
     assert handlers["on_import"].concurrency_id == handlers["on_run"].concurrency_id == "decode"
+
+
+# --- every handler answers with a message, whatever fails inside ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def handlers() -> dict:
+    """The page's handler functions by name, as gradio calls them."""
+    from ui import build_demo
+
+    return {getattr(f.fn, "__name__", ""): f.fn for f in build_demo().fns.values()}
+
+
+def _said(update: dict) -> list[str]:
+    return [v for v in update.values() if isinstance(v, str) and "went wrong" in v]
+
+
+def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
+    tiny, handlers, monkeypatch
+):
+    import ui.run_tab
+
+    def broken(*args, **kwargs):
+        raise IndexError("index 2 is out of bounds")
+
+    monkeypatch.setattr(ui.run_tab, "method_panel", broken)
+    controls = [p.default for m in METHODS.values() for p in m.params]
+    updates = list(
+        handlers["on_run"]("tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, *controls)
+    )
+    last = updates[-1]
+    assert _said(last) == [
+        "⚠️ **Something went wrong inside the app: IndexError: index 2 is out of bounds**"
+    ]
+    assert not any(hasattr(v, "to_plotly_json") for v in last.values())  # no stale figure kept
+
+
+def test_a_failing_export_after_an_import_is_a_message(tiny_trace, handlers, monkeypatch, tmp_path):
+    import ui.run_tab
+
+    def full_disk(trace):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ui.run_tab, "_export", full_disk)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(tiny_trace))
+    last = list(handlers["on_import"](str(path)))[-1]
+    assert _said(last) and "OSError" in _said(last)[0] and "No space left" in _said(last)[0]
+
+
+@pytest.mark.parametrize("budget", [2.7, float("nan"), 10**9])
+def test_the_run_api_answers_a_bad_budget_by_name(tiny, handlers, budget):
+    import gradio as gr
+
+    with pytest.raises(gr.Error) as info:
+        handlers["run"]("hi", "autoregressive", "tiny-random", budget, "{}")
+    assert "max_new_tokens must be a whole number between 1 and" in str(info.value)

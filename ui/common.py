@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 EXPLAINERS = Path(__file__).resolve().parents[1] / "assets" / "explainers"
@@ -24,3 +25,12 @@ def explainer(method: str) -> str:
 def message(text: str) -> str:
     """A problem, as the status line shows it (never a bare "Error")."""
     return f"⚠️ **{text}**"
+
+
+def internal_error(exc: Exception) -> str:
+    """A handler's last resort for what is not the visitor's doing (a torch error, a view that
+    fails, a full disk): the traceback goes to the log, the page gets one short line."""
+    logging.getLogger("decoding_lab").exception("a handler failed")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    detail = first if len(first) <= 160 else first[:157] + "…"
+    return f"Something went wrong inside the app: {type(exc).__name__}: {detail}".rstrip(": ")

@@ -16,12 +16,13 @@ from decoders import METHODS, DecodingLabError
 from decoders.events import Commit, Forward
 from visualizer import forward_timeline, tokens_per_step
 
-from .common import gpu
+from .common import gpu, internal_error
 from .compare_tab import build_compare_tab, register_compare_api
 from .learn_tab import build_learn_tab
 from .run_tab import CSS, DEFAULT_METHOD, build_run_tab
 from .session import (
     EXAMPLE_PROMPTS,
+    check_budget,
     model_choices,
     run_to_end,
 )
@@ -70,11 +71,14 @@ def build_demo() -> gr.Blocks:
                 values = json.loads(params or "{}")
                 if not isinstance(values, dict):
                     raise DecodingLabError("params must be a JSON object")
-                trace = run_to_end(model or None, prompt, method, int(max_new_tokens), values)
+                budget = check_budget(max_new_tokens)  # 2.7 or NaN: a message, not int()'s guess
+                trace = run_to_end(model or None, prompt, method, budget, values)
             except json.JSONDecodeError as exc:
                 raise gr.Error(f"params is not valid JSON: {exc}") from None
             except DecodingLabError as exc:
                 raise gr.Error(str(exc)) from None
+            except Exception as exc:  # the boundary: a message, never a traceback
+                raise gr.Error(internal_error(exc)) from None
             return (
                 trace.meta["text"],
                 {**trace.stats, "lossless": trace.meta.get("lossless")},

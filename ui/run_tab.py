@@ -33,7 +33,7 @@ from visualizer import (
 )
 from visualizer.tokens import display_text
 
-from .common import explainer, gpu, message
+from .common import explainer, gpu, internal_error, message
 from .session import (
     ALLOW_ANY_MODEL,
     EXAMPLE_PROMPTS,
@@ -543,6 +543,8 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
                 yield update
         except DecodingLabError as exc:
             yield t.cleared(message(str(exc)))
+        except Exception as exc:  # the boundary: a message, never a bare "Error"
+            yield t.cleared(message(internal_error(exc)))
 
     run_event = t.run_btn.click(
         on_run,
@@ -560,12 +562,15 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
             return {t.status: "⏹ Stopped before the first token."}
         if trace.meta.get("lossless") is not None:  # it had finished: nothing was cut
             return {t.status: gr.skip()}
-        kept = stopped(trace)
-        return t.full_views(
-            kept,
-            f"⏹ Stopped at {len(kept.token_ids)} tokens: step through what was decoded, "
-            "or export it.",
-        )
+        try:
+            kept = stopped(trace)
+            return t.full_views(
+                kept,
+                f"⏹ Stopped at {len(kept.token_ids)} tokens: step through what was decoded, "
+                "or export it.",
+            )
+        except Exception as exc:  # the boundary
+            return t.cleared(message(internal_error(exc)))
 
     # Act only once the cancel has gone through, so no late update overwrites it.
     t.stop_btn.click(None, None, None, cancels=[run_event], api_visibility="private").then(
@@ -620,6 +625,12 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
 
     @gpu
     def on_import(path: str | None) -> Iterator[dict]:
+        try:
+            yield from import_trace(path)
+        except Exception as exc:  # the boundary: a message, never a bare "Error"
+            yield t.cleared(message(internal_error(exc)))
+
+    def import_trace(path: str | None) -> Iterator[dict]:
         if not path:
             yield {t.status: gr.skip()}
             return
