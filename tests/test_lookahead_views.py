@@ -20,6 +20,7 @@ from visualizer.lookahead_views import (
     JACOBI_STATUS,
     MASK_BRANCH,
     MASK_NOTE,
+    MAX_POSITIONS,
     SEPARATOR_COLOUR,
     WINDOW_STATUS,
     attention_mask,
@@ -168,6 +169,28 @@ def test_jacobi_fixed_prefix_grows_row_by_row_and_keeps_the_last_16():
     assert list(h.x) == list(range(22))  # every position up to the last block's end
     assert "last 16 of 20 iterations" in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert jacobi_panel is jacobi_trajectory
+
+
+def test_jacobi_draws_at_most_the_last_positions_of_a_far_block():
+    """A crafted trace (a block at position 10^9 beside one at 0) must not loop over every
+    position in between: the view draws the last MAX_POSITIONS."""
+    far = [
+        Prefill((1,)),
+        Commit(0, (10,), ("target",), (1.0,)),
+        JacobiIteration(1, 1, (11, 12), (True, True), start=0),
+        Commit(1, (11,), ("correction",), (1.0,)),
+        JacobiIteration(2, 2, (11, 12), (True, True), start=10**9),
+        Verify(2, (0,), 13, "greedy-chain", ()),
+        Commit(2, (11, 13), ("draft", "correction"), (1.0, 1.0)),
+    ]
+    fig = jacobi_trajectory(far, TEXTS, 2)
+    h = heatmap(fig)
+    assert list(h.x) == list(range(10**9 + 2 - MAX_POSITIONS, 10**9 + 2))
+    assert all(len(row) == MAX_POSITIONS for row in h.z)
+    (bound,) = [t for t in fig.data if t.name == "end of the converged guesses"]
+    assert list(bound.x) == [10**9 + 0.5, 10**9 + 0.5, None]  # the block at 0 is out of view
+    assert fig.layout.xaxis.range[0] == 10**9 + 2 - MAX_POSITIONS - 0.5
+    assert "positions" in fig.layout.title.subtitle.text
 
 
 def test_jacobi_without_iterations_is_empty():

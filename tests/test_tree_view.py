@@ -7,7 +7,7 @@ import pytest
 
 from decoders.events import Commit, Draft, Forward, Prefill, Verify
 from visualizer.tokens import COLOURS
-from visualizer.tree_view import label_limit, token_tree, tree_layout
+from visualizer.tree_view import MAX_NODES, drawn_nodes, label_limit, token_tree, tree_layout
 
 TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
 TEXTS |= {20: " g", 21: "[", 22: "x)", 30: "longtoken"}
@@ -257,3 +257,27 @@ def test_a_long_drafter_name_is_cut_in_the_title_and_told_in_full_below():
     subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
     assert "the EAGLE head shipped for this model" in subtitle and "prompt lookup (n=2" in subtitle
     assert subtitle.endswith("1 node, accepted 1")
+
+
+def test_a_big_tree_draws_its_first_nodes_and_the_accepted_path():
+    n = 5000  # a chain under node 0, then many siblings; the accepted path ends deep in the chain
+    parents = (-1, *range(0, 10), *([-1] * (n - 11)))
+    path = tuple(range(11))
+    tokens = (11,) * n
+    events = [
+        Prefill((1,)),
+        Draft(2, "eagle", tokens, parents, (0.5,) * n),
+        Verify(2, path, 15, "greedy-tree", (0.5,) * n),
+        Commit(2, (11,) * 11 + (15,), ("draft",) * 11 + ("bonus",), (0.5,) * 12),
+    ]
+    few = drawn_nodes(parents, path, limit=5)
+    assert few == list(range(11))  # the first five and the rest of the accepted path
+    fig = token_tree(events, TEXTS, 2)
+    drawn = [c for t in nodes_by_status(fig).values() for c in t.customdata]
+    assert len(drawn) == MAX_NODES + 2  # the root and the target's own token as well
+    assert set(path) <= set(drawn) and node_colour(fig, n) == COLOURS["bonus"]
+    assert position(fig, 10)[0] == 11.0  # depth kept along the path
+    assert f"{n} nodes, accepted 11" in fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert f"{MAX_NODES} drawn" in fig.layout.title.subtitle.text.replace("<br>", " ")
+    malformed = [*events[:1], Draft(2, "eagle", (11, 12), (1, -1), (0.5, 0.5)), *events[2:]]
+    assert "malformed draft tree" in token_tree(malformed, TEXTS, 2).layout.annotations[0].text

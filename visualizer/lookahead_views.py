@@ -36,6 +36,9 @@ from .tree_view import _root_token
 BOUNDARY_COLOUR = "#1b5e20"  # the accepted path / fixed-point boundary, as in the tree view
 SEPARATOR_COLOUR = "#37474f"
 MAX_ITERATIONS = 16  # Jacobi rows shown: the last ones up to the selected step
+# Jacobi columns drawn at most: the last positions. The page validates imported traces, but a view
+# must not loop over 10^9 positions because a start says so.
+MAX_POSITIONS = 64
 
 # status -> (colour, legend label); the index of a status is its heatmap code.
 JACOBI_STATUS: dict[str, tuple[str, str]] = {
@@ -216,6 +219,7 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
     shown = its[first:]
     hi = max(max(start_of(it) + len(it.tokens) for it in shown), start_of(shown[-1]) + 1)
     lo = 0 if hi <= 40 else max(0, start_of(shown[0]) - 1)
+    lo = max(lo, hi - MAX_POSITIONS)
     columns = hi - lo
     code = _codes(JACOBI_STATUS)
 
@@ -275,7 +279,7 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
         z.append(zr)
         text.append(tr)
         hover.append(hr)
-        if it.step in verifies and it.tokens:
+        if it.step in verifies and it.tokens and lo <= c + a <= hi:
             bx += [c + a - 0.5, c + a - 0.5, None]
             by += [y - 0.5, y + 0.5, None]
 
@@ -329,8 +333,10 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
         if last.tokens
         else "no guesses (room for one token only)"
     )
-    subtitle = f"iteration {last.iteration}: {guessed}, {len(output)} tokens fixed" + (
-        f"; the last {len(shown)} of {len(its)} iterations" if first else ""
+    subtitle = (
+        f"iteration {last.iteration}: {guessed}, {len(output)} tokens fixed"
+        + (f"; the last {len(shown)} of {len(its)} iterations" if first else "")
+        + (f"; positions {lo} to {hi - 1}" if columns == MAX_POSITIONS and lo > 0 else "")
     )
     legend = len(used) + 1
     height = max(260, 120 + 30 * len(shown) + 16 * legend)

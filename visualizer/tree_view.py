@@ -31,7 +31,31 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (COLOURS key, legend l
 PX_PER_LEAF = 28  # a node's box is ~20 px tall: leaves never touch
 MARGINS_PX = 150  # title strip on top, the depth axis and the legend below
 MIN_HEIGHT, MAX_HEIGHT = 280, 1600
+# Nodes drawn at most (each is a Plotly annotation: thousands make the page crawl): the first ones
+# in index order (parents come first, so they form a tree) and the accepted path.
+MAX_NODES = 200
 NARROWEST_PX = 330  # plot width on a 390 px phone: node labels are cut to fit their column there
+
+
+def check_parents(parents: Sequence[int]) -> None:
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"parents[{i}] = {p}: a parent must come before its child (or be -1)")
+
+
+def drawn_nodes(
+    parents: Sequence[int], accepted: Sequence[int], limit: int = MAX_NODES
+) -> list[int]:
+    """The nodes to draw, in index order: all of them, or for a big tree the first `limit` and
+    the accepted path with its ancestors (a valid parent array stays a tree: parents come first)."""
+    if len(parents) <= limit:
+        return list(range(len(parents)))
+    keep = set(range(limit))
+    for a in accepted:
+        while a >= 0 and a not in keep:
+            keep.add(a)
+            a = parents[a]
+    return sorted(keep)
 
 
 def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
@@ -42,11 +66,10 @@ def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
     its children, so no two subtrees overlap and every parent is level with its family.
     """
     n = len(parents)
+    check_parents(parents)
     children: list[list[int]] = [[] for _ in range(n + 1)]  # slot 0 is the root, node i is i + 1
     depth = [0] * (n + 1)
     for i, p in enumerate(parents):
-        if not -1 <= p < i:
-            raise ValueError(f"parents[{i}] = {p}: a parent must come before its child (or be -1)")
         children[p + 1].append(i + 1)
         depth[i + 1] = depth[p + 1] + 1
     y = [0.0] * (n + 1)
@@ -118,25 +141,33 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     if commit is not None and len(commit.tokens) > len(accepted):
         origin = commit.origins[-1] if commit.origins else "correction"
         extra = (commit.tokens[-1], origin, _p(commit.probs, len(commit.tokens) - 1))
-    extra_parent = accepted[-1] if accepted else -1
-    parents = list(draft.parents) + ([extra_parent] if extra else [])
     try:
-        pos = tree_layout(parents)
+        check_parents(draft.parents)
     except ValueError as exc:
         return _empty(title, f"malformed draft tree: {exc}")
+    # A big tree is drawn in part; slot k + 1 in the layout is node shown[k].
+    shown = drawn_nodes(draft.parents, accepted)
+    slot = {i: k + 1 for k, i in enumerate(shown)}
+    m = len(shown)
+    extra_parent = accepted[-1] if accepted else -1
+    parents = [slot.get(draft.parents[i], 0) - 1 for i in shown]
+    parents += [slot.get(extra_parent, 0) - 1] if extra else []
+    pos = tree_layout(parents)
 
     root_id, root_p = _root_token(events, step)
     # One row per drawn node: (slot in `pos`, node index, token id, status, draft p, target p).
     nodes: list[tuple[int, int, int | None, str, str, str]] = [
         (0, -1, root_id, "root", "—", root_p)
     ]
-    for i, t in enumerate(draft.tokens):
-        nodes.append((i + 1, i, t, status[i], _p(draft.probs, i), _p(verify.target_probs, i)))
+    for i in shown:
+        t = draft.tokens[i]
+        nodes.append((slot[i], i, t, status[i], _p(draft.probs, i), _p(verify.target_probs, i)))
     if extra:
         kind = extra[1] if extra[1] in ("correction", "bonus") else "correction"
-        nodes.append((n + 1, n, extra[0], kind, "—", extra[2]))
+        nodes.append((m + 1, n, extra[0], kind, "—", extra[2]))
     committed_upto = len(commit.tokens) if commit is not None else len(accepted)
-    on_path = {0, *(a + 1 for a in accepted), *([n + 1] if extra else [])}
+    path_slots = [0, *(slot[a] for a in accepted), *([m + 1] if extra else [])]
+    on_path = set(path_slots)
 
     fig = go.Figure()
     ex: list[float | None] = []
@@ -155,7 +186,6 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             name="edges",
         )
     )
-    path_slots = [0, *(a + 1 for a in accepted), *([n + 1] if extra else [])]
     fig.add_trace(
         go.Scatter(
             x=[pos[s][0] for s in path_slots],
@@ -235,6 +265,8 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     verdict = f"{n} node{'s' if n != 1 else ''}, accepted {len(accepted)}" + (
         f", +1 {nodes[-1][3]}" if extra else ""
     )
+    if m < n:
+        verdict += f"; {m} drawn (the first ones and the accepted path)"
     source = " + ".join(rest if len(first) <= room else [first, *rest])
     subtitle = wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
     return _base_layout(fig, title, height=height, subtitle=subtitle)
