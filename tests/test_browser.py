@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from browser_helpers import go_to_step
 
 from conftest import ARTIFACTS
 
@@ -142,12 +143,6 @@ def run_to_lossless_badge(page) -> None:
     page.locator("#run-btn").click()
     page.get_by_text("✅ Done").wait_for(timeout=120_000)
     page.get_by_text("identical to greedy").wait_for(timeout=60_000)  # the lossless badge
-
-
-def go_to_step(page, step: int) -> None:
-    slider = page.locator("#step input[type=number]")
-    slider.fill(str(step))
-    slider.press("Enter")
 
 
 def test_compare_tab(server, page):

@@ -7,6 +7,7 @@ from itertools import pairwise
 
 import gradio as gr
 import pytest
+from browser_helpers import layout_problems
 from gradio_client import Client
 from playwright.sync_api import expect
 
@@ -308,30 +309,6 @@ def test_compare_endpoint_takes_specs(server, tiny):
         )
 
 
-# Every text element of every figure under `root` must sit inside its figure's box and clear of
-# the others (labels, titles, legends, bar values).
-TEXT_PROBLEMS = """(root) => {
-  const problems = [];
-  for (const plot of document.querySelectorAll(root + ' .js-plotly-plot')) {
-    const frame = plot.querySelector('svg.main-svg').getBoundingClientRect();
-    const seen = [];
-    for (const t of plot.querySelectorAll('text')) {
-      const s = t.textContent.trim();
-      const r = t.getBoundingClientRect();
-      if (!s || r.width === 0 || r.height === 0) continue;
-      if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1
-          || r.bottom > frame.bottom + 1) problems.push(`"${s}" is cut at the figure's edge`);
-      for (const [s2, r2] of seen) {
-        const ox = Math.min(r.right, r2.right) - Math.max(r.left, r2.left);
-        const oy = Math.min(r.bottom, r2.bottom) - Math.max(r.top, r2.top);
-        if (ox > 2 && oy > 2) problems.push(`"${s}" overlaps "${s2}"`);
-      }
-      seen.push([s, r]);
-    }
-  }
-  return problems;
-}"""
-
 # Gradio's table draws its body rows as role=row elements holding role=gridcell cells.
 TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table [role=row]')].map(
   row => [...row.querySelectorAll('[role=gridcell]')].map(cell => cell.innerText.trim()))"""
@@ -376,8 +353,9 @@ def check_compare_page(page, rows: list[list[str]]) -> None:
     title = page.locator("#cmp-headline").inner_text()
     assert f"{fastest[0]} at {fastest[2]}" in title, title
     assert "all 3 outputs identical to greedy" in title
+    # Every text of both figures inside its figure and clear of the others (the views' check).
     for plot in ("#cmp-plot", "#cmp-race"):
-        assert page.evaluate(TEXT_PROBLEMS, plot) == [], plot
+        assert layout_problems(page, plot) == [], plot
 
 
 @pytest.mark.slow
