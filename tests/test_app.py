@@ -13,17 +13,9 @@ from gradio_client import Client
 from conftest import PROMPTS, ROOT
 from decoders import METHODS, InvalidInput, generate
 from decoders.errors import TraceError
-from ui.session import (
-    EXAMPLE_PROMPTS,
-    UI_MAX_NEW_TOKENS,
-    load_example,
-    parse_link,
-    read_trace,
-    recheck_lossless,
-    run_live,
-    run_to_end,
-    stopped,
-)
+from ui.links import UI_MAX_NEW_TOKENS, parse_link
+from ui.live import run_live, run_to_end, stopped
+from ui.traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
 slow = pytest.mark.slow
 
@@ -566,9 +558,9 @@ def test_reading_a_trace_loads_no_model(tiny_trace, monkeypatch):
 
 
 def test_the_recheck_refuses_ids_beyond_the_models_vocabulary(tiny_trace, monkeypatch):
-    import ui.session
+    import ui.traces
 
-    monkeypatch.setattr(ui.session, "loaded", lambda model: None)  # as if tiny-random were cold
+    monkeypatch.setattr(ui.traces, "loaded", lambda model: None)  # as if tiny-random were cold
     big = edit(tiny_trace, lambda d: (d.update(vocab_size=10**6), d["prompt_ids"].append(900_000)))
     big = edit(json.loads(big), lambda d: first(d, "Prefill")["prompt_ids"].append(900_000))
     badge = recheck_lossless(read_trace(big))

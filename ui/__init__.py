@@ -1,4 +1,4 @@
-"""The web app's pieces: session logic (no gradio) and the page layout."""
+"""The web app: what the page does without gradio (models, live, links, traces, compare) and its layout."""
 
 from .layout import build_demo
 

@@ -23,7 +23,9 @@ from decoders.events import Commit, Done, token_ids
 from decoders.params import SAMPLING_PARAMS, validate_params
 from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
 
-from .session import Trace, check_budget, check_draft, get_bundle, token_texts, vocab_size
+from .links import check_budget
+from .live import Trace
+from .models import check_draft, get_bundle, token_texts, vocab_size
 
 REFERENCE = "autoregressive"
 MAX_SPECS = 16  # rows per comparison: each is a full run

@@ -30,7 +30,9 @@ from .compare import (
     fmt_speedup,
     table_rows,
 )
-from .session import ALLOW_ANY_MODEL, EXAMPLE_PROMPTS, UI_MAX_NEW_TOKENS
+from .links import UI_MAX_NEW_TOKENS
+from .models import ALLOW_ANY_MODEL
+from .traces import EXAMPLE_PROMPTS
 
 SPECS_HELP = (
     "Method specs, one per line: NAME or NAME:KEY=VALUE[:KEY=VALUE] "

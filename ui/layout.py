@@ -1,7 +1,7 @@
 """The page: the Run, Compare and Learn tabs composed, plus the `run` and `compare` API.
 
 Each tab has its own builder (ui/run_tab.py, ui/compare_tab.py, ui/learn_tab.py); engine calls
-live in ui/session.py and ui/compare.py (no gradio), drawing in visualizer/. Every handler
+live in ui/models.py, ui/live.py, ui/links.py, ui/traces.py and ui/compare.py (no gradio), drawing in visualizer/. Every handler
 catches the project's errors and shows them as a message, never a traceback.
 """
 
@@ -19,13 +19,11 @@ from visualizer import forward_timeline, tokens_per_step
 from .common import gpu, internal_error
 from .compare_tab import build_compare_tab, register_compare_api
 from .learn_tab import build_learn_tab
+from .links import check_budget
+from .live import run_to_end
+from .models import model_choices
 from .run_tab import CSS, DEFAULT_METHOD, build_run_tab
-from .session import (
-    EXAMPLE_PROMPTS,
-    check_budget,
-    model_choices,
-    run_to_end,
-)
+from .traces import EXAMPLE_PROMPTS
 
 EXAMPLES = [[p] for p in EXAMPLE_PROMPTS]
 

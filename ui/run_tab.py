@@ -34,20 +34,10 @@ from visualizer import (
 from visualizer.tokens import display_text
 
 from .common import explainer, gpu, internal_error, message
-from .session import (
-    ALLOW_ANY_MODEL,
-    EXAMPLE_PROMPTS,
-    UI_MAX_NEW_TOKENS,
-    Trace,
-    load_example,
-    model_choices,
-    parse_link,
-    parse_param,
-    read_trace,
-    recheck_lossless,
-    run_live,
-    stopped,
-)
+from .links import UI_MAX_NEW_TOKENS, parse_link, parse_param
+from .live import Trace, run_live, stopped
+from .models import ALLOW_ANY_MODEL, model_choices
+from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
 DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
 N_EXTRAS = 4  # a method's further views (lookahead: window, pool, ...), stacked under its panel

@@ -1,0 +1,249 @@
+"""A run as the page keeps it (Trace), streamed while it decodes (run_live) in a worker thread
+(in_background), with its lossless badge; and a run cut short by Stop. No gradio here, so the same
+functions serve the page, the API endpoints and the tests."""
+
+from __future__ import annotations
+
+import functools
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from decoders import InvalidInput, compare_tokens, prepare
+from decoders.engine import check_request, greedy_reference, run_events
+from decoders.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
+from decoders.models import ModelBundle
+from decoders.stats import compute_stats
+
+from .links import check_budget
+from .models import check_draft, get_bundle, token_texts, vocab_size
+
+
+@dataclass
+class Trace:
+    """A run as the UI keeps it: metadata, events, token texts (so replay needs no model)."""
+
+    meta: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def last_step(self) -> int:
+        return max((e.step for e in self.events if isinstance(e, Commit)), default=0)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        done = next((e for e in reversed(self.events) if isinstance(e, Done)), None)
+        return done.stats if done else {}
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for e in self.events if isinstance(e, Commit) for t in e.tokens]
+
+    def text(self) -> str:
+        return "".join(self.texts.get(t, "") for t in self.token_ids)
+
+    def to_json(self) -> str:
+        meta = {**self.meta, "token_text": {str(k): v for k, v in sorted(self.texts.items())}}
+        return json.dumps(trace_to_dict(meta, self.events))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Trace:
+        meta, events = trace_from_json(text)
+        raw = meta.pop("token_text", None) or {}
+        if not isinstance(raw, dict):
+            raise InvalidInput("trace field 'token_text' must be an object")
+        texts = {int(k): str(v) for k, v in raw.items() if str(k).lstrip("-").isdigit()}
+        if not any(isinstance(e, Commit) for e in events):
+            raise InvalidInput("the trace has no committed tokens to replay")
+        return cls(meta, events, texts)
+
+
+def lossless_info(
+    bundle: ModelBundle,
+    method: str,
+    params: Mapping[str, Any],
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    tokens: list[int],
+) -> dict[str, Any]:
+    """The badge's content: compare with autoregressive greedy, honestly labelled."""
+    if params.get("temperature", 0.0) > 0:
+        return {
+            "status": "n/a",
+            "note": "sampling run: lossless in distribution, not token by token",
+        }
+    if method == "autoregressive":
+        return {"status": "reference"}
+    reference = cached_reference(bundle, tuple(prompt_ids), max_new_tokens)
+    check = compare_tokens(reference, tokens, bundle.exact)
+    info: dict[str, Any] = {
+        "status": "identical" if check.identical else "differs",
+        "first_divergence": check.first_divergence,
+        "compared": check.compared,
+    }
+    if not bundle.exact:
+        info["caveat"] = (
+            f"{bundle.dtype} on {bundle.device}: near-ties can flip between batch shapes"
+        )
+    return info
+
+
+@functools.lru_cache(maxsize=64)
+def cached_reference(
+    bundle: ModelBundle, prompt_ids: tuple[int, ...], max_new_tokens: int
+) -> tuple[int, ...]:
+    # Immutable: one cached reference is handed to every concurrent run that asks for it.
+    return tuple(greedy_reference(bundle, prompt_ids, max_new_tokens))
+
+
+@dataclass
+class Live:
+    """One streamed update: the trace so far, whether the run has finished, and its phase:
+    "decoding" while tokens arrive, "checking" while the greedy reference runs, "done"."""
+
+    trace: Trace
+    done: bool
+    elapsed_s: float
+    phase: str = "decoding"
+
+
+def run_live(
+    model: str | None,
+    prompt: str,
+    method: str,
+    max_new_tokens: int,
+    params: Mapping[str, Any],
+    check_lossless: bool = True,
+    every_s: float = 0.0,
+) -> Iterator[Live]:
+    """Validate, then yield the growing trace as commits arrive (at most one update per `every_s`
+    after the first), and once more when done."""
+    max_new_tokens = check_budget(max_new_tokens)
+    check_request(prompt, method, max_new_tokens, params)  # before loading a model
+    check_draft(params)
+    bundle = get_bundle(model)
+    run = prepare(bundle, prompt, method, max_new_tokens, params=params)
+    meta = {
+        "model": bundle.model_id,
+        "method": method,
+        "params": dict(run.cfg.params),
+        "prompt": prompt,
+        "prompt_ids": run.prompt_ids,
+        "max_new_tokens": max_new_tokens,
+        "n_layers": bundle.n_layers,
+        "vocab_size": vocab_size(bundle),
+    }
+    trace = Trace(meta, texts=token_texts(bundle, run.prompt_ids))
+    start = time.perf_counter()
+    for batch in in_background(run_events(run), every_s):
+        for event in batch:
+            trace.events.append(event)
+            for t in token_ids(event):  # every token a view may name, not only the commits
+                if t not in trace.texts:
+                    trace.texts[t] = bundle.token_text(t)
+        if any(isinstance(e, Commit) for e in batch):
+            yield Live(trace, False, time.perf_counter() - start)
+    tokens = trace.token_ids
+    trace.meta.update(
+        token_ids=tokens,
+        text=bundle.decode(tokens),
+        stats=trace.stats,
+        finish_reason=trace.events[-1].finish_reason,
+    )
+    if check_lossless:
+        # Say so before the greedy reference runs: it can take as long as the run itself.
+        yield Live(trace, False, time.perf_counter() - start, phase="checking")
+        trace.meta["lossless"] = lossless_info(
+            bundle, method, run.cfg.params, run.prompt_ids, max_new_tokens, tokens
+        )
+    yield Live(trace, True, time.perf_counter() - start, phase="done")
+
+
+_END = object()
+
+
+def in_background(events: Iterator[Event], every_s: float = 0.0) -> Iterator[list[Event]]:
+    """Decode in a worker thread and hand over whatever has arrived, in batches.
+
+    The page redraws at its own pace while decoding never waits for it (a slow browser cannot
+    slow the model down). Closing this generator (Stop, a dropped connection) stops the worker at
+    its next event, so no run outlives its viewer. After the first batch (the first token should
+    show at once), batches are at least `every_s` apart: a consumer that wakes for every event would
+    take the GIL from the decoding thread dozens of times per token.
+    """
+    inbox: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for event in events:
+                inbox.put(event)
+                if stop.is_set():
+                    break
+        except BaseException as exc:  # handed to the consumer, raised there
+            inbox.put(exc)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()  # runs the decoder's own clean-up
+            inbox.put(_END)
+
+    threading.Thread(target=work, daemon=True, name="decode").start()
+    try:
+        last = None
+        while True:
+            if last is not None:
+                time.sleep(max(0.0, last + every_s - time.perf_counter()))
+            batch = [inbox.get()]
+            last = time.perf_counter()
+            while not inbox.empty():
+                batch.append(inbox.get_nowait())
+            for item in batch:
+                if isinstance(item, BaseException):
+                    raise item
+            done = batch[-1] is _END
+            events_only = [e for e in batch if e is not _END]
+            if events_only:
+                yield events_only
+            if done:
+                return
+    finally:
+        stop.set()
+
+
+def run_to_end(
+    model: str | None,
+    prompt: str,
+    method: str,
+    max_new_tokens: int,
+    params: Mapping[str, Any],
+    check_lossless: bool = True,
+) -> Trace:
+    *_, last = run_live(model, prompt, method, max_new_tokens, params, check_lossless)
+    return last.trace
+
+
+def stopped(trace: Trace, elapsed_s: float | None = None) -> Trace:
+    """A run cut short by Stop, kept so it can be stepped through and exported: its events so far
+    and a Done("cancelled") with the statistics of what did happen. A run stopped while its
+    greedy check ran keeps its own Done, with the check marked as not done."""
+    events = list(trace.events)  # a snapshot: the run may still be appending
+    done = next((e for e in events if isinstance(e, Done)), None)
+    body = [e for e in events if not isinstance(e, Done)]
+    if done is None:
+        done = Done("cancelled", compute_stats(body, elapsed_s))
+    tokens = [t for e in body if isinstance(e, Commit) for t in e.tokens]
+    meta = {
+        **trace.meta,
+        "token_ids": tokens,
+        "stats": done.stats,
+        "finish_reason": done.finish_reason,
+        "lossless": trace.meta.get("lossless")
+        or {"status": "not checked", "note": "stopped: not checked against greedy"},
+    }
+    return Trace(meta, [*body, done], dict(trace.texts))

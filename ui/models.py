@@ -1,0 +1,70 @@
+"""The models this page offers and how it loads them. No gradio here."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from decoders import InvalidInput, load_model
+from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable
+
+EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
+# Target models that share the embedded model's tokenizer (so it can draft for them later).
+CURATED_MODELS = (
+    "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+)
+ALLOW_ANY_MODEL = os.environ.get("DECODING_LAB_ALLOW_ANY_MODEL", "0") == "1"
+
+
+@functools.cache
+def model_choices() -> list[tuple[str, str]]:
+    """(label, id) pairs for the model picker: the embedded model always; hub models where a network is."""
+    default = os.environ.get("DECODING_LAB_MODEL") or EMBEDDED_ID
+    choices = [(EMBEDDED_LABEL, EMBEDDED_ID), ("tiny-random (seeded 4-layer test model)", TINY_ID)]
+    if default not in (EMBEDDED_ID, TINY_ID):
+        choices.insert(0, (default, default))
+    if os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and hub_reachable(timeout=2.0):
+        choices += [(m, m) for m in CURATED_MODELS]
+    choices.sort(key=lambda c: c[1] != default)  # the default first
+    return choices
+
+
+def resolve_model(model: str | None) -> str:
+    ids = [v for _, v in model_choices()]
+    if not model:
+        return ids[0]
+    labels = {label: v for label, v in model_choices()}
+    model = labels.get(model, model)
+    if model in ids or ALLOW_ANY_MODEL:
+        return model
+    raise InvalidInput(f"model {model!r} is not offered here; choose one of: {', '.join(ids)}")
+
+
+def check_draft(params: Mapping[str, Any]) -> None:
+    """A public page loads only what it offers: `auto`, `self`, `self:k`, the shipped `eagle` head,
+    or an offered or built-in model as draft; other ids and `eagle:<file>` need
+    DECODING_LAB_ALLOW_ANY_MODEL=1."""
+    draft = str(params.get("draft", "auto")).strip()
+    offered = ("auto", "self", "eagle", *TINY_SEEDS)
+    if ALLOW_ANY_MODEL or draft in offered or draft.startswith("self:"):
+        return
+    if draft not in {v for _, v in model_choices()}:
+        raise InvalidInput(
+            f"draft {draft!r} is not offered here; use auto, self, self:k, eagle, or one of the models"
+        )
+
+
+def get_bundle(model: str | None) -> ModelBundle:
+    return load_model(resolve_model(model))
+
+
+def vocab_size(bundle: ModelBundle) -> int:
+    """Token ids the model can read or write: its embedding rows (>= the tokenizer's length)."""
+    return int(bundle.model.config.vocab_size)
+
+
+def token_texts(bundle: ModelBundle, ids: Iterable[int]) -> dict[int, str]:
+    return {i: bundle.token_text(i) for i in set(ids)}
