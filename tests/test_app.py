@@ -103,6 +103,7 @@ def test_compare_endpoint(client, tiny):
         (dict(method="warp-drive"), "unknown method"),
         (dict(max_new_tokens=100000), "max_new_tokens must be a whole number between 1 and 512"),
         (dict(max_new_tokens=0), "max_new_tokens must be a whole number between 1 and 512"),
+        (dict(max_new_tokens=2.7), "max_new_tokens must be a whole number between 1 and 512"),
         (dict(params='{"temperature": 99}'), "temperature"),
         (dict(params='{"gamma": 3}'), "unknown parameter"),
         (dict(params="{nope"), "not valid JSON"),

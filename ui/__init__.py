@@ -1,4 +1,4 @@
-"""The web app: what the page does without gradio (models, live, links, traces, compare) and its layout."""
+"""The web app: its gradio-free logic (models, live runs, links, traces, compare) and its layout."""
 
 from .layout import build_demo
 
