@@ -6,8 +6,8 @@ import json
 import time
 
 import pytest
-from browser_helpers import go_to_step
 
+from browser_helpers import go_to_step
 from conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

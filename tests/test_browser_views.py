@@ -7,8 +7,8 @@ Screenshots land in test-artifacts/ (views-<method>-<viewport>-<end|middle>.png)
 from urllib.parse import quote
 
 import pytest
-from browser_helpers import LAYOUT_CHECK, STEP_NUMBER, go_to_step, settle
 
+from browser_helpers import LAYOUT_CHECK, STEP_NUMBER, go_to_step, settle
 from conftest import ARTIFACTS
 from decoders import METHODS
 

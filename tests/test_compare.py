@@ -7,11 +7,11 @@ from itertools import pairwise
 
 import gradio as gr
 import pytest
-from browser_helpers import layout_problems
 from gradio_client import Client
 from playwright.sync_api import expect
 
 import ui.compare
+from browser_helpers import layout_problems
 from conftest import ARTIFACTS
 from decoders import METHODS, InvalidInput, generate, prepare
 from decoders.events import Commit, Draft, token_ids
