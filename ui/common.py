@@ -5,6 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import gradio as gr
+
+from .links import UI_MAX_NEW_TOKENS
+from .models import ALLOW_ANY_MODEL
+
 EXPLAINERS = Path(__file__).resolve().parents[1] / "assets" / "explainers"
 
 try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call.
@@ -34,3 +39,22 @@ def internal_error(exc: Exception) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     detail = first if len(first) <= 160 else first[:157] + "…"
     return f"Something went wrong inside the app: {type(exc).__name__}: {detail}".rstrip(": ")
+
+
+def model_picker(choices: list[tuple[str, str]], elem_id: str) -> gr.Dropdown:
+    """The model dropdown every tab shows: the offered models, any id only where allowed."""
+    return gr.Dropdown(
+        choices,
+        value=choices[0][1],
+        label="Model",
+        allow_custom_value=ALLOW_ANY_MODEL,
+        elem_id=elem_id,
+        min_width=200,
+    )
+
+
+def budget_slider(elem_id: str, **kwargs) -> gr.Slider:
+    """Max new tokens, up to the page's cap (the same cap its messages name)."""
+    return gr.Slider(
+        1, UI_MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens", elem_id=elem_id, **kwargs
+    )

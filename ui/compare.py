@@ -24,8 +24,8 @@ from decoders.params import SAMPLING_PARAMS, validate_params
 from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
 
 from .links import check_budget
-from .live import Trace
-from .models import check_draft, get_bundle, token_texts, vocab_size
+from .live import Trace, run_meta
+from .models import check_draft, get_bundle, token_texts
 
 REFERENCE = "autoregressive"
 MAX_SPECS = 16  # rows per comparison: each is a full run
@@ -273,19 +273,7 @@ def _faster(a: Trace, b: Trace) -> bool:
 
 def _timed(bundle: Any, spec: Spec, run: Any, prompt: str, max_new_tokens: int) -> Trace:
     """One run of one spec, recorded as a Trace with each commit's arrival time."""
-    trace = Trace(
-        {
-            "model": bundle.model_id,
-            "method": spec.method,
-            "spec": spec.label,
-            "params": dict(run.cfg.params),
-            "prompt": prompt,
-            "prompt_ids": run.prompt_ids,
-            "max_new_tokens": max_new_tokens,
-            "n_layers": bundle.n_layers,
-            "vocab_size": vocab_size(bundle),
-        }
-    )
+    trace = Trace({**run_meta(bundle, run, prompt), "spec": spec.label})
     # When each commit arrived, from the run's start: the race is drawn against this clock, so
     # its lines end where the table's tokens/s says (forward time alone leaves out the drafting
     # work between forwards).

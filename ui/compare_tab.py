@@ -19,7 +19,7 @@ import gradio as gr
 from decoders import DecodingLabError
 from visualizer import race_chart, speedup_chart, token_spans_html
 
-from .common import gpu, message
+from .common import budget_slider, gpu, message, model_picker
 from .compare import (
     DEFAULT_PRESET,
     MAX_ROUNDS,
@@ -30,8 +30,6 @@ from .compare import (
     fmt_speedup,
     table_rows,
 )
-from .links import UI_MAX_NEW_TOKENS
-from .models import ALLOW_ANY_MODEL
 from .traces import EXAMPLE_PROMPTS
 
 SPECS_HELP = (
@@ -137,23 +135,8 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 elem_id="cmp-specs",
             )
             with gr.Row():
-                model = gr.Dropdown(
-                    choices,
-                    value=choices[0][1],
-                    label="Model",
-                    allow_custom_value=ALLOW_ANY_MODEL,
-                    elem_id="cmp-model",
-                    min_width=200,
-                )
-                max_new = gr.Slider(
-                    1,
-                    UI_MAX_NEW_TOKENS,
-                    value=64,
-                    step=1,
-                    label="Max new tokens",
-                    elem_id="cmp-max-new",
-                    min_width=200,
-                )
+                model = model_picker(choices, "cmp-model")
+                max_new = budget_slider("cmp-max-new", min_width=200)
             rounds = gr.Slider(
                 1,
                 MAX_ROUNDS,

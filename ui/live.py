@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decoders import InvalidInput, compare_tokens, prepare
-from decoders.engine import check_request, greedy_reference, run_events
+from decoders.engine import Run, check_request, greedy_reference, run_events
 from decoders.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
 from decoders.models import ModelBundle
 from decoders.stats import compute_stats
@@ -112,6 +112,20 @@ class Live:
     phase: str = "decoding"
 
 
+def run_meta(bundle: ModelBundle, run: Run, prompt: str) -> dict[str, Any]:
+    """What a trace records about its run before the first event: enough to replay it."""
+    return {
+        "model": bundle.model_id,
+        "method": run.method.name,
+        "params": dict(run.cfg.params),
+        "prompt": prompt,
+        "prompt_ids": run.prompt_ids,
+        "max_new_tokens": run.cfg.max_new_tokens,
+        "n_layers": bundle.n_layers,
+        "vocab_size": vocab_size(bundle),
+    }
+
+
 def run_live(
     model: str | None,
     prompt: str,
@@ -128,17 +142,7 @@ def run_live(
     check_draft(params)
     bundle = get_bundle(model)
     run = prepare(bundle, prompt, method, max_new_tokens, params=params)
-    meta = {
-        "model": bundle.model_id,
-        "method": method,
-        "params": dict(run.cfg.params),
-        "prompt": prompt,
-        "prompt_ids": run.prompt_ids,
-        "max_new_tokens": max_new_tokens,
-        "n_layers": bundle.n_layers,
-        "vocab_size": vocab_size(bundle),
-    }
-    trace = Trace(meta, texts=token_texts(bundle, run.prompt_ids))
+    trace = Trace(run_meta(bundle, run, prompt), texts=token_texts(bundle, run.prompt_ids))
     start = time.perf_counter()
     for batch in in_background(run_events(run), every_s):
         for event in batch:

@@ -33,10 +33,10 @@ from visualizer import (
 )
 from visualizer.tokens import display_text
 
-from .common import explainer, gpu, internal_error, message
+from .common import budget_slider, explainer, gpu, internal_error, message, model_picker
 from .links import UI_MAX_NEW_TOKENS, parse_link, parse_param
 from .live import Trace, run_live, stopped
-from .models import ALLOW_ANY_MODEL, model_choices
+from .models import model_choices
 from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
 DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
@@ -282,14 +282,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
                     label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt"
                 )
                 with gr.Row():
-                    model = gr.Dropdown(
-                        choices,
-                        value=choices[0][1],
-                        label="Model",
-                        allow_custom_value=ALLOW_ANY_MODEL,
-                        elem_id="model",
-                        min_width=200,
-                    )
+                    model = model_picker(choices, "model")
                     method = gr.Dropdown(
                         method_choices,
                         value=DEFAULT_METHOD,
@@ -297,14 +290,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
                         elem_id="method",
                         min_width=200,
                     )
-                max_new = gr.Slider(
-                    1,
-                    UI_MAX_NEW_TOKENS,
-                    value=64,
-                    step=1,
-                    label="Max new tokens",
-                    elem_id="max-new-tokens",
-                )
+                max_new = budget_slider("max-new-tokens")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
