@@ -31,6 +31,7 @@ from visualizer import (
     token_spans_html,
     tokens_per_step,
 )
+from visualizer.panels import MAX_EXTRA_PANELS
 from visualizer.tokens import display_text
 
 from .common import budget_slider, explainer, gpu, internal_error, message, model_picker
@@ -40,7 +41,6 @@ from .models import model_choices
 from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
 DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
-N_EXTRAS = 4  # a method's further views (lookahead: window, pool, ...), stacked under its panel
 # While streaming: tokens at most every TOKENS_EVERY_S; figures every FIGURES_EVERY_S, or less
 # often when drawing them is slow (at most a quarter of the time goes to drawing), since each
 # update competes with the decoding thread for the GIL.
@@ -369,7 +369,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
                     elem_id=f"panel{i + 2}",
                     show_label=False,
                 )
-                for i in range(N_EXTRAS)
+                for i in range(MAX_EXTRA_PANELS)  # a method's further views, stacked
             ]
             with gr.Accordion("How this method works", open=True, elem_id="explainer"):
                 method_help = gr.Markdown(explainer(DEFAULT_METHOD))
