@@ -114,8 +114,9 @@ def test_url_parameters_prefill_and_bad_input_message(server, page):
     page.screenshot(path=str(ARTIFACTS / "bad-input.png"), full_page=True)
 
 
-def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
-    page.goto(server + "?model=SmolLM2-135M-Instruct&max_new_tokens=400")
+def start_a_long_run(page, server: str, query: str, more_than: int, timeout: int) -> None:
+    """A 400-token story on the embedded model, streaming: long enough to stop in the middle."""
+    page.goto(server + "?model=SmolLM2-135M-Instruct&max_new_tokens=400" + query)
     page.wait_for_function(
         "document.querySelector('#max-new-tokens input[type=number]')?.value === '400'",
         timeout=30_000,
@@ -123,10 +124,14 @@ def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
     page.locator("#prompt textarea").fill("Tell me a long story about a lighthouse keeper.")
     page.locator("#run-btn").click()
     page.wait_for_function(
-        "document.querySelectorAll('#tokens .dl-tok').length > 3"
+        f"document.querySelectorAll('#tokens .dl-tok').length > {more_than}"
         " && document.querySelector('#status').innerText.includes('decoding')",
-        timeout=60_000,
+        timeout=timeout,
     )
+
+
+def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
+    start_a_long_run(page, server, "", more_than=3, timeout=60_000)
     page.locator("#stop-btn").click(timeout=90_000)  # a loaded 2-core machine can stall the page
     page.locator("#status").get_by_text("Stopped").wait_for(timeout=30_000)
     stopped_at = tokens_in(page)
@@ -308,18 +313,7 @@ def test_on_a_phone_the_output_follows_run(server, phone_page):
 
 
 def test_a_stopped_run_can_be_stepped_through_and_exported(server, page, tmp_path):
-    page.goto(server + "?model=SmolLM2-135M-Instruct&method=autoregressive&max_new_tokens=400")
-    page.wait_for_function(
-        "document.querySelector('#max-new-tokens input[type=number]')?.value === '400'",
-        timeout=30_000,
-    )
-    page.locator("#prompt textarea").fill("Tell me a long story about a lighthouse keeper.")
-    page.locator("#run-btn").click()
-    page.wait_for_function(
-        "document.querySelectorAll('#tokens .dl-tok').length > 8"
-        " && document.querySelector('#status').innerText.includes('decoding')",
-        timeout=120_000,
-    )
+    start_a_long_run(page, server, "&method=autoregressive", more_than=8, timeout=120_000)
     # The figures keep up with the text: redrawn while the run streams, not only at the end.
     page.wait_for_function(
         """() => {
