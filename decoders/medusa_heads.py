@@ -1,0 +1,76 @@
+"""Medusa-1 heads (Cai et al. 2024), shared by `medusa` (a static tree of their top-k) and
+`blockwise` (Stern et al. 2018: their top-1 chain).
+
+Head i (i = 1..k) reads the target's final features at position t and guesses the token at t + i + 1
+(the LM head itself guesses t + 1): one residual block, then the target's own LM head.
+
+    head_i(f) = lm_head(f + SiLU(W_i f + b_i))
+
+W_i starts at zero, so before training every head repeats the LM head's guess. The heads are
+trained by `python -m decoders.train medusa` and ship as `assets/medusa/<model>.safetensors`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .artifacts import artifact_path, load_artifact
+from .models import ModelBundle
+
+KIND = "medusa"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """k heads of `depth` residual blocks each on the final features; `lm_head` (the target's, cut
+    to the draft vocabulary) is attached at load time."""
+
+    def __init__(self, config, n_heads: int, vocab: torch.Tensor, depth: int = 1) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.heads = nn.ModuleList(
+            nn.Sequential(*(ResBlock(d) for _ in range(depth))) for _ in range(n_heads)
+        )
+        self.register_buffer("vocab", vocab.long())
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.heads)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., d] final features -> [..., k, d]: what head i hands the LM head."""
+        return torch.stack([head(features) for head in self.heads], dim=-2)
+
+
+def heads_path(model_id: str) -> Path:
+    return artifact_path(KIND, model_id)
+
+
+def load_heads(bundle: ModelBundle, path: Path | None = None) -> MedusaHeads:
+    """The trained Medusa heads for `bundle`'s model (cached per process)."""
+
+    def build(state: dict[str, torch.Tensor]) -> MedusaHeads:
+        n = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("heads."))
+        depth = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("heads.0."))
+        return MedusaHeads(bundle.model.config, n, state["vocab"], depth)
+
+    return load_artifact(
+        bundle,
+        path or heads_path(bundle.model_id),
+        build,
+        "Medusa heads",
+        f"python -m decoders.train medusa --model {bundle.model_id}",
+    )
