@@ -187,6 +187,20 @@ class CopySource(Event):
 
 
 @dataclass(frozen=True)
+class HeadProposals(Event):
+    """What the Medusa heads guessed at one step (medusa, blockwise): `heads[i]` = head i + 1's
+    top tokens, best first, with `probs[i]` their probabilities under the head. Head i + 1 guesses
+    output position `position + i` (`position` = tokens committed before this step; head 1
+    guesses the token right after the root, the last committed one)."""
+
+    type: ClassVar[str] = "HeadProposals"
+    step: int
+    position: int
+    heads: tuple[tuple[int, ...], ...]
+    probs: tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -210,6 +224,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Commit,
         DraftStop,
         CopySource,
+        HeadProposals,
         Done,
     )
 }
@@ -230,6 +245,8 @@ def token_ids(event: Event) -> list[int]:
         return [t for gram in event.added for t in gram] + [t for e in event.top for t in e[1:]]
     if isinstance(event, AttentionMask):
         return list(event.input_ids)
+    if isinstance(event, HeadProposals):
+        return [t for row in event.heads for t in row]
     return []
 
 

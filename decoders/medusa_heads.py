@@ -12,12 +12,15 @@ trained by `python -m decoders.train medusa` and ship as `assets/medusa/<model>.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .artifacts import artifact_path, load_artifact
+from .events import Forward
 from .models import ModelBundle
 
 KIND = "medusa"
@@ -74,3 +77,54 @@ def load_heads(bundle: ModelBundle, path: Path | None = None) -> MedusaHeads:
         "Medusa heads",
         f"python -m decoders.train medusa --model {bundle.model_id}",
     )
+
+
+# --- decoding with the heads (medusa.py, blockwise.py) ---------------------------------------------
+
+
+class HeadReader:
+    """The heads' side of the decoding loop. The shared steps (`steps.start`, `verify_tree`,
+    `verify_chain`) hand it the target's final features of the inputs they keep, as they would a
+    feature-level drafter (`needs_features`, `observe`); it keeps the last one: the position whose
+    LM-head output is the root x, the token the target chose there. `propose` reads the heads on it:
+    no decoder layer runs, so the target's verify forward is also the proposal's (Stern et al.'s
+    "combined scoring and proposal")."""
+
+    needs_features = True
+
+    def __init__(self, bundle: ModelBundle, heads: MedusaHeads) -> None:
+        self.bundle, self.heads = bundle, heads
+        self.feature: torch.Tensor | None = None  # [d] at the root's position
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.feature = features[-1]
+
+    @torch.inference_mode()
+    def propose(self, n_heads: int, top_k: int, step: int) -> Proposal:
+        """The first `n_heads` heads' `top_k` tokens (best first) and their probabilities, with
+        the Forward event that timed them (kind "draft", 0 decoder layers, 1 input: the feature)."""
+        assert self.feature is not None, "the heads read the features of a target forward"
+        start = time.perf_counter()
+        f = self.feature.to(self.bundle.dtype)
+        rows = self.heads.lm_head(torch.stack([head(f) for head in self.heads.heads[:n_heads]]))
+        # Softmax over the draft vocabulary = the full vocabulary's with -inf outside it.
+        probs, index = torch.topk(torch.softmax(rows.float(), dim=-1), top_k, dim=-1)
+        tokens = self.heads.vocab[index]
+        if self.bundle.device.type == "cuda":
+            torch.cuda.synchronize(self.bundle.device)
+        wall_ms = (time.perf_counter() - start) * 1000.0
+        event = Forward(step, "draft", n_input_tokens=1, layers=0, wall_ms=round(wall_ms, 3))
+        return Proposal(
+            tuple(tuple(int(t) for t in row) for row in tokens.tolist()),
+            tuple(tuple(round(float(p), 6) for p in row) for row in probs.tolist()),
+            event,
+        )
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """tokens[i][r]: head i + 1's rank-r token (it guesses the token i + 1 after the root x)."""
+
+    tokens: tuple[tuple[int, ...], ...]
+    probs: tuple[tuple[float, ...], ...]
+    event: Forward

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from . import (
     autoregressive,
+    blockwise,
     drafters,
     jacobi,
+    kangaroo,
     lookahead,
+    medusa,
     prompt_lookup,
     self_speculative,
     speculative,
@@ -71,6 +74,16 @@ METHODS: dict[str, Method] = {
             summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
         ),
         Method(
+            name="kangaroo",
+            title="Kangaroo (self-speculative, double early exit + adapter)",
+            decode=kangaroo.decode,
+            params=kangaroo.PARAMS,
+            # Liu et al. 2024: η = 0.6, γ = 6 (their code's threshold and steps); ℓ from the sweep
+            presets={"paper": {"eta": 0.6, "gamma": 6}},
+            check=kangaroo.check,
+            summary="The first ℓ layers and a small trained adapter draft; the remaining layers verify.",
+        ),
+        Method(
             name="jacobi",
             title="Jacobi decoding (parallel fixed-point iteration)",
             decode=jacobi.decode,
@@ -95,6 +108,26 @@ METHODS: dict[str, Method] = {
                 }
             },
             summary="Jacobi trajectories fill an n-gram pool; matching n-grams are verified in the same forward.",
+        ),
+        Method(
+            name="medusa",
+            title="Medusa (extra decoding heads, a static tree)",
+            decode=medusa.decode,
+            params=medusa.PARAMS,
+            # Cai et al. 2024: the 63-node tree mc_sim_7b_63 over each head's top 10 (it fits here)
+            presets={"paper": {"nodes": 63, "top_k": 10, "choices": ""}},
+            check=medusa.check,
+            summary="Heads on the target's last features guess the next tokens; their tree is verified in the forward that feeds them.",
+        ),
+        Method(
+            name="blockwise",
+            title="Blockwise parallel decoding (the Medusa heads' top-1 chain)",
+            decode=blockwise.decode,
+            params=blockwise.PARAMS,
+            # Stern et al. 2018 sweep blocks of 2-10 tokens; the shipped heads allow 4 + 1
+            presets={"paper": {"k": 4}},
+            check=blockwise.check,
+            summary="Each head guesses one token further ahead; their top picks are verified as one chain.",
         ),
     )
 }

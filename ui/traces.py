@@ -22,6 +22,7 @@ from decoders.events import (
     DraftStop,
     Forward,
     ForwardKind,
+    HeadProposals,
     JacobiIteration,
     LookaheadWindow,
     NgramPool,
@@ -61,6 +62,7 @@ MAX_PROMPT_IDS = MAX_PROMPT_CHARS
 # N − 1 ≤ 11 tokens (token_tree: MAX_NODES = 64 grown + a 32-token copied branch).
 MAX_DRAFT_NODES = 16 * 11
 DRAFT_STOP_REASONS = frozenset({"confidence", "max_draft", "eos", "budget"})
+MAX_HEADS = 16  # Medusa heads' guesses: rows (heads) and columns (ranks) per step
 NGRAM_SIZES = range(2, 13)  # lookahead's N; 0 in traces made before the field existed
 
 
@@ -307,6 +309,24 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 e.reason in DRAFT_STOP_REASONS,
                 f"{where}: reason must be one of {', '.join(sorted(DRAFT_STOP_REASONS))}, "
                 f"got {e.reason!r}",
+            )
+        elif isinstance(e, HeadProposals):
+            need(
+                len(e.heads) == len(e.probs) <= MAX_HEADS
+                and all(
+                    len(t) == len(p) <= MAX_HEADS for t, p in zip(e.heads, e.probs, strict=True)
+                ),
+                f"{where}: heads and probs must have the same shape, at most "
+                f"{MAX_HEADS} x {MAX_HEADS}",
+            )
+            for row in e.heads:
+                tokens_ok(row, f"{where}.heads")
+            probs_ok(tuple(p for row in e.probs for p in row), where)
+            # Head 1 guesses the first position after what the earlier steps committed.
+            need(
+                e.position == committed_before[step],
+                f"{where}: position must be the {committed_before[step]} tokens committed before "
+                f"step {step}, got {e.position!r}",
             )
         elif isinstance(e, CopySource):
             # The copy's source must lie in the context the model saw at that step.

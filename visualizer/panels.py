@@ -16,6 +16,7 @@ from .lookahead_views import (
     ngram_pool,
     pool_candidates,
 )
+from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
 from .self_speculative_view import self_speculative_panel
 from .tree_view import token_tree
@@ -30,6 +31,8 @@ PANELS: dict[str, Panel] = {
     "token_tree": token_tree,
     "jacobi": jacobi_trajectory,
     "lookahead": lookahead_panel,
+    "medusa": heads_grid,
+    "blockwise": blockwise_chain,
 }
 
 
@@ -44,6 +47,8 @@ def method_panel(
 EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "lookahead": (lookahead_window, pool_candidates, ngram_pool),
     "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept
+    "medusa": (token_tree,),  # the tree the heads' guesses formed, verified
+    "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
 }
 MAX_EXTRA_PANELS = 4
 

@@ -1,0 +1,337 @@
+"""The Medusa heads' guesses at one step (medusa, blockwise). Pure: events in, Figure out.
+
+`heads_grid`: one row per head, one column per rank, each cell a head's candidate token. Head i
+guesses the token i places after the root (the last committed token), so row i holds the tree's
+nodes at depth i: cells the tree used are coloured by what verification made of them (accepted
+green, compared and lost red, never checked grey), cells it left out stay white. A bar along each
+cell's foot is the head's probability; an outline marks the target's own token after the
+accepted path where a head had it among its candidates.
+
+`blockwise_chain`: the chain blockwise decoding verified: x, then each head's top token, coloured
+by the verdict, with the head's probability; the target's committed tokens underneath.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Draft, Event, HeadProposals, Verify
+
+from .figures import _base_layout, _empty, _token_row
+from .text import cut, escape, short_token, token_hover, visible
+from .tokens import COLOURS, LABELS
+from .tree_view import _root_token
+
+# Cell status -> (fill, legend label), in legend order.
+CELL_STYLE: dict[str, tuple[str, str]] = {
+    "accepted": (COLOURS["draft"], "in the tree, accepted"),
+    "rejected": (COLOURS["rejected"], "in the tree, rejected"),
+    "not checked": (COLOURS["pending"], "in the tree, not checked"),
+    "unused": ("#ffffff", "not in the tree"),
+}
+BAR_COLOUR = "#546e7a"
+CELL_EDGE = "#90a4ae"
+MAX_ROWS, MAX_COLUMNS = 16, 16  # drawn at most (a crafted trace cannot make the grid unbounded)
+NARROWEST_PX = 320  # plot width on a 390 px phone: labels are cut to fit their column there
+ROW_PX = 46
+MARGINS_PX = 150
+
+
+def cell_chars(columns: int) -> int:
+    """Characters a cell label may show when `columns` share the narrowest plot (10 px text)."""
+    return max(2, min(10, int((NARROWEST_PX / max(columns, 1) - 10) / 6.5)))
+
+
+def _step_events(
+    events: Sequence[Event], step: int
+) -> tuple[HeadProposals | None, Draft | None, Verify | None, Commit | None]:
+    found: dict[type, Event] = {}
+    for e in events:
+        if isinstance(e, HeadProposals | Draft | Verify | Commit) and e.step == step:
+            found.setdefault(type(e), e)
+    return (
+        found.get(HeadProposals),  # type: ignore[return-value]
+        found.get(Draft),
+        found.get(Verify),
+        found.get(Commit),
+    )
+
+
+def cell_status(
+    heads: Sequence[Sequence[int]], draft: Draft | None, verify: Verify | None
+) -> dict[tuple[int, int], str]:
+    """(head row, rank) -> status, for the cells the draft's nodes use. A node at depth d is one of
+    head d + 1's candidates (a chain: each head's top one); a cell several nodes share takes the
+    best status among them (accepted, then rejected, then not checked)."""
+    if draft is None or len(draft.parents) != len(draft.tokens):
+        return {}
+    accepted = set(verify.accepted) if verify is not None else set()
+    order = ("not checked", "rejected", "accepted")
+    out: dict[tuple[int, int], str] = {}
+    depth: list[int] = []
+    for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+        if not -1 <= parent < i:
+            return {}  # malformed: parents come first
+        d = 0 if parent == -1 else depth[parent] + 1
+        depth.append(d)
+        if d >= len(heads) or token not in heads[d]:
+            continue
+        if i in accepted:
+            status = "accepted"
+        elif verify is not None and (parent == -1 or parent in accepted):
+            status = "rejected"  # compared with the target's choice and lost
+        else:
+            status = "not checked"
+        key = (d, list(heads[d]).index(token))
+        if key not in out or order.index(status) > order.index(out[key]):
+            out[key] = status
+    return out
+
+
+def heads_grid(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """Each head's top candidates at `step` (rows = heads, columns = ranks), coloured by what the
+    tree made of them, with the head's probability as a bar."""
+    title = f"Step {step}: the heads' guesses"
+    proposals, draft, verify, commit = _step_events(events, step)
+    if proposals is None:
+        if step == 0:
+            return _empty(
+                title, "step 0 is the prefill: it gives the heads their first features", 220
+            )
+        if any(isinstance(e, HeadProposals) for e in events):
+            return _empty(title, f"no guesses at step {step}: a plain target step", 220)
+        return _empty(title, "this trace has no head detail (recorded without it)", 220)
+    heads = [list(row[:MAX_COLUMNS]) for row in proposals.heads[:MAX_ROWS]]
+    probs = [list(row[:MAX_COLUMNS]) for row in proposals.probs[:MAX_ROWS]]
+    if (
+        not heads
+        or len(probs) != len(heads)
+        or any(len(p) != len(h) for p, h in zip(probs, heads, strict=False))
+    ):
+        return _empty(title, "malformed head guesses: tokens and probabilities differ in shape")
+    status = cell_status(heads, draft, verify)
+    n_acc = len(verify.accepted) if verify is not None else 0
+
+    # The target's own token after the accepted path: which head guessed that position, at what rank.
+    target: tuple[int, int, str] | None = None  # (row, rank, origin)
+    if commit is not None and verify is not None and len(commit.tokens) > n_acc:
+        token, origin = commit.tokens[n_acc], commit.origins[n_acc]
+        if n_acc < len(heads) and token in heads[n_acc]:
+            target = (n_acc, heads[n_acc].index(token), origin)
+
+    columns = max(len(h) for h in heads)
+    limit = cell_chars(columns)
+    fig = go.Figure()
+    cells = [(r, k) for r, row in enumerate(heads) for k in range(len(row))]
+    hover = []
+    for r, k in cells:
+        t, st = heads[r][k], status.get((r, k), "unused")
+        note = ""
+        if target is not None and (r, k) == target[:2]:
+            note = f"<br>the target's token here ({LABELS.get(target[2], target[2])})"
+        hover.append(
+            f"{token_hover(texts.get(t, '?'), t)}<br>head {r + 1}, rank {k + 1}: "
+            f"p = {probs[r][k]:.3f}<br>{CELL_STYLE[st][1]}{note}"
+        )
+    # Hover targets at the cells' centres (invisible: the cells are shapes, sized with the plot).
+    fig.add_trace(
+        go.Scatter(
+            x=[k + 1 for _, k in cells],
+            y=[r + 1 for r, _ in cells],
+            mode="markers",
+            marker=dict(symbol="square", size=24, opacity=0),
+            customdata=[[r, k, status.get((r, k), "unused")] for r, k in cells],
+            hovertext=hover,
+            hoverinfo="text",
+            name="cells",
+            showlegend=False,
+        )
+    )
+    for name, (fill, label) in CELL_STYLE.items():  # legend entries, for the statuses present
+        if any(status.get(c, "unused") == name for c in cells):
+            fig.add_trace(
+                go.Scatter(
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    marker=dict(
+                        symbol="square", size=12, color=fill, line=dict(width=1, color=CELL_EDGE)
+                    ),
+                    name=label,
+                    hoverinfo="skip",
+                )
+            )
+    for r, row in enumerate(heads):
+        for k, t in enumerate(row):
+            fill = CELL_STYLE[status.get((r, k), "unused")][0]
+            x, y = k + 1, r + 1
+            fig.add_shape(
+                type="rect",
+                x0=x - 0.46,
+                x1=x + 0.46,
+                y0=y - 0.42,
+                y1=y + 0.42,
+                fillcolor=fill,
+                line=dict(width=1, color=CELL_EDGE),
+                layer="below",
+            )
+            p = min(max(probs[r][k], 0.0), 1.0)
+            if p > 0:  # the head's probability: a bar along the cell's foot
+                fig.add_shape(
+                    type="rect",
+                    x0=x - 0.46,
+                    x1=x - 0.46 + 0.92 * p,
+                    y0=y + 0.3,
+                    y1=y + 0.42,
+                    fillcolor=BAR_COLOUR,
+                    line=dict(width=0),
+                    layer="below",
+                )
+            fig.add_annotation(
+                x=x,
+                y=y - 0.06,
+                text=short_token(texts.get(t, "?"), limit),
+                showarrow=False,
+                font=dict(size=10, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+                name=f"cell {r} {k}",
+            )
+    if target is not None:
+        r, k, origin = target
+        fig.add_shape(
+            type="rect",
+            x0=k + 1 - 0.5,
+            x1=k + 1 + 0.5,
+            y0=r + 1 - 0.48,
+            y1=r + 1 + 0.48,
+            line=dict(width=3, color=_outline(origin)),
+            fillcolor="rgba(0,0,0,0)",
+            name="target's token",
+        )
+        fig.add_trace(  # its legend entry
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker=dict(symbol="square-open", size=12, color=_outline(origin)),
+                name=f"the target's token ({LABELS.get(origin, origin)})",
+                hoverinfo="skip",
+            )
+        )
+
+    fig.update_xaxes(
+        title_text="rank",
+        tickmode="array",
+        tickvals=list(range(1, columns + 1)),
+        range=[0.5, columns + 0.5],
+        showgrid=False,
+        zeroline=False,
+        fixedrange=True,
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=list(range(1, len(heads) + 1)),
+        ticktext=[f"head {r + 1}" for r in range(len(heads))],
+        range=[len(heads) + 0.5, 0.5],  # head 1 on top
+        showgrid=False,
+        zeroline=False,
+        fixedrange=True,
+    )
+    after = _root_label(events, texts, step, "the root")
+    used = len(status)
+    subtitle = (
+        f"row i: head i's guesses for the token i after {after}; "
+        f"{used} of {sum(map(len, heads))} cells in the tree, {n_acc} accepted; "
+        "bar: the head's probability"
+    )
+    height = min(900, MARGINS_PX + ROW_PX * len(heads))
+    return _base_layout(fig, title, height=height, subtitle=subtitle)
+
+
+def _outline(origin: str) -> str:
+    """A darker shade of the origin's colour: the correction orange, the bonus blue."""
+    return {"correction": "#ef6c00", "bonus": "#1565c0"}.get(origin, "#37474f")
+
+
+def blockwise_chain(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """Blockwise's method panel: x, each head's top token (accepted green, first rejected red,
+    never checked grey) with its probability, and the target's committed tokens underneath."""
+    title = f"Step {step}: the heads' block"
+    _, draft, verify, commit = _step_events(events, step)
+    if draft is None or commit is None:
+        if step == 0:
+            return _empty(
+                title, "step 0 is the prefill: it gives the heads their first features", 220
+            )
+        return _empty(title, f"no block at step {step}: a plain target step", 220)
+    n = len(draft.tokens)
+    n_acc = len(verify.accepted) if verify is not None else 0
+    status = [
+        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked" for i in range(n)
+    ]
+    colour = {"accepted": COLOURS["draft"], "rejected": COLOURS["rejected"]}
+    target_p = verify.target_probs if verify is not None else ()
+    hover = [
+        f"{token_hover(texts.get(t, '?'), t)}<br>head {i + 1}'s top token: p = {_p(draft.probs, i)}"
+        f"<br>target p = {_p(target_p, i)} · {s}"
+        for i, (t, s) in enumerate(zip(draft.tokens, status, strict=True))
+    ]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(  # the heads' probabilities, above their tokens
+            x=list(range(1, n + 1)),
+            y=["head p"] * n,
+            mode="text",
+            text=[_p(draft.probs, i, 2) for i in range(n)],
+            textfont=dict(size=10, color="#546e7a"),
+            hoverinfo="skip",
+            name="head p",
+        )
+    )
+    fig.add_trace(
+        _token_row(
+            draft.tokens, "heads", [colour.get(s, COLOURS["pending"]) for s in status], texts, hover
+        )
+    )
+    fig.add_trace(
+        _token_row(
+            commit.tokens,
+            "target",
+            [COLOURS.get(o, COLOURS["target"]) for o in commit.origins],
+            texts,
+            [
+                f"{token_hover(texts.get(t, '?'), t)} · {LABELS.get(o, o)} · p = {p:.3f}"
+                for t, o, p in zip(commit.tokens, commit.origins, commit.probs, strict=False)
+            ],
+        )
+    )
+    width = max(n, len(commit.tokens), 3)
+    fig.update_xaxes(
+        title_text="head (the token that many after x)",
+        tickmode="array",
+        tickvals=list(range(1, width + 1)),
+        range=[0.3, width + 0.7],
+    )
+    fig.update_yaxes(
+        title_text="", categoryorder="array", categoryarray=["target", "heads", "head p"]
+    )
+    fig.update_layout(showlegend=False)
+    after = _root_label(events, texts, step, "x")
+    kept = f"accepted {n_acc} of {n}" + (
+        f", +1 {commit.origins[-1]}" if len(commit.tokens) > n_acc else ""
+    )
+    subtitle = f"x = {after}; each head's top token; {kept}"
+    return _base_layout(fig, title, height=250, subtitle=subtitle)
+
+
+def _root_label(events: Sequence[Event], texts: Mapping[int, str], step: int, default: str) -> str:
+    """The root token quoted, cut, escaped, its spaces unbreakable (a subtitle wraps at spaces)."""
+    root, _ = _root_token(events, step)
+    if root is None:
+        return default
+    return escape(cut(repr(visible(texts.get(root, "?"))), 14)).replace(" ", "\u00a0")
+
+
+def _p(probs: Sequence[float], i: int, digits: int = 3) -> str:
+    return f"{probs[i]:.{digits}f}" if 0 <= i < len(probs) else "—"
