@@ -1,0 +1,20 @@
+"""Training for every trained part on a frozen target: `python -m decoders.train NAME ...`.
+
+    corpus     build (and cache) the shared self-distilled chat + code corpus, then stop
+    eagle      the EAGLE draft head                   -> assets/eagle/<model>.safetensors
+    kangaroo   Kangaroo adapters, a sweep over ℓ      -> assets/kangaroo/<model>-l<ℓ>.safetensors
+    medusa     Medusa heads (also used by blockwise)  -> assets/medusa/<model>.safetensors
+
+Shared pieces: `corpus` (the data), `states` (the target's hidden states over it, computed once),
+`loop` (AdamW, a warm-up + cosine schedule, tqdm, resumable checkpoints, held-out metrics).
+Each artifact is one module with `add_arguments(parser)` and `run(args, argv) -> card`.
+"""
+
+from __future__ import annotations
+
+ARTIFACTS = {
+    "corpus": "the shared chat + code corpus (build and cache it, then stop)",
+    "eagle": "EAGLE draft head (speculative / token_tree draft=eagle)",
+    "kangaroo": "Kangaroo adapters, one per exit layer ℓ (kangaroo)",
+    "medusa": "Medusa heads (medusa, blockwise)",
+}

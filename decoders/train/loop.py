@@ -1,0 +1,149 @@
+"""One training loop for every trained part: AdamW, linear warm-up then cosine decay, gradient
+clipping, a tqdm bar per epoch, held-out metrics after each epoch, and resumable checkpoints
+(model, optimiser, schedule, position in the epoch) so a run cut short continues where it was."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+Batch = Any
+LossFn = Callable[[Batch], dict[str, torch.Tensor]]  # must hold "loss"; other entries are logged
+
+
+def add_loop_arguments(
+    ap: argparse.ArgumentParser, epochs: int, lr: float, batch_size: int
+) -> None:
+    g = ap.add_argument_group("training")
+    g.add_argument("--epochs", type=int, default=epochs)
+    g.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    g.add_argument("--batch-size", type=int, default=batch_size, help="spans per step")
+    g.add_argument("--warmup", type=float, default=0.05, help="share of steps warming up")
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all)")
+    g.add_argument("--held-out", type=float, default=0.05, help="share of documents held out")
+    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    g.add_argument(
+        "--out", type=Path, default=None, help="where the artifact goes (default: assets/)"
+    )
+
+
+@dataclass
+class Loop:
+    epochs: int
+    lr: float
+    warmup: float = 0.05
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    max_steps: int = 0
+    checkpoint: Path | None = None
+    resume: bool = False
+    checkpoint_every: int = 200
+    seed: int = 0
+    desc: str = "training"
+
+    def fit(
+        self,
+        module: nn.Module,
+        batches: Sequence[Batch],
+        loss_fn: LossFn,
+        evaluate: Callable[[], dict[str, float]],
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Train `module`'s trainable parameters on `batches` (shuffled each epoch with the seed,
+        so a resumed run replays the same order). Returns the last held-out metrics, the steps,
+        the minutes, and the per-epoch history."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        per_epoch = len(batches)
+        total = self.epochs * per_epoch
+        if self.max_steps:
+            total = min(total, self.max_steps)
+        opt = torch.optim.AdamW(
+            params, lr=self.lr, weight_decay=self.weight_decay, betas=(0.9, 0.95)
+        )
+        warm = max(1, int(total * self.warmup))
+
+        def schedule(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        step, history, minutes_before = 0, [], 0.0
+        if self.resume and self.checkpoint and self.checkpoint.is_file():
+            saved = torch.load(self.checkpoint, weights_only=False)
+            module.load_state_dict(saved["module"])
+            opt.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+            step, history = saved["step"], saved["history"]
+            minutes_before = saved.get("minutes", 0.0)
+            print(f"resumed at step {step}/{total} from {self.checkpoint}", file=sys.stderr)
+        t0 = time.perf_counter()
+
+        def minutes() -> float:
+            return round(minutes_before + (time.perf_counter() - t0) / 60, 2)
+
+        def save() -> None:
+            if self.checkpoint:
+                self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                state = {
+                    "module": module.state_dict(),
+                    "opt": opt.state_dict(),
+                    "sched": sched.state_dict(),
+                    "step": step,
+                    "history": history,
+                    "minutes": minutes(),
+                }
+                torch.save(state, self.checkpoint.with_suffix(".tmp"))
+                self.checkpoint.with_suffix(".tmp").replace(self.checkpoint)
+
+        module.train()
+        while step < total:
+            epoch, done = divmod(step, per_epoch)
+            order = list(range(per_epoch))
+            random.Random(self.seed * 1000 + epoch).shuffle(order)
+            bar = tqdm(
+                order[done : min(per_epoch, done + total - step)],
+                desc=f"{self.desc} epoch {epoch + 1}/{self.epochs}",
+                file=sys.stderr,
+            )
+            for i in bar:
+                out = loss_fn(batches[i])
+                opt.zero_grad(set_to_none=True)
+                out["loss"].backward()
+                if self.clip:
+                    nn.utils.clip_grad_norm_(params, self.clip)
+                opt.step()
+                sched.step()
+                step += 1
+                if step % 10 == 0:
+                    bar.set_postfix({k: f"{float(v):.3f}" for k, v in out.items()})
+                if self.checkpoint_every and step % self.checkpoint_every == 0:
+                    save()
+            if step % per_epoch == 0 or step == total:
+                module.eval()
+                with torch.no_grad():
+                    score = evaluate()
+                module.train()
+                history.append({"epoch": epoch + 1, "step": step, **score})
+                print(f"{self.desc} epoch {epoch + 1}: held-out {score}", file=sys.stderr)
+                save()
+                if on_epoch:
+                    on_epoch({"held_out": score, "steps": step, "minutes": minutes()})
+        module.eval()
+        return {
+            "held_out": history[-1] if history else {},
+            "steps": step,
+            "minutes": minutes(),
+            "history": history,
+        }

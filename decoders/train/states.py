@@ -1,0 +1,168 @@
+"""The target's hidden states over the corpus, computed once and shared by every drafter:
+the final features (after the final norm: what the LM head reads; EAGLE's and Medusa's input) and
+the states after chosen layers ℓ (Kangaroo's input), stored float16 to halve the memory."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers.masking_utils import create_causal_mask
+
+from ..models import ModelBundle
+from .corpus import Corpus
+
+
+@dataclass
+class States:
+    tokens: torch.Tensor  # [N] every document's ids, concatenated in document order
+    starts: list[int]  # where each document begins in `tokens`
+    features: torch.Tensor  # [N, d] final features, float16
+    layers: dict[int, torch.Tensor]  # ℓ -> [N, d] the state after ℓ decoder layers, float16
+    sources: list[str]  # per document
+
+    def span(self, doc: int) -> tuple[int, int]:
+        end = self.starts[doc + 1] if doc + 1 < len(self.starts) else len(self.tokens)
+        return self.starts[doc], end
+
+
+@torch.inference_mode()
+def target_states(
+    bundle: ModelBundle, corpus: Corpus, layers: tuple[int, ...] = (), batch: int = 16
+) -> States:
+    """One forward of the frozen target over every document (similar lengths share a right-padded
+    batch: causal attention keeps the padding out of every real position)."""
+    inner = bundle.model.model
+    docs = corpus.docs
+    feats: list[torch.Tensor | None] = [None] * len(docs)
+    kept: dict[int, list[torch.Tensor | None]] = {ell: [None] * len(docs) for ell in layers}
+    order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
+    for k in tqdm(range(0, len(order), batch), desc="target states", file=sys.stderr):
+        group = order[k : k + batch]
+        width = max(len(docs[i]) for i in group)
+        ids = torch.tensor([docs[i] + [0] * (width - len(docs[i])) for i in group])
+        h = inner.embed_tokens(ids.to(bundle.device))
+        pos = torch.arange(width, device=bundle.device).expand(len(group), -1)
+        mask = create_causal_mask(
+            config=bundle.model.config,
+            inputs_embeds=h,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=pos,
+        )
+        rope = inner.rotary_emb(h, position_ids=pos)
+        for depth, layer in enumerate(inner.layers, start=1):
+            h = layer(h, attention_mask=mask, position_ids=pos, position_embeddings=rope)
+            if depth in kept:
+                for row, i in enumerate(group):
+                    kept[depth][i] = h[row, : len(docs[i])].half().cpu()
+        out = inner.norm(h)
+        for row, i in enumerate(group):
+            feats[i] = out[row, : len(docs[i])].half().cpu()
+    starts = [0]
+    for doc in docs[:-1]:
+        starts.append(starts[-1] + len(doc))
+    return States(
+        tokens=torch.tensor([t for doc in docs for t in doc]),
+        starts=starts,
+        features=torch.cat(feats),  # type: ignore[arg-type]
+        layers={ell: torch.cat(v) for ell, v in kept.items()},  # type: ignore[arg-type]
+        sources=list(corpus.sources),
+    )
+
+
+def draft_vocabulary(bundle: ModelBundle, states: States, size: int) -> torch.Tensor:
+    """The `size` tokens the target predicts most often over the corpus (FR-Spec's frequency
+    ranking), plus EOS: drafting heads score only these rows of the LM head."""
+    head = bundle.model.lm_head.weight
+    counts = torch.zeros(head.shape[0], dtype=torch.long)
+    with torch.inference_mode():
+        for chunk in states.features.split(4096):
+            top = (chunk.to(head.device, head.dtype) @ head.T).argmax(-1).cpu()
+            counts += torch.bincount(top, minlength=head.shape[0])
+    size = min(size, head.shape[0])
+    vocab = set(torch.topk(counts, size).indices.tolist()) | set(bundle.eos_ids)
+    return torch.tensor(sorted(vocab), dtype=torch.long)
+
+
+def windows(states: States, docs: list[int], length: int) -> list[tuple[int, int]]:
+    """(start, end) spans of at most `length + 1` positions inside the given documents."""
+    spans = []
+    for doc in docs:
+        s, e = states.span(doc)
+        spans += [(a, min(a + length + 1, e)) for a in range(s, e - 1, length)]
+    return [(a, b) for a, b in spans if b - a >= 2]
+
+
+@dataclass
+class Prepared:
+    """What every trainer starts from: the frozen target, the corpus, its states, the split."""
+
+    bundle: ModelBundle
+    corpus: Corpus
+    states: States
+    train_docs: list[int]
+    held_docs: list[int]
+    seconds: float  # building (or loading) corpus and states
+
+
+SHALLOW = range(1, 7)  # the layer-ℓ states kept for Kangaroo's sweep (ℓ < the model's depth)
+
+
+def prepare(args) -> Prepared:
+    """Load the target (float32: the drafters learn the features the CPU default feeds them),
+    the shared corpus and the target's states over it (final features and the states after each
+    ℓ in SHALLOW), cached beside the corpus so every trainer reuses them."""
+    import time
+
+    from ..models import cache_dir, load_model
+    from .corpus import corpus_key, load_or_build
+
+    t0 = time.perf_counter()
+    torch.manual_seed(args.seed)
+    bundle = load_model(args.model, device=args.device, dtype="float32")
+    corpus = load_or_build(bundle, args)
+    layers = tuple(ell for ell in SHALLOW if ell < bundle.n_layers)
+    key = corpus_key(bundle, args)
+    path = cache_dir() / "corpus" / f"{key}.states.pt"
+    if path.is_file() and not args.no_cache:
+        states = States(**torch.load(path))
+    else:
+        states = target_states(bundle, corpus, layers)
+        if not args.no_cache:
+            torch.save(states.__dict__, path)
+    train, held = corpus.split(args.held_out, args.seed)
+    return Prepared(bundle, corpus, states, train, held, time.perf_counter() - t0)
+
+
+def card(prep: Prepared, name: str, argv: list[str], **fields) -> dict:
+    """The JSON card beside every artifact: the command, the data, the time, the scores."""
+    import datetime
+
+    given = list(argv)
+    if "--out" in given:  # where the file went is not how it was made
+        i = given.index("--out")
+        del given[i : i + 2]
+    return {
+        "model": prep.bundle.model_id,
+        "artifact": name,
+        "command": "python -m decoders.train " + " ".join(given),
+        **fields,
+        "data": {
+            **prep.corpus.report,
+            "train_documents": len(prep.train_docs),
+            "held_out_documents": len(prep.held_docs),
+        },
+        "device": str(prep.bundle.device),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def checkpoint_path(out: Path) -> Path:
+    """Where a run training `out` keeps its resumable checkpoint (the cache, not assets/)."""
+    from ..models import cache_dir
+
+    return cache_dir() / "train" / f"{out.parent.name}-{out.stem}.ckpt"
