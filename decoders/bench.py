@@ -2,6 +2,7 @@
 
     python -m decoders.bench                                  # HumanEval, first 20, 128 new tokens
     python -m decoders.bench --dataset spec_bench --category translation --limit 10
+    python -m decoders.bench --dataset spec_bench --per-group 3     # 3 from each task group
     python -m decoders.bench --dataset prompts.txt --methods autoregressive --peers hf_greedy
 
 These machines are noisy, so speed is reported as ratios measured in the same run: each prompt
@@ -43,11 +44,34 @@ class Prompt:
     id: str
     text: str
     chat: bool | None  # None: the model's default (chat template when it has one)
+    group: str | None = None  # Spec-Bench's task group, for per-group speedups
+
+
+# Spec-Bench's six task groups: MT-Bench's eight categories form "multi-turn" (its first turn).
+MT_BENCH = {
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+}
+GROUP_NAMES = {"math_reasoning": "math"}
+
+
+def task_group(category: str) -> str:
+    return "multi-turn" if category in MT_BENCH else GROUP_NAMES.get(category, category)
 
 
 def load_prompts(
-    dataset: str, category: str | None = None, limit: int | None = None
+    dataset: str,
+    category: str | None = None,
+    limit: int | None = None,
+    per_group: int | None = None,
 ) -> list[Prompt]:
+    """`limit`: the first N prompts; `per_group`: the first N of each Spec-Bench task group."""
     if dataset == "humaneval":
         prompts = _humaneval()
     elif dataset == "spec_bench":
@@ -67,6 +91,11 @@ def load_prompts(
             f"dataset {dataset!r} has no prompts"
             + (f" in category {category!r}" if category else "")
         )
+    if per_group:
+        if prompts[0].group is None:
+            raise InvalidInput("--per-group applies to Spec-Bench question files")
+        groups = list(dict.fromkeys(p.group for p in prompts))
+        return [p for g in groups for p in [q for q in prompts if q.group == g][:per_group]]
     return prompts[:limit] if limit else prompts
 
 
@@ -93,7 +122,7 @@ def _spec_bench(path: Path, category: str | None) -> list[Prompt]:
         if category not in known:
             raise InvalidInput(f"unknown category {category!r}; valid: {', '.join(known)}")
     return [
-        Prompt(f"spec_bench/{r['question_id']}", r["turns"][0], None)
+        Prompt(f"spec_bench/{r['question_id']}", r["turns"][0], None, task_group(r["category"]))
         for r in rows
         if not category or r["category"] == category
     ]
@@ -225,7 +254,20 @@ def run_benchmark(
     rows = [
         summarize(c, references, base["tokens_per_s"], base["per_prompt_tps"]) for c in contestants
     ]
-    return {"rows": rows, "prompts": [p.id for p in prompts]}
+    groups = list(dict.fromkeys(p.group for p in prompts if p.group))
+    if len(groups) > 1:
+        for row, c in zip(rows, contestants, strict=True):
+            row["group_speedup"] = {
+                g: round(_tps(c, prompts, g) / _tps(reference, prompts, g), 3) for g in groups
+            }
+    return {"rows": rows, "prompts": [p.id for p in prompts], "groups": groups}
+
+
+def _tps(c: Contestant, prompts: Sequence[Prompt], group: str) -> float:
+    """Aggregate tokens/s of one contestant over one task group's prompts."""
+    runs = [o for o, p in zip(c.outcomes, prompts, strict=True) if p.group == group]
+    wall = sum(o.wall_s for o in runs)
+    return sum(len(o.tokens) for o in runs) / wall if wall else 0.0
 
 
 def summarize(
@@ -280,6 +322,18 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
             f"{fmt(r.get('tokens_per_target_forward'))} | {fmt(r.get('mean_acceptance_length'))} | "
             f"{r['lossless']}/{r['n']} |"
         )
+    groups = result.get("groups") or []
+    if len(groups) > 1:
+        lines += [
+            "",
+            "Speedup vs our AR by task group (aggregate tokens/s within the group):",
+            "",
+            "| method | " + " | ".join(groups) + " |",
+            "|---|" + "---:|" * len(groups),
+        ]
+        for r in result["rows"]:
+            cells = " | ".join(f"{fmt(r['group_speedup'].get(g))}×" for g in groups)
+            lines.append(f"| {r['contestant']} | {cells} |")
     if "trace_overhead" in result:
         lines += [
             "",
@@ -333,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         "--category", default=None, help="Spec-Bench category filter (e.g. translation)"
     )
     ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument(
+        "--per-group",
+        type=int,
+        default=None,
+        help="Spec-Bench: the first N questions of each of its six task groups (overrides --limit)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--model", default=None, help="model id (default: the embedded SmolLM2-135M)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when there is one)")
@@ -361,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.limit < 1 or args.max_new_tokens < 1:
             raise InvalidInput("--limit and --max-new-tokens must be positive")
-        prompts = load_prompts(args.dataset, args.category, args.limit)
+        prompts = load_prompts(args.dataset, args.category, args.limit, args.per_group)
         specs = [s.strip() for s in args.methods.split(",") if s.strip()]
         for spec in specs:
             get_method(parse_method(spec)[0])
@@ -407,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": args.dataset,
         "category": args.category,
         "n_prompts": len(prompts),
+        "per_group": args.per_group,
         "max_new_tokens": args.max_new_tokens,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

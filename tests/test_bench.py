@@ -52,6 +52,38 @@ def test_datasets():
         bench.load_prompts("/nonexistent/file.txt")
 
 
+def test_spec_bench_task_groups_and_their_speedups(tmp_path, capsys):
+    questions = tmp_path / "question.jsonl"
+    rows = [(1, "writing"), (2, "coding"), (3, "translation"), (4, "translation"), (5, "rag")]
+    questions.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": c, "turns": [f"Say {c} {i}.", "More."]})
+            + "\n"
+            for i, c in rows
+        )
+    )
+    picked = bench.load_prompts(str(questions), per_group=1)
+    # MT-Bench's categories form one group; the first question of each group, in file order.
+    assert [(p.id, p.group) for p in picked] == [
+        ("spec_bench/1", "multi-turn"),
+        ("spec_bench/3", "translation"),
+        ("spec_bench/5", "rag"),
+    ]
+    with pytest.raises(InvalidInput, match="per-group"):
+        bench.load_prompts("humaneval", per_group=1)
+    out = tmp_path / "out"
+    args = ["--model", "tiny-random", "--dataset", str(questions), "--per-group", "1"]
+    args += ["--max-new-tokens", "4", "--peers", "", "--no-overhead", "--out", str(out)]
+    args += ["--methods", "autoregressive,prompt_lookup"]
+    assert bench.main(args) == 0
+    table = capsys.readouterr().out
+    assert "by task group" in table and "| multi-turn | translation | rag |" in table
+    data = json.loads((out / "results.json").read_text())
+    assert data["groups"] == ["multi-turn", "translation", "rag"]
+    ar = next(r for r in data["rows"] if r["contestant"] == "autoregressive")
+    assert ar["group_speedup"] == {"multi-turn": 1.0, "translation": 1.0, "rag": 1.0}
+
+
 def test_method_specs_and_bad_peers(tiny):
     assert bench.parse_method("lookahead:N=4:W=5") == ("lookahead", {"N": "4", "W": "5"})
     assert bench.parse_method("speculative:draft=self:8:gamma=3") == (
