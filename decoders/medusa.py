@@ -117,7 +117,12 @@ def build_tree(
 
 
 def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
-    tree_paths(params, load_heads(bundle).n_heads)
+    heads = load_heads(bundle)
+    tree_paths(params, heads.n_heads)
+    if params["top_k"] > len(heads.vocab):
+        raise InvalidParameter(
+            f"top_k = {params['top_k']}: the heads score only {len(heads.vocab)} tokens"
+        )
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:

@@ -163,51 +163,61 @@ def heads_grid(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
                     hoverinfo="skip",
                 )
             )
+    # Cells, bars and labels as plain dicts set once (adding hundreds one by one is quadratic).
+    shapes: list[dict] = []
+    labels: list[dict] = []
     for r, row in enumerate(heads):
         for k, t in enumerate(row):
-            fill = CELL_STYLE[status.get((r, k), "unused")][0]
             x, y = k + 1, r + 1
-            fig.add_shape(
-                type="rect",
-                x0=x - 0.46,
-                x1=x + 0.46,
-                y0=y - 0.42,
-                y1=y + 0.42,
-                fillcolor=fill,
-                line=dict(width=1, color=CELL_EDGE),
-                layer="below",
+            shapes.append(
+                dict(
+                    type="rect",
+                    x0=x - 0.46,
+                    x1=x + 0.46,
+                    y0=y - 0.42,
+                    y1=y + 0.42,
+                    fillcolor=CELL_STYLE[status.get((r, k), "unused")][0],
+                    line=dict(width=1, color=CELL_EDGE),
+                    layer="below",
+                )
             )
             p = min(max(probs[r][k], 0.0), 1.0)
             if p > 0:  # the head's probability: a bar along the cell's foot
-                fig.add_shape(
-                    type="rect",
-                    x0=x - 0.46,
-                    x1=x - 0.46 + 0.92 * p,
-                    y0=y + 0.3,
-                    y1=y + 0.42,
-                    fillcolor=BAR_COLOUR,
-                    line=dict(width=0),
-                    layer="below",
+                shapes.append(
+                    dict(
+                        type="rect",
+                        x0=x - 0.46,
+                        x1=x - 0.46 + 0.92 * p,
+                        y0=y + 0.3,
+                        y1=y + 0.42,
+                        fillcolor=BAR_COLOUR,
+                        line=dict(width=0),
+                        layer="below",
+                    )
                 )
-            fig.add_annotation(
-                x=x,
-                y=y - 0.06,
-                text=short_token(texts.get(t, "?"), limit),
-                showarrow=False,
-                font=dict(size=10, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
-                name=f"cell {r} {k}",
+            labels.append(
+                dict(
+                    x=x,
+                    y=y - 0.06,
+                    text=short_token(texts.get(t, "?"), limit),
+                    showarrow=False,
+                    font=dict(size=10, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+                    name=f"cell {r} {k}",
+                )
             )
     if target is not None:
         r, k, origin = target
-        fig.add_shape(
-            type="rect",
-            x0=k + 1 - 0.5,
-            x1=k + 1 + 0.5,
-            y0=r + 1 - 0.48,
-            y1=r + 1 + 0.48,
-            line=dict(width=3, color=_outline(origin)),
-            fillcolor="rgba(0,0,0,0)",
-            name="target's token",
+        shapes.append(
+            dict(
+                type="rect",
+                x0=k + 1 - 0.5,
+                x1=k + 1 + 0.5,
+                y0=r + 1 - 0.48,
+                y1=r + 1 + 0.48,
+                line=dict(width=3, color=_outline(origin)),
+                fillcolor="rgba(0,0,0,0)",
+                name="target's token",
+            )
         )
         fig.add_trace(  # its legend entry
             go.Scatter(
@@ -219,6 +229,7 @@ def heads_grid(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
                 hoverinfo="skip",
             )
         )
+    fig.update_layout(shapes=shapes, annotations=labels)
 
     fig.update_xaxes(
         title_text="rank",

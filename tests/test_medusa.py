@@ -1,0 +1,707 @@
+"""Medusa (decoders/medusa.py) and blockwise parallel decoding (decoders/blockwise.py): lossless
+under greedy, exact under sampling, one target forward per step, and their views.
+
+The shipped heads may be anything (placeholders now, trained ones later), so nothing here assumes
+they are good. Where a test needs drafts that are often right (an EOS inside an accepted draft, a
+step that fills the budget), it fits its own heads to tiny-random's greedy continuations of the
+test prompts and decodes with them through `decode_with`, the same loop `decode` runs with the
+shipped file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+import pytest
+import torch
+from test_prompt_lookup import humaneval
+from test_speculative import (
+    CHI2_9DOF_1E3,
+    CHI2_CRIT_1E3,
+    bin_counts,
+    next_token_probs,
+    one_torch_thread,  # noqa: F401  (autouse: torch runs on one thread here)
+    pit,
+    reference,
+    two_sample_chi2,
+    uniformity_chi2,
+)
+
+from conftest import PROMPTS
+from decoders import InvalidParameter, blockwise, generate, load_model, medusa, stream
+from decoders.artifacts import save_artifact, vocab_head
+from decoders.engine import prepare, run_events
+from decoders.errors import TraceError
+from decoders.events import (
+    Commit,
+    Done,
+    Draft,
+    Event,
+    Forward,
+    HeadProposals,
+    Prefill,
+    Verify,
+    event_from_dict,
+    token_ids,
+)
+from decoders.medusa import PAPER_PATHS, build_tree, tree_paths
+from decoders.medusa_heads import MedusaHeads, Proposal, load_heads
+from decoders.runtime import forward, new_cache
+from decoders.tree import chain
+from ui.live import Trace
+from ui.traces import check_trace
+from visualizer.medusa_view import BAR_COLOUR, CELL_STYLE, blockwise_chain, cell_chars, heads_grid
+from visualizer.panels import EXTRA_PANELS, PANELS
+from visualizer.tokens import COLOURS
+
+MODULES = {"medusa": medusa, "blockwise": blockwise}
+# The chi-square test's critical values at false alarm 1e-3, by degrees of freedom.
+CHI2_1E3 = {**CHI2_CRIT_1E3, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124}
+DETAIL_TOP_K = 5  # DecodeConfig.top_k: the heads' candidates blockwise records for its view
+
+
+# --- heads fitted to tiny-random's own continuations ------------------------------------------------
+
+
+def fit_heads(bundle, docs: list[list[int]], n_heads: int, steps: int) -> MedusaHeads:
+    """Heads trained (Adam, `steps` full-batch steps) so that head i's top token at position t is
+    docs[t + i + 1]: the target's final features in, its LM head (cut to the docs' tokens) out."""
+    feats, targets = [], []
+    for doc in docs:
+        out = forward(bundle, new_cache(bundle), doc, step=0, kind="prefill", features=True)
+        feats.append(out.features)
+        targets += [
+            [doc[t + i + 1] if t + i + 1 < len(doc) else -1 for i in range(1, n_heads + 1)]
+            for t in range(len(doc))
+        ]
+    vocab = torch.tensor(sorted({t for doc in docs for t in doc} | set(bundle.eos_ids)))
+    slot = {int(v): i for i, v in enumerate(vocab)}
+    y = torch.tensor([[slot[t] if t >= 0 else -100 for t in row] for row in targets])
+    f = torch.cat(feats)
+    torch.manual_seed(0)
+    heads = MedusaHeads(bundle.model.config, n_heads, vocab)
+    lm_head = vocab_head(bundle, vocab)
+    opt = torch.optim.Adam(heads.parameters(), lr=3e-2)
+    for _ in range(steps):
+        logits = lm_head(heads(f))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, len(vocab)), y.reshape(-1), ignore_index=-100
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return heads
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny, tmp_path_factory) -> dict[str, MedusaHeads]:
+    """ "fitted": heads that know every greedy continuation of the test prompts (raw text, 60
+    tokens); "partial": ten training steps only (the right token is often ranked 2nd..10th);
+    "shipped": the model's file. Each saved and loaded back like a shipped file."""
+    docs = []
+    for prompt in PROMPTS:
+        ids = tiny.encode(prompt, chat=False)
+        docs.append(ids + reference(tiny, tuple(ids), 60).token_ids)
+    n = load_heads(tiny).n_heads
+    folder = tmp_path_factory.mktemp("medusa")
+    out = {"shipped": load_heads(tiny)}
+    for name, steps in (("fitted", 300), ("partial", 10)):
+        path = folder / f"{name}.safetensors"
+        save_artifact(fit_heads(tiny, docs, n, steps), path, {"model": tiny.model_id})
+        out[name] = load_heads(tiny, path)
+    return out
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    finish_reason: str
+    stats: dict
+    events: list[Event]
+
+
+def run(bundle, prompt, method, budget, heads: MedusaHeads | None = None, **params) -> Result:
+    """A run as `generate` makes it (checks, events, Done with stats), with the given heads."""
+    prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
+    job = prepare(bundle, prompt_ids, method, budget, params=params)
+    if heads is not None:
+        decode = functools.partial(MODULES[method].decode_with, heads=heads)
+        job = dataclasses.replace(job, method=dataclasses.replace(job.method, decode=decode))
+    events = list(run_events(job))
+    tokens = [t for e in events if isinstance(e, Commit) for t in e.tokens]
+    done = events[-1]
+    assert isinstance(done, Done)
+    return Result(tokens, done.finish_reason, done.stats, events)
+
+
+def same_as_greedy(bundle, prompt, method, budget, heads=None, **params) -> Result:
+    res = run(bundle, prompt, method, budget, heads, **params)
+    prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
+    ref = reference(bundle, tuple(prompt_ids), budget)
+    assert res.token_ids == ref.token_ids, (method, params)
+    assert res.finish_reason == ref.finish_reason
+    return res
+
+
+def by_step(res: Result) -> dict[int, dict]:
+    steps: dict[int, dict] = defaultdict(lambda: {"forwards": []})
+    for e in res.events:
+        if isinstance(e, Forward):
+            steps[e.step]["forwards"].append(e)
+        elif isinstance(e, Draft | Verify | Commit | HeadProposals):
+            key = type(e).__name__.lower()
+            assert key not in steps[e.step], f"two {key} events in step {e.step}"
+            steps[e.step][key] = e
+    return dict(sorted(steps.items()))
+
+
+def full_params(method: str, params: dict) -> dict:
+    from decoders import METHODS
+
+    return {**METHODS[method].preset("defaults"), **params}
+
+
+def check_steps(res: Result, method: str, params: dict, budget: int, n_heads: int, n_layers=4):
+    """Every step runs ONE target forward (1 + drafted inputs, every layer) and, when it drafts, one
+    pass of the heads (0 decoder layers, 1 input: the feature) before it. The draft is the static
+    tree (medusa) or the top-1 chain (blockwise) of the step's HeadProposals, cut to remaining - 1
+    levels; the verdict is a path from the root; the commit is that path and the target's token."""
+    p = full_params(method, params)
+    done = 0
+    for step, ev in by_step(res).items():
+        commit, fws = ev["commit"], ev["forwards"]
+        if step == 0:
+            assert [f.kind for f in fws] == ["prefill"] and commit.origins == ("target",)
+            done += len(commit.tokens)
+            continue
+        cap = budget - done - 1  # the target adds one token after the accepted path
+        assert cap >= 0, "a step ran after the budget was spent"
+        assert [f.kind for f in fws if f.kind != "draft"] in (["verify"], ["target"])
+        (target,) = [f for f in fws if f.kind in ("verify", "target")]
+        assert target.layers == n_layers and fws[-1] is target  # the heads run before it
+        if method == "medusa":
+            paths = [q for q in tree_paths(p, n_heads) if len(q) <= cap]
+            depth, width = max(map(len, paths), default=0), p["top_k"]
+        else:
+            depth, width = min(p["k"], cap), DETAIL_TOP_K
+        if depth == 0:
+            assert len(fws) == 1 and target.kind == "target" and target.n_input_tokens == 1
+            assert not {"draft", "verify", "headproposals"} & set(ev)
+            assert commit.origins == ("target",) and len(commit.tokens) == 1
+            done += 1
+            continue
+        assert [(f.kind, f.layers, f.n_input_tokens) for f in fws[:-1]] == [("draft", 0, 1)]
+        heads = ev["headproposals"]
+        assert heads.position == done
+        assert len(heads.heads) == len(heads.probs) == depth
+        assert all(len(row) == width for row in heads.heads)
+        assert all(len(set(row)) == width for row in heads.heads)  # a head's ranks differ
+        assert all(list(row) == sorted(row, reverse=True) for row in heads.probs)
+        draft = ev["draft"]
+        if method == "medusa":
+            proposal = Proposal(heads.heads, heads.probs, target)
+            tokens, parents, probs = build_tree(paths, proposal)
+            assert draft.source == "medusa"
+        else:
+            tokens = [row[0] for row in heads.heads]
+            parents, probs = list(chain(depth)), [row[0] for row in heads.probs]
+            assert draft.source == "blockwise"
+        assert (draft.tokens, draft.parents, draft.probs) == (
+            tuple(tokens),
+            tuple(parents),
+            tuple(probs),
+        )
+        assert target.kind == "verify" and target.n_input_tokens == 1 + len(tokens)
+        verify = ev["verify"]
+        acc = verify.accepted
+        assert all(parents[b] == a for a, b in zip((-1, *acc), acc, strict=False)), acc
+        assert len(verify.target_probs) == len(tokens)
+        k = len(acc)
+        assert commit.tokens[:k] == tuple(tokens[i] for i in acc)[: len(commit.tokens)]
+        at_leaf = k > 0 and acc[-1] not in parents
+        origins = ("draft",) * k + ("bonus" if at_leaf else "correction",)
+        assert commit.origins == origins[: len(commit.tokens)]
+        if len(commit.tokens) == k + 1:
+            assert commit.tokens[k] == verify.correction
+        else:  # cut short: only by an EOS
+            assert res.finish_reason == "eos" and commit.tokens[-1] == res.token_ids[-1]
+        done += len(commit.tokens)
+    assert done == len(res.token_ids) <= budget
+    steps = [s for s in by_step(res) if s > 0]
+    assert res.stats["target_forwards"] == 1 + len(steps)  # one per step, and the prefill
+
+
+# --- the tree -----------------------------------------------------------------------------------------
+
+
+def test_the_paper_tree_is_medusas_63_paths_and_every_prefix_is_a_tree():
+    assert len(PAPER_PATHS) == len(set(PAPER_PATHS)) == 63
+    assert max(map(len, PAPER_PATHS)) == 4 and max(max(p) for p in PAPER_PATHS) == 9
+    assert PAPER_PATHS[:6] == ((0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0))
+    for n in range(1, 64):  # the first n paths name their parents before themselves
+        seen = set(PAPER_PATHS[:n])
+        assert all(len(p) == 1 or p[:-1] in seen for p in seen)
+    base = {"nodes": 63, "top_k": 10, "choices": ""}
+    assert tree_paths(base, 4) == sorted(PAPER_PATHS, key=lambda p: (len(p), p))
+    assert len(tree_paths({**base, "nodes": 24}, 4)) == 24
+    # Cut at the heads' depth, and at top_k: a dropped rank takes its subtree with it.
+    assert all(len(p) <= 2 for p in tree_paths(base, 2)) and len(tree_paths(base, 2)) == 10 + 28
+    assert tree_paths({**base, "top_k": 1}, 4) == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    two = tree_paths({**base, "top_k": 2}, 3)
+    assert two == [
+        *((0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)),
+        *((0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)),
+    ]
+    custom = tree_paths({**base, "choices": "1 0 0.2 0.2.0"}, 3)
+    assert custom == [(0,), (1,), (0, 2), (0, 2, 0)]
+
+
+def test_build_tree_takes_each_nodes_token_from_its_depths_head():
+    heads = ((10, 11, 12), (20, 21, 22), (30, 31, 32))
+    probs = ((0.5, 0.2, 0.1), (0.4, 0.3, 0.2), (0.6, 0.1, 0.05))
+    proposal = Proposal(heads, probs, Forward(1, "draft", 1, 0, 0.1))
+    paths = [(0,), (1,), (0, 0), (0, 2), (1, 0), (0, 2, 1)]
+    tokens, parents, node_probs = build_tree(paths, proposal)
+    assert tokens == [10, 11, 20, 22, 20, 31]
+    assert parents == [-1, -1, 0, 0, 1, 3]
+    assert node_probs == [0.5, 0.2, 0.4, 0.2, 0.4, 0.1]
+
+
+# --- greedy: lossless ---------------------------------------------------------------------------------
+
+CONFIGS = {
+    "medusa-default": ("medusa", {}),
+    "medusa-paper": ("medusa", {"nodes": 63}),
+    "medusa-top1": ("medusa", {"top_k": 1}),
+    "medusa-top3": ("medusa", {"top_k": 3, "nodes": 40}),
+    "medusa-one-node": ("medusa", {"nodes": 1}),
+    "medusa-custom": ("medusa", {"choices": "0 1 2 0.0 0.1 1.0 0.0.0 0.0.0.0"}),
+    "blockwise-k1": ("blockwise", {"k": 1}),
+    "blockwise-k2": ("blockwise", {"k": 2}),
+    "blockwise-k4": ("blockwise", {"k": 4}),
+}
+HEADS = ("shipped", "fitted", "partial")
+CASES = [(h, c) for h in HEADS for c in CONFIGS]
+
+
+@pytest.mark.parametrize(
+    ("case", "heads", "config"),
+    [(i, *c) for i, c in enumerate(CASES)],
+    ids=[f"{h}-{c}" for h, c in CASES],
+)
+def test_lossless_on_tiny(tiny, fitted, case, heads, config):
+    # 3 heads x 9 settings, one prompt each, shifted per heads so every prompt meets each method.
+    method, params = CONFIGS[config]
+    prompt = PROMPTS[(case + case // len(CONFIGS)) % len(PROMPTS)]
+    res = same_as_greedy(tiny, prompt, method, 32, fitted[heads], **params)
+    n_heads = fitted[heads].n_heads
+    check_steps(res, method, params, 32, n_heads)
+    rules = {v.rule for v in res.events if isinstance(v, Verify)}
+    assert rules == {"greedy-tree" if method == "medusa" else "greedy-chain"}
+    if heads == "fitted":  # they know this continuation: each step takes the whole rank-0 path
+        p = full_params(method, params)
+        depth = max(map(len, tree_paths(p, n_heads))) if method == "medusa" else p["k"]
+        accepted = [len(v.accepted) for v in res.events if isinstance(v, Verify)]
+        assert accepted[:-1] == [depth] * (len(accepted) - 1) and accepted[-1] >= 1
+    if heads == "partial" and config in ("medusa-paper", "blockwise-k4"):
+        assert res.stats["accepted_drafts"] > 0
+
+
+def test_a_tree_keeps_what_the_chain_misses(tiny, fitted):
+    """Half-trained heads often rank the right token 2nd or lower: the tree accepts such nodes
+    (ranks > 0 on the accepted path), the top-1 chain cannot."""
+    ranks_taken = 0
+    for prompt in PROMPTS[:3]:
+        tree = same_as_greedy(tiny, prompt, "medusa", 40, fitted["partial"], nodes=63)
+        chain_ = same_as_greedy(tiny, prompt, "blockwise", 40, fitted["partial"], k=4)
+        for _step, ev in by_step(tree).items():
+            if "verify" in ev:
+                heads, draft = ev["headproposals"].heads, ev["draft"]
+                depths = _depths(draft.parents)
+                ranks_taken += sum(
+                    heads[depths[i]].index(draft.tokens[i]) > 0 for i in ev["verify"].accepted
+                )
+        assert tree.stats["tokens_per_target_forward"] >= chain_.stats["tokens_per_target_forward"]
+    assert ranks_taken > 0
+
+
+def _depths(parents) -> list[int]:
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p == -1 else out[p] + 1)
+    return out
+
+
+# --- budget and EOS -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "per_step"),
+    [
+        ("medusa", {}, 4),  # the default tree is 3 deep: 3 accepted + the bonus
+        ("medusa", {"nodes": 63}, 5),
+        ("blockwise", {"k": 4}, 5),
+        ("blockwise", {"k": 2}, 3),
+    ],
+)
+def test_drafts_never_run_past_the_budget(tiny, fitted, method, params, per_step):
+    """With heads that are always right, every step fills what the budget leaves: a tree or chain
+    longer than remaining - 1 is cut to it, and the last step ends exactly at max_new_tokens."""
+    for budget in range(1, 11):
+        res = same_as_greedy(tiny, PROMPTS[4], method, budget, fitted["fitted"], **params)
+        assert len(res.token_ids) == budget and res.finish_reason == "length"
+        check_steps(res, method, params, budget, 4)
+        assert res.stats["target_forwards"] == 1 + -(-(budget - 1) // per_step)
+        if budget == 1:
+            assert not any(isinstance(e, Draft | Verify | HeadProposals) for e in res.events)
+        for shipped in (fitted["shipped"], fitted["partial"]):
+            res = same_as_greedy(tiny, PROMPTS[4], method, budget, shipped, **params)
+            check_steps(res, method, params, budget, shipped.n_heads)
+
+
+@pytest.mark.parametrize(("method", "params"), [("medusa", {}), ("blockwise", {"k": 4})])
+def test_eos_inside_an_accepted_draft_stops_like_autoregressive(tiny, fitted, method, params):
+    free = same_as_greedy(tiny, PROMPTS[1], method, 32, fitted["fitted"], **params)
+    # An accepted draft token that is not its commit's last, at its first occurrence.
+    pos, eos, position = 0, None, None
+    for e in (e for e in free.events if isinstance(e, Commit)):
+        for j, (t, o) in enumerate(zip(e.tokens[:-1], e.origins, strict=False)):
+            if o == "draft" and t not in free.token_ids[: pos + j]:
+                eos, position = t, pos + j
+                break
+        if eos is not None:
+            break
+        pos += len(e.tokens)
+    assert eos is not None
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
+    for heads in HEADS:
+        res = same_as_greedy(bundle, PROMPTS[1], method, 32, fitted[heads], **params)
+        assert res.finish_reason == "eos" and res.token_ids == free.token_ids[: position + 1]
+        check_steps(res, method, params, 32, fitted[heads].n_heads)
+        if heads == "fitted":  # the verifier kept as much as the output could take, or more
+            last = [e for e in res.events if isinstance(e, Commit)][-1]
+            verify = [e for e in res.events if isinstance(e, Verify)][-1]
+            assert set(last.origins) == {"draft"} and len(verify.accepted) >= len(last.tokens)
+
+
+# --- parameters ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "message"),
+    [
+        ("medusa", {"nodes": 0}, r"nodes.*\[1, 63\]"),
+        ("medusa", {"nodes": 64}, r"nodes.*\[1, 63\]"),
+        ("medusa", {"top_k": 0}, r"top_k.*\[1, 16\]"),
+        ("medusa", {"top_k": 17}, r"top_k.*\[1, 16\]"),
+        ("medusa", {"choices": "0.0"}, "needs its parent"),
+        ("medusa", {"choices": "0 x"}, "dot-separated"),
+        ("medusa", {"choices": "0 3", "top_k": 3}, r"rank 3 needs top_k ≥ 4"),
+        ("blockwise", {"k": 0}, r"k.*\[1, 10\]"),
+        ("blockwise", {"k": 11}, r"k.*\[1, 10\]"),
+        ("blockwise", {"gamma": 3}, "unknown parameter 'gamma'"),
+    ],
+)
+def test_invalid_parameters_are_clear_errors(tiny, method, params, message):
+    with pytest.raises(InvalidParameter, match=message):
+        stream(tiny, PROMPTS[0], method, 8, **params)
+
+
+def test_more_heads_than_shipped_is_a_clear_error(tiny):
+    n = load_heads(tiny).n_heads
+    with pytest.raises(
+        InvalidParameter, match=rf"ships {n} Medusa heads, so k must be in 1\.\.{n}"
+    ):
+        stream(tiny, PROMPTS[0], "blockwise", 8, k=n + 1)
+    deep = " ".join(".".join("0" * d) for d in range(1, n + 2))  # "0 0.0 0.0.0 ..."
+    with pytest.raises(InvalidParameter, match=rf"needs {n + 1} heads; {n} are shipped"):
+        stream(tiny, PROMPTS[0], "medusa", 8, choices=deep)
+
+
+@pytest.mark.parametrize("method", ["medusa", "blockwise"])
+def test_a_model_without_heads_is_told_how_to_train_them(method):
+    other = load_model("tiny-random-2")
+    with pytest.raises(InvalidParameter, match=r"no trained Medusa heads for tiny-random-2.*train"):
+        stream(other, PROMPTS[0], method, 8)
+
+
+# --- sampling -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "rule"), [("medusa", "sample-tree"), ("blockwise", "sample-deterministic")]
+)
+def test_sampling_is_reproducible_per_seed(tiny, fitted, method, rule):
+    kw = dict(temperature=1.0, seed=4)
+    a = run(tiny, PROMPTS[2], method, 16, fitted["partial"], **kw)
+    b = run(tiny, PROMPTS[2], method, 16, fitted["partial"], **kw)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 16
+    untimed = [[e for e in r.events if not isinstance(e, Forward | Done)] for r in (a, b)]
+    assert untimed[0] == untimed[1]
+    c = run(tiny, PROMPTS[2], method, 16, fitted["partial"], **{**kw, "seed": 5})
+    assert c.token_ids != a.token_ids
+    assert {v.rule for v in a.events if isinstance(v, Verify)} == {rule}
+
+
+@pytest.mark.parametrize(
+    ("method", "temperature", "children"),
+    [
+        ("medusa", 0.2, 8),  # head 1's top 8 (the default tree's first level); often kept
+        ("medusa", 1.0, 8),  # a flat target: mostly the residual draw
+        ("blockwise", 0.2, 1),  # head 1's top token
+    ],
+)
+def test_sampling_follows_the_target_distribution(tiny, fitted, method, temperature, children):
+    """Budget 3: the first step may draft one level (point masses, chosen by rank). The first
+    token is the prefill's draw; the second, the first verified one, is tested against the
+    target's exact distribution given the first, and against autoregressive sampling."""
+    seeds = 160
+    prompt_ids = tiny.encode(PROMPTS[0], chat=False)
+    firsts, seconds, drafted, kept = [], [], [], []
+    for seed in range(seeds):
+        res = run(tiny, prompt_ids, method, 3, fitted["fitted"], temperature=temperature, seed=seed)
+        assert len(res.token_ids) == 3
+        steps = by_step(res)
+        d, v, h = steps[1]["draft"], steps[1]["verify"], steps[1]["headproposals"]
+        assert d.parents == (-1,) * children and d.tokens == h.heads[0][:children]
+        firsts.append(res.token_ids[0])
+        seconds.append(res.token_ids[1])
+        drafted.append(d.tokens)
+        kept.append(bool(v.accepted))
+    contexts = [[*prompt_ids, t] for t in firsts]
+    p = next_token_probs(tiny, contexts, temperature)
+    # A child is kept exactly when the output is one of them: P = sum of p over the children.
+    mass = torch.stack([p[i, list(c)].sum() for i, c in enumerate(drafted)])
+    assert [s in c for s, c in zip(seconds, drafted, strict=True)] == kept
+    expected, sd = float(mass.sum()), float((mass * (1 - mass)).sum()) ** 0.5
+    assert abs(sum(kept) - expected) <= 4 * sd + 1, (sum(kept), expected)
+    if temperature < 1:
+        assert sum(kept) >= seeds // 4  # the point-mass rule's keep branch is exercised
+    else:
+        assert sum(kept) < seeds  # and its residual draw
+    # Each child is the output with exactly its target probability, whatever its rank.
+    by_rank = torch.stack([p[i, list(c)] for i, c in enumerate(drafted)])
+    expected_counts = [*by_rank.sum(0).tolist(), float((1 - by_rank.sum(1)).sum())]
+    counts = [
+        sum(s == c[j] for s, c in zip(seconds, drafted, strict=True)) for j in range(children)
+    ]
+    counts.append(seeds - sum(counts))
+    cells = [(o, e) for o, e in zip(counts[:-1], expected_counts, strict=False) if e >= 5]
+    cells.append((seeds - sum(o for o, _ in cells), seeds - sum(e for _, e in cells)))
+    if len(cells) > 1 and cells[-1][1] >= 5:
+        stat = sum((o - e) ** 2 / e for o, e in cells)
+        assert stat < CHI2_1E3[len(cells) - 1], (counts, expected_counts)
+
+    # Ranked with the drafted children first (in order), a bias towards them shows as small U.
+    key = p.clone()
+    for i, c in enumerate(drafted):
+        key[i, list(c)] = 2.0 + torch.arange(len(c), 0, -1, dtype=key.dtype)
+    u = pit(seconds, p, key, seed=1)
+    assert uniformity_chi2(u) < CHI2_9DOF_1E3, bin_counts(u)
+    ar = [
+        generate(tiny, prompt_ids, "autoregressive", 2, temperature=temperature, seed=s)
+        for s in range(seeds)
+    ]
+    ar_contexts = [[*prompt_ids, r.token_ids[0]] for r in ar]
+    p_ar = p if ar_contexts == contexts else next_token_probs(tiny, ar_contexts, temperature)
+    u_ar = pit([r.token_ids[1] for r in ar], p_ar, p_ar, seed=3)
+    assert uniformity_chi2(u_ar) < CHI2_9DOF_1E3, bin_counts(u_ar)
+    assert two_sample_chi2(pit(seconds, p, p, seed=2), u_ar) < CHI2_9DOF_1E3
+
+
+# --- the embedded model ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "params"), [("medusa", {}), ("blockwise", {})])
+def test_lossless_on_the_embedded_model(embedded, method, params):
+    prompt = humaneval(0)
+    res = generate(embedded, prompt, method, 48, chat=True, **params)
+    ref = reference(embedded, prompt, 48, True)
+    assert res.token_ids == ref.token_ids and res.finish_reason == ref.finish_reason
+    result = Result(res.token_ids, res.finish_reason, res.stats, res.events)
+    check_steps(result, method, params, 48, load_heads(embedded).n_heads, embedded.n_layers)
+    assert res.stats["verify_steps"] > 0
+
+
+# --- trace events -------------------------------------------------------------------------------------
+
+
+def test_head_proposals_round_trip_and_name_their_tokens():
+    e = HeadProposals(3, 7, ((5, 6), (7, 8)), ((0.5, 0.25), (0.125, 0.0625)))
+    assert event_from_dict(json.loads(json.dumps(e.to_dict()))) == e
+    assert token_ids(e) == [5, 6, 7, 8]
+    with pytest.raises(TraceError, match=r"HeadProposals.heads\[0\]"):
+        event_from_dict({**e.to_dict(), "heads": [5, 6]})
+
+
+def _trace(tiny, fitted, **meta) -> Trace:
+    res = run(tiny, PROMPTS[0], "medusa", 12, fitted["fitted"])
+    prompt_ids = tiny.encode(PROMPTS[0], chat=False)
+    base = {
+        "model": tiny.model_id,
+        "method": "medusa",
+        "params": {},
+        "prompt_ids": prompt_ids,
+        "max_new_tokens": 12,
+    }
+    return Trace({**base, **meta}, list(res.events), {})
+
+
+def test_an_imported_trace_checks_the_heads_guesses(tiny, fitted):
+    good = _trace(tiny, fitted)
+    checked = check_trace(good, tiny.model.config.vocab_size)
+    assert sum(isinstance(e, HeadProposals) for e in checked.events) >= 2
+    at = next(i for i, e in enumerate(good.events) if isinstance(e, HeadProposals))
+    h = good.events[at]
+    bad = {
+        "position": dataclasses.replace(h, position=h.position + 1),
+        "same shape": dataclasses.replace(h, probs=h.probs[:-1]),
+        "token ids in": dataclasses.replace(h, heads=((10**8, *h.heads[0][1:]), *h.heads[1:])),
+        r"in \[0, 1\]": dataclasses.replace(h, probs=((1.5, *h.probs[0][1:]), *h.probs[1:])),
+        "at most 16 x 16": dataclasses.replace(h, heads=((1,) * 17,) * 1, probs=((0.0,) * 17,)),
+    }
+    for message, event in bad.items():
+        events = [*good.events[:at], event, *good.events[at + 1 :]]
+        with pytest.raises(TraceError, match=message):
+            check_trace(Trace(good.meta, events, {}), tiny.model.config.vocab_size)
+
+
+# --- views --------------------------------------------------------------------------------------------
+
+TEXTS = {1: "<s>", 9: "x", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 20: " g", 21: "["}
+TEXTS |= {22: "x)", 23: "y", 30: "<tag>", 31: "z"}
+
+# Step 1 of a medusa run: head 1 guessed (11, 20, 30), head 2 (12, 21, 23). Tree: 11 -> {12, 21},
+# 20 -> {12}. The target took 11 then 12 (accepted), then its own 22 (a bonus: 12 is a leaf).
+# Step 2: head 1 guessed (13, 14, 31); tree 13, 14; nothing accepted; the target's 31 was head
+# 1's rank 3, outside the tree (top_k 3, but only ranks 0-1 used).
+MEDUSA = [
+    Prefill((1, 9)),
+    Forward(0, "prefill", 2, 4, 5.0),
+    Commit(0, (10,), ("target",), (0.9,)),
+    Forward(1, "draft", 1, 0, 0.2),
+    HeadProposals(1, 1, ((11, 20, 30), (12, 21, 23)), ((0.6, 0.3, 0.1), (0.5, 0.25, 0.05))),
+    Draft(1, "medusa", (11, 20, 12, 21, 12), (-1, -1, 0, 0, 1), (0.6, 0.3, 0.5, 0.25, 0.5)),
+    Forward(1, "verify", 6, 4, 6.0),
+    Verify(1, (0, 2), 22, "greedy-tree", (0.7, 0.1, 0.8, 0.1, 0.2)),
+    Commit(1, (11, 12, 22), ("draft", "draft", "bonus"), (0.7, 0.8, 0.6)),
+    Forward(2, "draft", 1, 0, 0.2),
+    HeadProposals(2, 4, ((13, 14, 31),), ((0.4, 0.35, 0.2),)),
+    Draft(2, "medusa", (13, 14), (-1, -1), (0.4, 0.35)),
+    Forward(2, "verify", 3, 4, 6.0),
+    Verify(2, (), 31, "greedy-tree", (0.1, 0.2)),
+    Commit(2, (31,), ("correction",), (0.5,)),
+]
+
+
+def cells(fig: go.Figure) -> dict[tuple[int, int], str]:
+    (trace,) = [t for t in fig.data if t.name == "cells"]
+    return {(r, k): s for r, k, s in trace.customdata}
+
+
+def label(fig: go.Figure, r: int, k: int) -> str:
+    (a,) = [a for a in fig.layout.annotations if a.name == f"cell {r} {k}"]
+    return a.text
+
+
+def test_heads_grid_colours_each_cell_by_the_trees_verdict():
+    fig = heads_grid(MEDUSA, TEXTS, 1)
+    assert cells(fig) == {
+        (0, 0): "accepted",  # 11
+        (0, 1): "rejected",  # 20: compared with the target's 11 and lost
+        (0, 2): "unused",  # 30: not in the tree
+        (1, 0): "accepted",  # 12: accepted under 11 (the 12 under the rejected 20 shares it)
+        (1, 1): "rejected",  # 21: compared with 12 under 11 and lost
+        (1, 2): "unused",
+    }
+    rects = [s for s in fig.layout.shapes if s.fillcolor != BAR_COLOUR]
+    fills = {round(s.x0 + 0.46): s.fillcolor for s in rects if s.y0 == 1 - 0.42}
+    assert fills == {1: COLOURS["draft"], 2: COLOURS["rejected"], 3: "#ffffff"}
+    # One probability bar per cell, as wide as the head's probability.
+    bars = [round(s.x1 - s.x0, 4) for s in fig.layout.shapes if s.fillcolor == BAR_COLOUR]
+    assert sorted(bars) == sorted(round(0.92 * p, 4) for row in MEDUSA[4].probs for p in row)
+    assert label(fig, 0, 2) == "&lt;tag&gt;"  # escaped
+    legend = [t.name for t in fig.data if t.showlegend is not False and t.name != "cells"]
+    assert legend == [CELL_STYLE[s][1] for s in ("accepted", "rejected", "unused")]
+    assert "2 accepted" in fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "'def'" in fig.layout.title.subtitle.text  # the root: the last token before step 1
+
+
+def test_heads_grid_outlines_the_targets_token_where_a_head_had_it():
+    fig = heads_grid(MEDUSA, TEXTS, 2)
+    assert cells(fig) == {(0, 0): "rejected", (0, 1): "rejected", (0, 2): "unused"}
+    (outline,) = [s for s in fig.layout.shapes if s.name == "target's token"]
+    assert (outline.x0, outline.x1) == (2.5, 3.5) and outline.line.color == "#ef6c00"
+    hover = next(t for t in fig.data if t.name == "cells").hovertext[2]
+    assert "the target's token here (corrected by target)" in hover and "rank 3" in hover
+    assert any("the target's token" in (t.name or "") for t in fig.data)
+
+
+def test_heads_grid_without_guesses_says_why():
+    assert "prefill" in heads_grid(MEDUSA, TEXTS, 0).layout.annotations[0].text
+    assert "plain target step" in heads_grid(MEDUSA, TEXTS, 3).layout.annotations[0].text
+    old = [e for e in MEDUSA if not isinstance(e, HeadProposals)]
+    assert "no head detail" in heads_grid(old, TEXTS, 1).layout.annotations[0].text
+    broken = [*MEDUSA[:4], HeadProposals(1, 1, ((11, 20),), ((0.6,),)), *MEDUSA[5:]]
+    assert "malformed" in heads_grid(broken, TEXTS, 1).layout.annotations[0].text
+
+
+def test_heads_grid_is_bounded_and_fits_a_phone():
+    big = HeadProposals(1, 1, ((5,) * 40,) * 40, ((0.01,) * 40,) * 40)
+    events = [*MEDUSA[:4], big]
+    fig = heads_grid(events, TEXTS, 1)
+    assert len(cells(fig)) == 16 * 16 and fig.layout.height <= 920
+    assert cell_chars(16) == 2 and cell_chars(10) == 3 and cell_chars(1) == 10
+
+
+BLOCK = [
+    Prefill((1, 9)),
+    Forward(0, "prefill", 2, 4, 5.0),
+    Commit(0, (10,), ("target",), (0.9,)),
+    Forward(1, "draft", 1, 0, 0.2),
+    HeadProposals(1, 1, ((11,), (12,), (21,)), ((0.6,), (0.5,), (0.3,))),
+    Draft(1, "blockwise", (11, 12, 21), (-1, 0, 1), (0.6, 0.5, 0.3)),
+    Forward(1, "verify", 4, 4, 6.0),
+    Verify(1, (0,), 22, "greedy-chain", (0.7, 0.1, 0.3)),
+    Commit(1, (11, 22), ("draft", "correction"), (0.7, 0.6)),
+]
+
+
+def test_blockwise_chain_colours_the_block_and_shows_each_heads_probability():
+    fig = blockwise_chain(BLOCK, TEXTS, 1)
+    heads = next(t for t in fig.data if t.name == "heads")
+    assert list(heads.marker.color) == [COLOURS["draft"], COLOURS["rejected"], COLOURS["pending"]]
+    assert list(next(t for t in fig.data if t.name == "head p").text) == ["0.60", "0.50", "0.30"]
+    target = next(t for t in fig.data if t.name == "target")
+    assert list(target.marker.color) == [COLOURS["draft"], COLOURS["correction"]]
+    assert "head 2's top token" in heads.hovertext[1] and "target p = 0.100" in heads.hovertext[1]
+    assert "accepted 1 of 3, +1 correction" in fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "prefill" in blockwise_chain(BLOCK, TEXTS, 0).layout.annotations[0].text
+    assert "plain target step" in blockwise_chain(BLOCK, TEXTS, 2).layout.annotations[0].text
+    # Its extra view is the grid, where each head's single guess sits in the block's colours.
+    assert cells(heads_grid(BLOCK, TEXTS, 1)) == {
+        (0, 0): "accepted",
+        (1, 0): "rejected",
+        (2, 0): "not checked",
+    }
+
+
+def test_the_methods_have_their_panels():
+    assert PANELS["medusa"] is heads_grid and PANELS["blockwise"] is blockwise_chain
+    assert len(EXTRA_PANELS["medusa"]) == 1 and EXTRA_PANELS["blockwise"] == (heads_grid,)
+
+
+def test_views_of_a_real_run_draw_every_step(tiny, fitted):
+    for method in ("medusa", "blockwise"):
+        res = run(tiny, PROMPTS[3], method, 20, fitted["partial"])
+        texts = {t: tiny.token_text(t) for e in res.events for t in token_ids(e)}
+        for step in by_step(res):
+            for panel in (PANELS[method], *EXTRA_PANELS[method]):
+                fig = panel(res.events, texts, step)
+                assert fig.layout.title.text.startswith(("Step", "Token tree")), fig.layout.title
