@@ -29,7 +29,7 @@ from .corpus import add_arguments as add_corpus_arguments
 from .loop import Loop, add_loop_arguments
 from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
 
-SEARCH_PROMPTS = ASSETS / "search_prompts.jsonl"  # tuning prompts, never benchmark prompts
+SEARCH_PROMPTS = ASSETS / "tuning_prompts.jsonl"  # tuning prompts, never benchmark prompts
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         summary["chosen"] = max(layers, key=lambda ell: speed[ell])
         summary["chosen_by"] = (
             f"speedup over autoregressive on {args.choose_prompts} search prompts "
-            f"(assets/search_prompts.jsonl, not benchmark prompts), {args.choose_tokens} new tokens"
+            f"(assets/tuning_prompts.jsonl, not benchmark prompts), {args.choose_tokens} new tokens"
         )
         path = ASSETS / KIND / f"{slug(prep.bundle.model_id)}.json"
         path.write_text(json.dumps(summary, indent=2) + "\n")
