@@ -451,8 +451,8 @@ def test_sampling_is_reproducible_per_seed(tiny, fitted, method, rule):
 @pytest.mark.parametrize(
     ("method", "temperature", "children"),
     [
-        ("medusa", 0.2, 8),  # head 1's top 8 (the default tree's first level); often kept
-        ("medusa", 1.0, 8),  # a flat target: mostly the residual draw
+        ("medusa", 0.2, None),  # head 1's top few (the default tree's first level); often kept
+        ("medusa", 1.0, None),  # a flat target: mostly the residual draw
         ("blockwise", 0.2, 1),  # head 1's top token
     ],
 )
@@ -461,6 +461,9 @@ def test_sampling_follows_the_target_distribution(tiny, fitted, method, temperat
     token is the prefill's draw; the second, the first verified one, is tested against the
     target's exact distribution given the first, and against autoregressive sampling."""
     seeds = 160
+    if children is None:
+        children = sum(len(q) == 1 for q in tree_paths(full_params(method, {}), 4))
+        assert children >= 3
     prompt_ids = tiny.encode(PROMPTS[0], chat=False)
     firsts, seconds, drafted, kept = [], [], [], []
     for seed in range(seeds):
