@@ -10,32 +10,28 @@ tokens replace the predictions, so errors never accumulate across steps.
 
 The head scores a draft vocabulary (the tokens the target predicts most often on the training
 data, FR-Spec-style) rather than all 49152, which keeps a draft step at a few milliseconds; a token
-outside it simply is never drafted. The weights are trained by `python -m decoders.train_eagle` and
-ship in `assets/eagle/<model>.safetensors`.
+outside it simply is never drafted. The weights are trained by `python -m decoders.train eagle` and
+ship in `assets/eagle/<model>.safetensors` (saved and loaded like every trained part: artifacts.py).
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from . import packing
+from .artifacts import artifact_path, load_artifact, save_artifact
 from .drafters import Drafter
-from .errors import InvalidParameter
 from .events import Forward
-from .models import ModelBundle, slug
+from .models import ModelBundle
 from .runtime import ForwardResult, crop_cache
 
-HEADS = Path(__file__).resolve().parent.parent / "assets" / "eagle"
+KIND = "eagle"  # assets/eagle/<model>.safetensors
 
 
 class EagleHead(nn.Module):
@@ -70,60 +66,25 @@ class EagleHead(nn.Module):
 
 
 def head_path(model_id: str) -> Path:
-    return HEADS / f"{slug(model_id)}.safetensors"
+    return artifact_path(KIND, model_id)
 
 
-def save_head(head: EagleHead, path: Path, record: dict) -> None:
-    """float16 weights (halves the file; drafting still runs in the target's dtype) + a JSON record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().contiguous()
-        for k, v in head.state_dict().items()
-        if not k.startswith("rotary.")
-    }
-    save_file(tensors, str(path), metadata={"record": json.dumps(record)})
-    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-
-
-# Loaded heads are shared read-only by every run (each EagleDrafter keeps its own cache and
-# features); the lock makes concurrent first uses load a head once.
-_loaded: dict[tuple[str, str, str, str], EagleHead] = {}
-_load_lock = threading.Lock()
+def save_head(head: EagleHead, path: Path, card: dict) -> None:
+    """float16 weights + the JSON card (artifacts.save_artifact)."""
+    save_artifact(head, path, card)
 
 
 def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
-    """The trained head for `bundle`'s model, in its device and dtype (cached per process)."""
-    path = path or head_path(bundle.model_id)
-    key = (bundle.model_id, str(path), str(bundle.device), str(bundle.dtype))
-    with _load_lock:
-        if key not in _loaded:
-            _loaded[key] = _load_head(bundle, path)
-        return _loaded[key]
-
-
-def _load_head(bundle: ModelBundle, path: Path) -> EagleHead:
-    if not path.is_file():
-        raise InvalidParameter(
-            f"draft 'eagle': no trained EAGLE head for {bundle.model_id} (looked for "
-            f"assets/eagle/{path.name}); train one with "
-            f"`python -m decoders.train_eagle --model {bundle.model_id}`"
-        )
-    state = load_file(str(path))
-    head = EagleHead(bundle.model.config, state["vocab"])
-    try:
-        head.load_state_dict(state)
-    except RuntimeError as e:
-        raise InvalidParameter(
-            f"draft 'eagle': {path.name} does not fit this model ({e})"
-        ) from None
-    head.to(device=bundle.device, dtype=bundle.dtype).eval().requires_grad_(False)
-    # The target's LM head restricted to the draft vocabulary, for drafting (not saved).
-    rows = bundle.model.lm_head.weight[head.vocab].detach()
-    head.lm_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=bundle.device)
-    head.lm_head.weight = nn.Parameter(rows, requires_grad=False)
-    if bundle.packed:
-        packing.pack_linears(head)
-    return head
+    """The trained head for `bundle`'s model, in its device and dtype (cached per process), with
+    `lm_head` = the target's LM head cut to its draft vocabulary. Heads saved before the artifacts
+    module existed load too: same keys (their metadata says "record" where new files say "card")."""
+    return load_artifact(
+        bundle,
+        path or head_path(bundle.model_id),
+        lambda state: EagleHead(bundle.model.config, state["vocab"]),
+        "EAGLE head",
+        f"python -m decoders.train eagle --model {bundle.model_id}",
+    )
 
 
 class EagleDrafter(Drafter):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,7 +76,14 @@ def losses(w: torch.Tensor, pred, nexts, valid, cls_weight: float) -> dict[str, 
     return {"loss": reg + cls_weight * cls, "reg": reg, "cls": cls, "top1": top1}
 
 
-def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) -> dict:
+def fit_head(
+    prep: Prepared,
+    args: argparse.Namespace,
+    checkpoint: Path | None = None,
+    on_epoch: Callable[[EagleHead, dict], None] | None = None,
+) -> tuple[EagleHead, dict]:
+    """Fit a head on `prep`'s training documents (the Loop's result, plus `train_tokens`: the
+    positions it learned from); `on_epoch(head, result)` after each epoch's held-out scores."""
     bundle, states = prep.bundle, prep.states
     torch.manual_seed(args.seed)
     vocab = draft_vocabulary(bundle, states, args.vocab)
@@ -93,6 +101,7 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
         source: windows(states, [d for d in prep.held_docs if states.sources[d] == source], 10**9)
         for source in sorted(set(states.sources))
     }
+    train_tokens = sum(b - a - 1 for a, b in spans)
 
     def step_loss(batch):
         return losses(w, *run_head(head, embed, states, batch, FEATURE_NOISE), args.cls_weight)
@@ -109,11 +118,31 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
             scores[f"top1_{source}"] = round(agree / max(count, 1), 4)
         return scores
 
-    def write(result: dict) -> None:
+    loop = Loop(
+        epochs=args.epochs,
+        lr=args.lr,
+        warmup=args.warmup,
+        max_steps=args.max_steps,
+        checkpoint=checkpoint,
+        resume=args.resume,
+        seed=args.seed,
+        desc="eagle",
+    )
+
+    def epoch_done(result: dict) -> None:
+        if on_epoch:
+            on_epoch(head, {**result, "train_tokens": train_tokens})
+
+    result = loop.fit(head, batches, step_loss, evaluate, on_epoch=epoch_done)
+    return head, {**result, "train_tokens": train_tokens}
+
+
+def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) -> dict:
+    def write(head: EagleHead, result: dict) -> None:
         fields = {
-            "vocab": len(vocab),
+            "vocab": len(head.vocab),
             "held_out_top1": result["held_out"],
-            "train_tokens": sum(b - a - 1 for a, b in spans),
+            "train_tokens": result["train_tokens"],
             "train_minutes": result["minutes"],
             "build_minutes": round(prep.seconds / 60, 1),
             "epochs": args.epochs,
@@ -124,18 +153,8 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
         }
         save_artifact(head, out, card(prep, "eagle", argv, **fields))
 
-    loop = Loop(
-        epochs=args.epochs,
-        lr=args.lr,
-        warmup=args.warmup,
-        max_steps=args.max_steps,
-        checkpoint=checkpoint_path(out),
-        resume=args.resume,
-        seed=args.seed,
-        desc="eagle",
-    )
-    result = loop.fit(head, batches, step_loss, evaluate, on_epoch=write)
-    write(result)
+    head, result = fit_head(prep, args, checkpoint_path(out), on_epoch=write)
+    write(head, result)
     return card(prep, "eagle", argv, held_out_top1=result["held_out"])
 
 

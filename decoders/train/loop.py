@@ -87,6 +87,10 @@ class Loop:
             sched.load_state_dict(saved["sched"])
             step, history = saved["step"], saved["history"]
             minutes_before = saved.get("minutes", 0.0)
+            if "rng" in saved:  # the noise a loss draws continues as if never interrupted
+                torch.set_rng_state(saved["rng"])
+            if saved.get("cuda_rng") and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(saved["cuda_rng"])
             print(f"resumed at step {step}/{total} from {self.checkpoint}", file=sys.stderr)
         t0 = time.perf_counter()
 
@@ -103,6 +107,8 @@ class Loop:
                     "step": step,
                     "history": history,
                     "minutes": minutes(),
+                    "rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                 }
                 torch.save(state, self.checkpoint.with_suffix(".tmp"))
                 self.checkpoint.with_suffix(".tmp").replace(self.checkpoint)
