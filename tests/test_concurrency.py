@@ -37,6 +37,8 @@ TINY_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("token_tree", {"draft": "eagle", "temperature": 0.7, "seed": 1}),
     ("self_speculative", {"skip": "attn:1 mlp:2", "adaptive": False}),
     ("lookahead", {"N": 4, "W": 3, "G": 2}),
+    ("medusa", {"nodes": 63, "temperature": 0.7, "seed": 2}),
+    ("blockwise", {"k": 2, "temperature": 0.8, "seed": 3}),
 ]
 
 
@@ -141,6 +143,8 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("self_speculative", {}),
     ("autoregressive", {}),
     ("jacobi", {}),
+    ("medusa", {}),
+    ("blockwise", {}),
 ]  # every method, two of them token trees drafting with the EAGLE head
 
 
