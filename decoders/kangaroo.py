@@ -6,6 +6,17 @@ LM head. Drafting exits early twice: at layer ℓ for every draft token, and fro
 soon as the adapter's top-1 confidence falls below η. Verification runs only layers ℓ..L, on the
 layer-ℓ states the drafts already computed: the shallow layers never run twice.
 
+    repeat:
+        x = last committed token
+        drafting: feed x, then each draft token, through layers 1..ℓ (the target's own KV cache),
+                  the adapter (its own cache) and the LM head: d_j = argmax (or a draw) of q_j;
+                  stop after the first d_j whose top-1 probability is below η (it is kept), at γ
+                  tokens, at an end token, or where the budget ends
+        p = layers ℓ+1..L([h_ℓ(x), h_ℓ(d_1) .. h_ℓ(d_{n-1}), h_ℓ(d_n)])   # ONE forward; only d_n
+                  runs layers 1..ℓ there first, the others reuse the states drafting computed
+        keep the longest prefix the target agrees with (greedy) / the rejection rule with q (sampling)
+        roll both caches back to what was committed
+
 The adapter is trained by `python -m decoders.train kangaroo` and ships per exit layer as
 `assets/kangaroo/<model>-l<ℓ>.safetensors`.
 """
@@ -13,7 +24,10 @@ The adapter is trained by `python -m decoders.train kangaroo` and ships per exit
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,9 +38,15 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from .artifacts import ASSETS, artifact_path, load_artifact
+from .artifacts import ASSETS, artifact_path, full_logits, load_artifact
+from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
+from .events import Draft, DraftStop, Event, Forward, Prefill
 from .models import ModelBundle, slug
+from .params import Param
+from .runtime import crop_cache, elapsed_ms, forward, forward_from, forward_shallow, new_cache
+from .steps import settle_chain
+from .tree import chain, tree_mask
 
 KIND = "kangaroo"
 
@@ -122,3 +142,188 @@ def load_adapter(bundle: ModelBundle, exit_layer: int | None = None) -> Kangaroo
         f"Kangaroo adapter at layer {exit_layer}",
         f"python -m decoders.train kangaroo --model {bundle.model_id} --exit-layers {exit_layer}",
     )
+
+
+# --- the decoder ------------------------------------------------------------------------------------
+
+PARAMS = (
+    Param(
+        "exit_layer",
+        str,
+        "auto",
+        "ℓ: drafts exit after layer ℓ. 'auto' = the layer the training sweep chose for this "
+        "model; or a layer number with a trained adapter",
+    ),
+    Param(
+        "eta",
+        float,
+        0.6,
+        "η: the draft ends with the first token whose top-1 probability is below η",
+        0.0,
+        1.0,
+    ),
+    Param("gamma", int, 6, "γ: most draft tokens per step", 1, 16),
+)
+
+
+def resolve_exit_layer(bundle: ModelBundle, text: str) -> int:
+    """`auto` -> the sweep's ℓ for this model; a number -> that ℓ, if an adapter ships for it."""
+    text = str(text).strip().lower()
+    shipped = shipped_exit_layers(bundle.model_id)
+    listed = ", ".join(map(str, shipped)) or "none"
+    if text == "auto":
+        chosen = best_exit_layer(bundle.model_id)
+        if chosen is None:
+            raise InvalidParameter(
+                f"kangaroo: no trained adapter for {bundle.model_id}; train one with "
+                f"`python -m decoders.train kangaroo --model {bundle.model_id}`"
+            )
+        return chosen
+    if not text.isdigit():
+        raise InvalidParameter(
+            f"exit_layer {text!r}: write 'auto' or a layer number (adapters ship for: {listed})"
+        )
+    exit_layer = int(text)
+    if exit_layer not in shipped:
+        raise InvalidParameter(
+            f"exit_layer {exit_layer}: no trained Kangaroo adapter for {bundle.model_id} at that "
+            f"layer (adapters ship for: {listed}; or 'auto'); train one with `python -m "
+            f"decoders.train kangaroo --model {bundle.model_id} --exit-layers {exit_layer}`"
+        )
+    return exit_layer
+
+
+def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
+    load_adapter(bundle, resolve_exit_layer(bundle, params["exit_layer"]))
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    p = cfg.params
+    exit_layer = resolve_exit_layer(bundle, p["exit_layer"])  # ℓ
+    adapter = load_adapter(bundle, exit_layer)
+    eta, gamma = p["eta"], p["gamma"]
+    label = f"kangaroo: exit at layer {exit_layer} + adapter"
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)  # the target's, every layer: drafting fills 1..ℓ, verifying ℓ+1..L
+    adapter_cache = DynamicCache()  # the adapter's own
+
+    # Prefill: the prompt through the whole model, its layer-ℓ states through the adapter.
+    yield Prefill(tuple(prompt_ids))
+    out = forward(
+        bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1, hidden_at=(exit_layer,)
+    )
+    yield out.event
+    yield _adapter_prefill(bundle, adapter, adapter_cache, out.hidden[exit_layer])
+    context = list(prompt_ids)
+    yield from settle_chain(cache, context, [], out.logits, sampler, budget, 0)
+    # Layer-ℓ states of committed tokens the adapter has not read yet (the last draft token, when
+    # every draft was accepted): they ride along with the next adapter pass.
+    behind = out.hidden[exit_layer][:0]
+
+    step = 0
+    while not budget.done:
+        step += 1
+        in_cache = len(context) - 1
+        draft: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        confidences: list[float] = []
+        states: list[torch.Tensor] = []  # h_ℓ of each token fed: x, d_1 .. d_{n-1}
+        feed = context[-1]
+        # The target adds one token of its own, so never draft past remaining - 1.
+        room = min(gamma, budget.remaining - 1)
+        reason = "max_draft" if room == gamma else "budget"
+        for j in range(room):
+            # Early exit 1: layers 1..ℓ, then the adapter and the LM head.
+            head = _draft_head(bundle, adapter, adapter_cache, behind, in_cache + j)
+            d_out = forward_shallow(
+                bundle,
+                cache,
+                [feed],
+                exit_layer,
+                step=step,
+                kind="draft",
+                positions=[in_cache + j],
+                exit_head=head,
+            )
+            yield d_out.event
+            behind = behind[:0]
+            states.append(d_out.hidden[exit_layer])
+            q = sampler.distribution(d_out.logits[-1])
+            feed = sampler.pick(d_out.logits[-1], q)
+            draft.append(feed)
+            q_rows.append(q)
+            confidences.append(round(float(q.max()), 6))
+            # Early exit 2: the token below η is still drafted (its forward is paid; the target
+            # may accept it) and drafting stops after it, as in the authors' code.
+            if confidences[-1] < eta:
+                reason = "confidence"
+                break
+            if feed in budget.eos_ids:  # the output would end here: nothing to draft after it
+                reason = "eos"
+                break
+        yield DraftStop(step, eta, tuple(confidences), reason)
+        if draft:
+            q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
+            yield Draft(step, label, tuple(draft), chain(len(draft)), q_draft)
+
+        # Verify: layers ℓ+1..L only, on the states drafting left; the last draft token (x when
+        # nothing was drafted) has not been through layers 1..ℓ yet and runs them first.
+        v_out = forward_from(
+            bundle,
+            cache,
+            torch.cat(states) if states else behind[:0],
+            exit_layer,
+            step=step,
+            kind="verify" if draft else "target",
+            tokens=[draft[-1] if draft else context[-1]],
+        )
+        yield v_out.event
+        verdict = yield from settle_chain(
+            cache, context, draft, v_out.logits, sampler, budget, step, q_rows
+        )
+        crop_cache(adapter_cache, in_cache + 1 + len(verdict.accepted))
+        if len(verdict.accepted) == len(draft):  # the last input was kept: the adapter owes it
+            behind = torch.cat([behind, v_out.hidden[exit_layer][-1:]])
+
+
+@torch.inference_mode()
+def _adapter_prefill(
+    bundle: ModelBundle, adapter: KangarooAdapter, adapter_cache: DynamicCache, h: torch.Tensor
+) -> Forward:
+    """The adapter over the prompt's layer-ℓ states: its cache then covers the prompt."""
+    start = time.perf_counter()
+    n = h.shape[0]
+    positions = torch.arange(n, device=bundle.device).view(1, -1)
+    adapter(h.unsqueeze(0), positions, _causal(bundle, n, 0), adapter_cache)
+    return Forward(0, "draft", n, 1, elapsed_ms(bundle, start))
+
+
+def _draft_head(
+    bundle: ModelBundle,
+    adapter: KangarooAdapter,
+    adapter_cache: DynamicCache,
+    behind: torch.Tensor,
+    position: int,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The early-exit head for the token at `position`: the adapter over its layer-ℓ state (after
+    the states it still owes, `behind`), then the LM head's draft-vocabulary rows; full-vocabulary
+    logits of the next token, [1, vocab]."""
+
+    def head(h: torch.Tensor) -> torch.Tensor:
+        states = torch.cat([behind, h])
+        n = states.shape[0]
+        past = adapter_cache.get_seq_length()
+        assert past == position + 1 - n, "the adapter's cache must end right before its inputs"
+        positions = torch.arange(past, past + n, device=bundle.device).view(1, -1)
+        feats = adapter(states.unsqueeze(0), positions, _causal(bundle, n, past), adapter_cache)
+        return full_logits(bundle, adapter.vocab, adapter.lm_head(feats[0, -1:]))
+
+    return head
+
+
+def _causal(bundle: ModelBundle, n: int, past: int) -> torch.Tensor | None:
+    """The adapter's mask for n new inputs after `past` cached ones (one input sees everything)."""
+    if n == 1:
+        return None
+    return tree_mask(chain(n), past, bundle.dtype).to(bundle.device)

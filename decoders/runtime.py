@@ -7,13 +7,16 @@ One call, `forward()`, covers all the shapes the methods need:
   then the final norm and LM head — self-drafting) or any layer subset, by iterating
   `model.model.layers` here rather than touching the model's config;
 - hidden states at chosen layers on request.
+A forward split at an exit layer ℓ (Kangaroo) has two more: `forward_shallow()` (the first ℓ layers
+and an optional early-exit head, no LM head) and `forward_from()` (resume from layer-ℓ states
+through the rest of the model).
 Each call times itself (synchronizing CUDA) into a `Forward` event.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -231,6 +234,134 @@ def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet) -> torch.Tensor:
         if i not in skip.mlp:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
     return inner.norm(h)
+
+
+# --- early exit: a forward split at layer ℓ (Kangaroo) ---------------------------------------------
+
+
+@torch.inference_mode()
+def forward_shallow(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    tokens: Tokens,
+    depth: int,
+    *,
+    step: int,
+    kind: str,
+    positions: Sequence[int] | torch.Tensor | None = None,
+    exit_head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> ForwardResult:
+    """Early exit: `tokens` through the first `depth` decoder layers only (their KV appended to
+    those layers of `cache`; the deeper layers are not touched), with no final norm and no LM head.
+    Returns their layer-`depth` states as `hidden[depth]`, [n, d].
+    exit_head: runs on those states inside the same timed forward (an early-exit head, e.g.
+        Kangaroo's adapter and LM head rows); its output is the result's `logits` and it counts
+        as one more layer in the Forward event. Without one, `logits` is empty."""
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=bundle.device).view(1, -1)
+    n = ids.shape[1]
+    past = cache.get_seq_length(0)
+    pos = _positions(bundle, positions, past, n)
+    start = time.perf_counter()
+    h = _run_layers(bundle, cache, bundle.model.model.embed_tokens(ids), pos, range(depth))
+    logits = exit_head(h[0]).float() if exit_head is not None else h.new_empty(0)
+    event = Forward(
+        step=step,
+        kind=kind,
+        n_input_tokens=n,
+        layers=depth + (exit_head is not None),
+        wall_ms=elapsed_ms(bundle, start),
+    )
+    return ForwardResult(logits, {depth: h[0]}, event)
+
+
+@torch.inference_mode()
+def forward_from(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    hidden: torch.Tensor,
+    depth: int,
+    *,
+    step: int,
+    kind: str,
+    tokens: Tokens = (),
+) -> ForwardResult:
+    """Resume a forward at layer `depth`: `hidden` [m, d] are the layer-`depth` states of inputs
+    whose KV for the first `depth` layers is already in `cache` (an early exit computed them);
+    `tokens` come after them and have not been that far: they run the first `depth` layers here,
+    first. Then all m + len(tokens) inputs run layers depth..L-1, the final norm and the LM head,
+    at the positions right after what the deeper layers have cached. Returns every input's logits
+    and their layer-`depth` states (`hidden[depth]`); Forward.layers counts the decoder layers
+    run: L when there were `tokens`, else L - depth."""
+    inner = bundle.model.model
+    past = cache.get_seq_length(depth)  # the deep layers hold the context, not the drafts
+    m = hidden.shape[0]
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=bundle.device).view(1, -1)
+    k = ids.shape[1]
+    assert not k or cache.get_seq_length(0) == past + m, "the shallow layers must hold the states"
+    start = time.perf_counter()
+    h = hidden.view(1, m, bundle.model.config.hidden_size).to(bundle.dtype)
+    if k:
+        pos = _positions(bundle, None, past + m, k)
+        shallow = _run_layers(bundle, cache, inner.embed_tokens(ids), pos, range(depth))
+        h = torch.cat([h, shallow], dim=1)
+    states = h[0]
+    h = _run_layers(
+        bundle,
+        cache,
+        h,
+        _positions(bundle, None, past, m + k),
+        range(depth, bundle.n_layers),
+        depth,
+    )
+    logits = bundle.model.lm_head(inner.norm(h))[0]
+    event = Forward(
+        step=step,
+        kind=kind,
+        n_input_tokens=m + k,
+        layers=bundle.n_layers - (0 if k else depth),
+        wall_ms=elapsed_ms(bundle, start),
+    )
+    return ForwardResult(logits.float(), {depth: states}, event)
+
+
+def _positions(bundle: ModelBundle, positions, past: int, n: int) -> torch.Tensor:
+    """[1, n] absolute positions: the given ones, else right after `past`."""
+    if positions is None:
+        return torch.arange(past, past + n, device=bundle.device).view(1, -1)
+    return torch.as_tensor(positions, dtype=torch.long, device=bundle.device).view(1, -1)
+
+
+def _run_layers(bundle, cache, h, pos, layer_ids, mask_layer: int = 0) -> torch.Tensor:
+    """Decoder layers `layer_ids`, in order, on states h [1, n, d] at positions `pos`, causally
+    against what `cache` holds for them (sized by layer `mask_layer`: layers of one split hold the
+    same tokens, the two sides of an exit may not)."""
+    inner = bundle.model.model
+    mask = create_causal_mask(
+        config=bundle.model.config,
+        inputs_embeds=h,
+        attention_mask=None,
+        past_key_values=cache,
+        position_ids=pos,
+        layer_idx=mask_layer,
+    )
+    rope = inner.rotary_emb(h, position_ids=pos)
+    for i in layer_ids:
+        h = inner.layers[i](
+            h,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            position_embeddings=rope,
+        )
+    return h
+
+
+def elapsed_ms(bundle: ModelBundle, start: float) -> float:
+    """Milliseconds since `start` (perf_counter), once the device is done (CUDA runs async)."""
+    if bundle.device.type == "cuda":
+        torch.cuda.synchronize(bundle.device)
+    return round((time.perf_counter() - start) * 1000.0, 3)
 
 
 # --- KV-cache rollback ------------------------------------------------------------------------------

@@ -80,7 +80,6 @@ def verify_chain(
     `q_rows`: the draft's distributions (speculative sampling); None for point-mass drafts.
     A feature-level `drafter` is handed the features of the kept inputs.
     Returns the verdict and the forward's logits."""
-    in_cache = len(context) - 1
     wants = drafter is not None and drafter.needs_features
     out = forward(
         bundle,
@@ -91,20 +90,40 @@ def verify_chain(
         features=wants,
     )
     yield out.event
+    verdict = yield from settle_chain(
+        cache, context, draft, out.logits, sampler, budget, step, q_rows
+    )
+    if wants:
+        drafter.observe(out.features[: 1 + len(verdict.accepted)])
+    return verdict, out.logits
+
+
+def settle_chain(
+    cache: DynamicCache,
+    context: list[int],
+    draft: Sequence[int],
+    logits: torch.Tensor,
+    sampler: Sampler,
+    budget: Budget,
+    step: int,
+    q_rows: Sequence[torch.Tensor] | None = None,
+) -> Generator[Event, None, Verdict]:
+    """The verdict on a chain draft from the target's `logits` over [x, *draft] (a forward the
+    caller ran, e.g. one resumed at an exit layer): the Verify event, the cache cropped to x and
+    the accepted drafts, and the Commit. Returns the verdict."""
+    in_cache = len(context) - 1
     if sampler.greedy:
-        verdict = greedy_chain(draft, out.logits)
+        verdict = greedy_chain(draft, logits)
     elif q_rows is None:
-        verdict = sample_deterministic_chain(draft, out.logits, sampler)
+        verdict = sample_deterministic_chain(draft, logits, sampler)
     else:
-        q = torch.stack(list(q_rows)) if q_rows else out.logits[:0]
-        verdict = speculative_chain(draft, q, out.logits, sampler)
+        q = torch.stack(list(q_rows)) if q_rows else logits[:0]
+        verdict = speculative_chain(draft, q, logits, sampler)
     if draft:
         yield Verify(step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs)
     crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
-    if wants:
-        drafter.observe(out.features[: 1 + len(verdict.accepted)])
     yield commit(step, verdict, budget, context)
-    return verdict, out.logits
+    return verdict
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from decoders.events import Event
 
 from .figures import draft_panel, topk_panel
+from .kangaroo_view import kangaroo_confidence, kangaroo_layers
 from .lookahead_views import (
     jacobi_trajectory,
     lookahead_panel,
@@ -31,6 +32,7 @@ PANELS: dict[str, Panel] = {
     "token_tree": token_tree,
     "jacobi": jacobi_trajectory,
     "lookahead": lookahead_panel,
+    "kangaroo": kangaroo_confidence,
     "medusa": heads_grid,
     "blockwise": blockwise_chain,
 }
@@ -47,6 +49,7 @@ def method_panel(
 EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "lookahead": (lookahead_window, pool_candidates, ngram_pool),
     "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept
+    "kangaroo": (kangaroo_layers,),  # under the confidences: where in the model the step ran
     "medusa": (token_tree,),  # the tree the heads' guesses formed, verified
     "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
 }

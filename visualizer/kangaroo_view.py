@@ -1,0 +1,360 @@
+"""Kangaroo's views: where in the model a step's tokens went, and why its draft ended.
+
+The layer diagram draws the target as a column of its L decoder layers at one step: layers 1..ℓ
+(shallow: the drafts exit after them), the adapter and LM head rows the drafts exit through, and
+layers ℓ+1..L (deep: only verification runs them). Each bar is the number of tokens that ran that
+layer in the step, split into the drafting pass and the verify pass. Everything is read from the
+step's Forward events: a draft forward runs one token through layers 1..ℓ and the adapter
+(`layers` = ℓ + 1; `layers` = 1 is the adapter alone, reading the prompt at step 0); the verify
+forward runs all its inputs through layers ℓ+1..L and its last input, the one token drafting did not
+feed, through layers 1..ℓ first (`layers` = L; L − ℓ when no input needed them).
+
+The confidence view: one bar per drafted token, the adapter's top-1 probability against the
+threshold η (dashed), coloured by what the target made of the token (accepted green, first
+rejection red, never checked grey), with the reason drafting stopped.
+Pure: events in, Figure out (no torch, no gradio).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from decoders.events import Draft, DraftStop, Event, Forward, Verify
+
+from .figures import LANE_COLOURS, _base_layout, _empty
+from .self_speculative_view import BAR_EDGE, LABELLED_BARS, THETA_COLOUR, run_cost
+from .text import add_caption, fmt_ratio, short_token, token_hover
+
+MAX_LAYER_ROWS = 64  # deeper models are drawn as three blocks, not one row per layer
+ROW_PX = 13  # one layer row: room for a tick label at 11 px
+SHALLOW_BAND, DEEP_BAND = "#f1f8e9", "#eceff1"
+BAR_ROOM = 1.9  # the x range over the longest bar: the right part holds the bands' names
+
+
+@dataclass(frozen=True)
+class StepPasses:
+    """Tokens through each part of the model in one step, from its Forward events."""
+
+    n_layers: int  # L
+    exit_layer: int | None  # ℓ (None: no draft forward anywhere in the run says it)
+    shallow_draft: int  # tokens through layers 1..ℓ in draft forwards
+    shallow_verify: int  # ... in the step's target forward (prefill: the prompt; verify: 1)
+    adapter: int  # tokens through the adapter and the draft head
+    deep: int  # tokens through layers ℓ+1..L
+    draft_forwards: int
+    draft_ms: float
+    target_ms: float
+    target_kind: str  # "prefill", "verify" or "target"
+
+
+def exit_layer_of(events: Sequence[Event]) -> int | None:
+    """ℓ, from a draft forward that ran the shallow layers and the adapter (ℓ + 1 layers)."""
+    for e in events:
+        if isinstance(e, Forward) and e.kind == "draft" and e.step > 0 and e.layers >= 2:
+            return e.layers - 1
+    return None
+
+
+def step_passes(events: Sequence[Event], step: int) -> StepPasses | None:
+    forwards = [e for e in events if isinstance(e, Forward)]
+    target = next(
+        (e for e in forwards if e.step == step and e.kind in ("prefill", "verify", "target")), None
+    )
+    if target is None:
+        return None
+    prefill = next((e.layers for e in forwards if e.kind == "prefill"), None)
+    n_layers = max(prefill or 0, target.layers)
+    mine = [e for e in forwards if e.step == step and e.kind == "draft"]
+    exit_layer = exit_layer_of(mine) or exit_layer_of(events)
+    if target.kind == "prefill":
+        shallow_verify = target.n_input_tokens
+    else:  # the verify pass ran layers 1..ℓ only for its last input, when it ran them at all
+        deep_only = n_layers - (exit_layer or 0)
+        shallow_verify = 1 if target.layers > deep_only else 0
+    return StepPasses(
+        n_layers=n_layers,
+        exit_layer=exit_layer,
+        shallow_draft=sum(e.n_input_tokens for e in mine if e.layers >= 2),
+        shallow_verify=shallow_verify,
+        adapter=sum(e.n_input_tokens for e in mine),
+        deep=target.n_input_tokens,
+        draft_forwards=len(mine),
+        draft_ms=sum(e.wall_ms for e in mine),
+        target_ms=target.wall_ms,
+        target_kind=target.kind,
+    )
+
+
+def kangaroo_layers(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """The model as a column of layers at `step`: how many tokens ran each part, in which pass."""
+    passes = step_passes(events, step)
+    if passes is None:
+        return _empty(f"Step {step}", "no forward pass recorded at this step", height=220)
+    p, ell, total = passes, passes.exit_layer, passes.n_layers
+    if ell is None or not 1 <= ell < total:  # no draft in the whole run: one plain column
+        rows = [_row(f"layers 1–{total}", 0, p.deep, f"layers 1–{total}")]
+        return _layers_figure(step, rows, p, [_verify_sentence(p)], shallow_rows=0, ticks=[])
+    if total <= MAX_LAYER_ROWS:
+        rows = [
+            _row(f"layer {i}", p.shallow_draft, p.shallow_verify, f"layer {i}")
+            for i in range(1, ell + 1)
+        ]
+        rows.append(_row("adapter + head", p.adapter, 0, "the adapter and the draft head"))
+        rows += [_row(f"layer {i}", 0, p.deep, f"layer {i}") for i in range(ell + 1, total + 1)]
+        ticks = ["layer 1", f"layer {ell}", "adapter + head", f"layer {ell + 1}", f"layer {total}"]
+    else:
+        rows = [
+            _row(f"layers 1–{ell}", p.shallow_draft, p.shallow_verify, f"layers 1–{ell}"),
+            _row("adapter + head", p.adapter, 0, "the adapter and the draft head"),
+            _row(f"layers {ell + 1}–{total}", 0, p.deep, f"layers {ell + 1}–{total}"),
+        ]
+        ticks = [r[0] for r in rows]
+    shallow_rows = rows.index(next(r for r in rows if r[0] == "adapter + head")) + 1
+    return _layers_figure(step, rows, p, _layer_sentences(p), shallow_rows, ticks)
+
+
+def _row(label: str, drafting: int, verifying: int, what: str) -> tuple[str, int, int, str]:
+    return label, drafting, verifying, f"{what}: {drafting} tokens drafting, {verifying} verifying"
+
+
+def _layers_figure(
+    step: int,
+    rows: list[tuple[str, int, int, str]],
+    p: StepPasses,
+    sentences: list[str],
+    shallow_rows: int,
+    ticks: list[str],
+) -> go.Figure:
+    """Stacked horizontal bars, one row per layer (bottom = layer 1); `shallow_rows`: how many
+    rows from the bottom are the shallow layers and the adapter (shaded apart from the rest)."""
+    labels = [r[0] for r in rows]
+    prefill = p.target_kind == "prefill"
+    fig = go.Figure()
+    for name, column, colour in (
+        ("the adapter" if prefill else "drafting", 1, LANE_COLOURS["draft"]),
+        (
+            "the prefill" if prefill else "the verify pass",
+            2,
+            LANE_COLOURS["prefill" if prefill else "verify"],
+        ),
+    ):
+        xs = [r[column] for r in rows]
+        if not any(xs):
+            continue
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=labels,
+                x=xs,
+                name=name,
+                marker=dict(color=colour, line=dict(width=0.5, color="white")),
+                hovertext=[r[3] for r in rows],
+                hoverinfo="text",
+            )
+        )
+    if shallow_rows:  # light bands, named at their right end (the bars leave room there)
+        for y0, y1, colour, name in (
+            (-0.5, shallow_rows - 0.5, SHALLOW_BAND, "shallow (drafting)"),
+            (shallow_rows - 0.5, len(rows) - 0.5, DEEP_BAND, "verifying"),
+        ):
+            fig.add_shape(
+                type="rect",
+                xref="paper",
+                x0=0,
+                x1=1,
+                yref="y",
+                y0=y0,
+                y1=y1,
+                fillcolor=colour,
+                line=dict(width=0),
+                layer="below",
+            )
+            fig.add_annotation(
+                text=name,
+                xref="paper",
+                x=1,
+                xanchor="right",
+                yref="y",
+                y=(y0 + y1) / 2,
+                showarrow=False,
+                font=dict(size=11, color="#546e7a"),
+            )
+    fig.update_layout(barmode="stack", bargap=0.25, legend=dict(traceorder="normal"))
+    most = max((r[1] + r[2] for r in rows), default=1)
+    fig.update_xaxes(
+        title_text="tokens through the layer",
+        range=[0, most * BAR_ROOM],
+        dtick=_nice_step(most * BAR_ROOM / 8),
+    )
+    fig.update_yaxes(
+        categoryorder="array",
+        categoryarray=labels,
+        tickmode="array",
+        tickvals=list(dict.fromkeys(ticks or labels)),
+        tickfont=dict(size=11),
+    )
+    height = 150 + ROW_PX * len(rows)
+    ell, total = p.exit_layer, p.n_layers
+    if shallow_rows:
+        title = f"Step {step}: exit at layer {ell} of {total}"
+        subtitle = f"layers 1–{ell} + adapter draft; layers {ell + 1}–{total} verify"
+    else:
+        title, subtitle = f"Step {step}: {total} layers", "no draft in this run"
+    fig = _base_layout(fig, title, height=height, subtitle=subtitle)
+    # The caption goes under the axis title; the legend row under the caption.
+    return add_caption(fig, sentences, height, gap_px=56, below_px=92, from_figure_edge=True)
+
+
+def _nice_step(raw: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... at least `raw`: round tick steps."""
+    step = 1
+    while step < raw:
+        for factor in (2, 5 / 2, 2):
+            step = round(step * factor)
+            if step >= raw:
+                break
+    return step
+
+
+def _layer_sentences(p: StepPasses) -> list[str]:
+    ell, total = p.exit_layer, p.n_layers
+    if p.target_kind == "prefill":
+        return [
+            f"Prefill: the prompt's {p.deep} tokens ran all {total} layers, and their layer-{ell} "
+            f"states the adapter, so its cache covers the prompt ({p.target_ms + p.draft_ms:.1f} ms)."
+        ]
+    if p.draft_forwards:
+        first = (
+            f"Drafting: {p.draft_forwards} forwards of layers 1–{ell} and the adapter, one token "
+            f"each ({p.draft_ms:.1f} ms in all)."
+        )
+    else:
+        first = "No draft this step: the budget left room for the target's own token only."
+    once = p.shallow_draft + p.shallow_verify == p.deep
+    return [
+        first,
+        _verify_sentence(p),
+        f"Every token ran layers 1–{ell} once." if once else "",
+    ]
+
+
+def _verify_sentence(p: StepPasses) -> str:
+    ell, total = p.exit_layer, p.n_layers
+    if ell is None:
+        return f"One pass of all {total} layers over {p.deep} token ({p.target_ms:.1f} ms)."
+    reuse = (
+        f"only the last one ran layers 1–{ell} there, the others' states came from drafting"
+        if p.deep > 1
+        else f"it ran layers 1–{ell} there first"
+    )
+    return (
+        f"Verifying: one pass of layers {ell + 1}–{total} over {p.deep} tokens; {reuse} "
+        f"({p.target_ms:.1f} ms)."
+    )
+
+
+# --- the second early exit: confidence against η ------------------------------------------------
+
+
+def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str]) -> str:
+    last = repr(texts.get(tokens[-1], "?")) if tokens else ""
+    eta = f"η\u00a0=\u00a0{stop.threshold:.2f}"
+    if stop.reason == "confidence" and stop.confidences:
+        return (
+            f"Stopped after {last}: the adapter's confidence {stop.confidences[-1]:.2f} is below "
+            f"{eta} (the token is still verified)."
+        )
+    if stop.reason == "max_draft":
+        return f"Stopped at γ\u00a0=\u00a0{len(tokens)}: every token cleared {eta}."
+    if stop.reason == "eos":
+        return f"Stopped after {last}: the adapter proposed an end token."
+    return f"Stopped by the budget: max_new_tokens left room for {len(tokens)} draft tokens."
+
+
+def _cost_sentence(events: Sequence[Event]) -> str:
+    cost = run_cost(events)
+    ell = exit_layer_of(events)
+    if cost is None or not cost.drafts or ell is None:
+        return ""
+    return (
+        f"On this run a draft forward (layers 1–{ell} + the adapter) takes "
+        f"{cost.draft_ratio:.0%} of the time of one of its {cost.reference}."
+    )
+
+
+def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """The drafted tokens of one step: the adapter's confidence against η, and why drafting
+    stopped."""
+    stop = next((e for e in events if isinstance(e, DraftStop) and e.step == step), None)
+    if stop is None:
+        return _empty(f"Step {step}", "step 0 is the prefill: no draft", height=220)
+    draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
+    verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
+    tokens = draft.tokens if draft else ()
+    n_acc = len(verify.accepted) if verify else 0
+    caption = [_stop_sentence(stop, tokens, texts), _cost_sentence(events)]
+    if not tokens:
+        fig = _empty(f"Step {step}: no draft", "no room to draft: a plain target step", 200)
+        return add_caption(fig, caption, 200, gap_px=30, below_px=64, from_figure_edge=True)
+
+    from .tokens import COLOURS
+
+    status = [
+        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked"
+        for i in range(len(tokens))
+    ]
+    colour = {"accepted": COLOURS["draft"], "rejected": COLOURS["rejected"]}
+    x = list(range(1, len(tokens) + 1))
+    conf = list(stop.confidences) + [0.0] * (len(tokens) - len(stop.confidences))
+    fig = go.Figure(
+        go.Bar(
+            x=x,
+            y=conf,
+            marker=dict(
+                color=[colour.get(s, COLOURS["pending"]) for s in status],
+                line=dict(width=1, color=BAR_EDGE),
+            ),
+            text=[fmt_ratio(c) for c in conf],
+            textposition="outside",
+            cliponaxis=False,
+            hovertext=[
+                f"{token_hover(texts.get(t, '?'), t)} · adapter's confidence {c:.3f} vs η "
+                f"{stop.threshold:.3f} · {s}"
+                for t, c, s in zip(tokens, conf, status, strict=True)
+            ],
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    # η as a dashed line trace, named in the legend row under the plot (never over the labels).
+    right = max(len(tokens), 3) + 0.6
+    fig.add_trace(
+        go.Scatter(
+            x=[0.4, right],
+            y=[stop.threshold, stop.threshold],
+            mode="lines",
+            line=dict(color=THETA_COLOUR, dash="dash", width=1.5),
+            name=f"η = {stop.threshold:.2f}: a token below it ends the draft",
+            hoverinfo="skip",
+        )
+    )
+    many = len(tokens) > LABELLED_BARS  # too many bars to label on a phone: positions only
+    if many:
+        fig.update_traces(text=None, selector=dict(type="bar"))
+    fig.update_xaxes(
+        tickmode="array",
+        tickvals=x,
+        ticktext=[str(i) for i in x]
+        if many
+        else [short_token(texts.get(t, "?"), 5) for t in tokens],
+        tickangle=0,
+        tickfont=dict(size=10),
+        range=[0.4, right],
+    )
+    fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="confidence", dtick=0.25)
+    title = f"Step {step}: drafted {len(tokens)}, accepted {n_acc}"
+    fig = _base_layout(fig, title, height=240)
+    return add_caption(fig, caption, 240, gap_px=30, below_px=64, from_figure_edge=True)
