@@ -177,7 +177,10 @@ def heads_grid(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
                     y0=y - 0.42,
                     y1=y + 0.42,
                     fillcolor=CELL_STYLE[status.get((r, k), "unused")][0],
-                    line=dict(width=1, color=CELL_EDGE),
+                    # Left out of the tree: a dotted edge (white and the pending grey are close).
+                    line=dict(
+                        width=1, color=CELL_EDGE, dash="dot" if (r, k) not in status else "solid"
+                    ),
                     layer="below",
                 )
             )
