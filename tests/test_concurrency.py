@@ -39,6 +39,7 @@ TINY_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("lookahead", {"N": 4, "W": 3, "G": 2}),
     ("medusa", {"nodes": 63, "temperature": 0.7, "seed": 2}),
     ("blockwise", {"k": 2, "temperature": 0.8, "seed": 3}),
+    ("kangaroo", {"exit_layer": "2", "eta": 0.0, "temperature": 0.8, "seed": 4}),
 ]
 
 
@@ -145,6 +146,7 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("jacobi", {}),
     ("medusa", {}),
     ("blockwise", {}),
+    ("kangaroo", {}),
 ]  # every method, two of them token trees drafting with the EAGLE head
 
 
