@@ -30,7 +30,12 @@ def add_loop_arguments(
     g.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     g.add_argument("--batch-size", type=int, default=batch_size, help="spans per step")
     g.add_argument("--warmup", type=float, default=0.05, help="share of steps warming up")
-    g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all)")
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=0,
+        help="train this many steps (0: all; the schedule fits them)",
+    )
     g.add_argument("--held-out", type=float, default=0.05, help="share of documents held out")
     g.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     g.add_argument(
@@ -133,7 +138,7 @@ class Loop:
                 sched.step()
                 step += 1
                 if step % 10 == 0:
-                    bar.set_postfix({k: f"{float(v):.3f}" for k, v in out.items()})
+                    bar.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in out.items()})
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
                     save()
             if step % per_epoch == 0 or step == total:
