@@ -371,10 +371,11 @@ def _file_prompts(path: Path) -> list[str]:
 def code_chunks(files: list[Path], n: int, chars: int, rng: random.Random) -> list[str]:
     """`n` random spans of raw source, each starting at a line boundary."""
     texts = [t for t in (p.read_text(encoding="utf-8", errors="replace") for p in files) if t]
-    texts = [t for t in texts if len(t) >= chars]
     chunks: list[str] = []
-    while len(chunks) < n and texts:
+    while len(chunks) < n and any(len(t) >= chars for t in texts):
         text = rng.choice(texts)
+        if len(text) < chars:
+            continue
         start = text.rfind("\n", 0, rng.randrange(len(text) - chars + 1)) + 1
         chunks.append(text[start : start + chars])
     return chunks
