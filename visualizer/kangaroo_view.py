@@ -4,10 +4,10 @@ The layer diagram draws the target as a column of its L decoder layers at one st
 (shallow: the drafts exit after them), the adapter and LM head rows the drafts exit through, and
 layers ℓ+1..L (deep: only verification runs them). Each bar is the number of tokens that ran that
 layer in the step, split into the drafting pass and the verify pass. Everything is read from the
-step's Forward events: a draft forward runs one token through layers 1..ℓ and the adapter
-(`layers` = ℓ + 1; `layers` = 1 is the adapter alone, reading the prompt at step 0); the verify
-forward runs all its inputs through layers ℓ+1..L and its last input, the one token drafting did not
-feed, through layers 1..ℓ first (`layers` = L; L − ℓ when no input needed them).
+step's Forward events: a draft forward runs one token through layers 1..ℓ and the adapter (`layers`
+= ℓ + 1; `layers` = 1 is the adapter alone, reading the prompt at step 0); the verify forward runs
+all its inputs through layers ℓ+1..L and its last input, the one token drafting did not feed,
+through layers 1..ℓ first (`layers` = L; L − ℓ when no input needed them).
 
 The confidence view: one bar per drafted token, the adapter's top-1 probability against the
 threshold η (dashed), coloured by what the target made of the token (accepted green, first
@@ -29,6 +29,7 @@ from .self_speculative_view import BAR_EDGE, LABELLED_BARS, THETA_COLOUR, run_co
 from .text import add_caption, fmt_ratio, short_token, token_hover
 
 MAX_LAYER_ROWS = 64  # deeper models are drawn as three blocks, not one row per layer
+LEFT_PX = 100  # room for the y tick labels
 ROW_PX = 13  # one layer row: room for a tick label at 11 px
 SHALLOW_BAND, DEEP_BAND = "#f1f8e9", "#eceff1"
 BAR_ROOM = 1.9  # the x range over the longest bar: the right part holds the bands' names
@@ -95,7 +96,7 @@ def kangaroo_layers(events: Sequence[Event], texts: Mapping[int, str], step: int
         return _empty(f"Step {step}", "no forward pass recorded at this step", height=220)
     p, ell, total = passes, passes.exit_layer, passes.n_layers
     if ell is None or not 1 <= ell < total:  # no draft in the whole run: one plain column
-        rows = [_row(f"layers 1–{total}", 0, p.deep, f"layers 1–{total}")]
+        rows = [_row(_span(1, total), 0, p.deep, _span(1, total))]
         return _layers_figure(step, rows, p, [_verify_sentence(p)], shallow_rows=0, ticks=[])
     if total <= MAX_LAYER_ROWS:
         rows = [
@@ -107,13 +108,22 @@ def kangaroo_layers(events: Sequence[Event], texts: Mapping[int, str], step: int
         ticks = ["layer 1", f"layer {ell}", "adapter + head", f"layer {ell + 1}", f"layer {total}"]
     else:
         rows = [
-            _row(f"layers 1–{ell}", p.shallow_draft, p.shallow_verify, f"layers 1–{ell}"),
+            _row(_span(1, ell), p.shallow_draft, p.shallow_verify, _span(1, ell)),
             _row("adapter + head", p.adapter, 0, "the adapter and the draft head"),
-            _row(f"layers {ell + 1}–{total}", 0, p.deep, f"layers {ell + 1}–{total}"),
+            _row(_span(ell + 1, total), 0, p.deep, _span(ell + 1, total)),
         ]
         ticks = [r[0] for r in rows]
     shallow_rows = rows.index(next(r for r in rows if r[0] == "adapter + head")) + 1
     return _layers_figure(step, rows, p, _layer_sentences(p), shallow_rows, ticks)
+
+
+def _span(first: int, last: int) -> str:
+    """'layer 3' or 'layers 1–2'."""
+    return f"layer {first}" if first == last else f"layers {first}–{last}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _row(label: str, drafting: int, verifying: int, what: str) -> tuple[str, int, int, str]:
@@ -200,10 +210,14 @@ def _layers_figure(
     ell, total = p.exit_layer, p.n_layers
     if shallow_rows:
         title = f"Step {step}: exit at layer {ell} of {total}"
-        subtitle = f"layers 1–{ell} + adapter draft; layers {ell + 1}–{total} verify"
+        subtitle = f"{_span(1, ell)} + adapter draft; {_span(ell + 1, total)} verify"
     else:
         title, subtitle = f"Step {step}: {total} layers", "no draft in this run"
     fig = _base_layout(fig, title, height=height, subtitle=subtitle)
+    # A left margin that holds the longest tick label ("adapter + head"), so automargin never
+    # widens it and the caption, placed from the figure's edge by this margin, stays inside.
+    fig.update_layout(margin=dict(l=LEFT_PX))
+    fig.update_yaxes(automargin=False)
     # The caption goes under the axis title; the legend row under the caption.
     return add_caption(fig, sentences, height, gap_px=56, below_px=92, from_figure_edge=True)
 
@@ -223,13 +237,14 @@ def _layer_sentences(p: StepPasses) -> list[str]:
     ell, total = p.exit_layer, p.n_layers
     if p.target_kind == "prefill":
         return [
-            f"Prefill: the prompt's {p.deep} tokens ran all {total} layers, and their layer-{ell} "
-            f"states the adapter, so its cache covers the prompt ({p.target_ms + p.draft_ms:.1f} ms)."
+            f"Prefill: the prompt's {p.deep} tokens ran all {total} layers, and their "
+            f"layer-{ell} states the adapter, so its cache covers the prompt "
+            f"({p.target_ms + p.draft_ms:.1f} ms)."
         ]
     if p.draft_forwards:
         first = (
-            f"Drafting: {p.draft_forwards} forwards of layers 1–{ell} and the adapter, one token "
-            f"each ({p.draft_ms:.1f} ms in all)."
+            f"Drafting: {_count(p.draft_forwards, 'forward')} of {_span(1, ell)} and the "
+            f"adapter, one token each ({p.draft_ms:.1f} ms in all)."
         )
     else:
         first = "No draft this step: the budget left room for the target's own token only."
@@ -237,21 +252,22 @@ def _layer_sentences(p: StepPasses) -> list[str]:
     return [
         first,
         _verify_sentence(p),
-        f"Every token ran layers 1–{ell} once." if once else "",
+        f"Every token ran {_span(1, ell)} once." if once else "",
     ]
 
 
 def _verify_sentence(p: StepPasses) -> str:
     ell, total = p.exit_layer, p.n_layers
     if ell is None:
-        return f"One pass of all {total} layers over {p.deep} token ({p.target_ms:.1f} ms)."
+        tokens = _count(p.deep, "token")
+        return f"One pass of all {total} layers over {tokens} ({p.target_ms:.1f} ms)."
     reuse = (
-        f"only the last one ran layers 1–{ell} there, the others' states came from drafting"
+        f"only the last one ran {_span(1, ell)} there, the others' states came from drafting"
         if p.deep > 1
-        else f"it ran layers 1–{ell} there first"
+        else f"it ran {_span(1, ell)} there first"
     )
     return (
-        f"Verifying: one pass of layers {ell + 1}–{total} over {p.deep} tokens; {reuse} "
+        f"Verifying: one pass of {_span(ell + 1, total)} over {_count(p.deep, 'token')}; {reuse} "
         f"({p.target_ms:.1f} ms)."
     )
 
@@ -280,7 +296,7 @@ def _cost_sentence(events: Sequence[Event]) -> str:
     if cost is None or not cost.drafts or ell is None:
         return ""
     return (
-        f"On this run a draft forward (layers 1–{ell} + the adapter) takes "
+        f"On this run a draft forward ({_span(1, ell)} + the adapter) takes "
         f"{cost.draft_ratio:.0%} of the time of one of its {cost.reference}."
     )
 
