@@ -75,6 +75,10 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "speculative:draft=self:8",
         "token_tree:draft=eagle",
         "token_tree:draft=self:8",
+        # Kangaroo's first two layers + its trained adapter against the same two layers alone
+        "kangaroo:exit_layer=2",
+        "speculative:draft=self:2",
+        "medusa",
     ),
     "quick look": ("prompt_lookup", "speculative", "lookahead"),
 }
