@@ -53,7 +53,7 @@ PARAMS = (
     Param(
         "nodes",
         int,
-        16,
+        8,
         "tree size: the first N paths of Medusa's 63-node tree (the order the paper's search "
         "added them); cut at the shipped heads' depth",
         1,
