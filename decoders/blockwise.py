@@ -25,7 +25,7 @@ from typing import Any
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import Draft, Event, HeadProposals
+from .events import Draft, Event
 from .medusa_heads import HeadReader, MedusaHeads, load_heads
 from .models import ModelBundle
 from .params import Param
@@ -80,10 +80,8 @@ def decode_with(
         draft: list[int] = []
         if n:
             # The heads' top few are recorded for the view (where the right token ranked).
-            proposal = reader.propose(n, cfg.top_k if cfg.detail else 1, step)
-            yield proposal.event
-            if cfg.detail:
-                yield HeadProposals(step, len(budget.tokens), proposal.tokens, proposal.probs)
+            top = cfg.top_k if cfg.detail else 1
+            proposal = yield from reader.read(n, top, step, len(budget.tokens), cfg.detail)
             draft = [row[0] for row in proposal.tokens]
             probs = tuple(row[0] for row in proposal.probs)
             yield Draft(step, "blockwise", tuple(draft), chain(n), probs)

@@ -30,7 +30,7 @@ from typing import Any
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import Draft, Event, HeadProposals
+from .events import Draft, Event
 from .medusa_heads import HeadReader, MedusaHeads, Proposal, load_heads
 from .models import ModelBundle
 from .params import Param
@@ -151,10 +151,7 @@ def decode_with(
         parents: list[int] = []
         if step_paths:
             depth = max(map(len, step_paths))
-            proposal = reader.propose(depth, top_k, step)
-            yield proposal.event
-            if cfg.detail:
-                yield HeadProposals(step, len(budget.tokens), proposal.tokens, proposal.probs)
+            proposal = yield from reader.read(depth, top_k, step, len(budget.tokens), cfg.detail)
             tokens, parents, probs = build_tree(step_paths, proposal)
             yield Draft(step, "medusa", tuple(tokens), tuple(parents), tuple(probs))
 

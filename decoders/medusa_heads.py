@@ -13,6 +13,7 @@ trained by `python -m decoders.train medusa` and ship as `assets/medusa/<model>.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from .artifacts import artifact_path, load_artifact
-from .events import Forward
+from .events import Event, Forward, HeadProposals
 from .models import ModelBundle
 
 KIND = "medusa"
@@ -119,6 +120,18 @@ class HeadReader:
             tuple(tuple(round(float(p), 6) for p in row) for row in probs.tolist()),
             event,
         )
+
+    def read(
+        self, n_heads: int, top_k: int, step: int, position: int, detail: bool
+    ) -> Generator[Event, None, Proposal]:
+        """`propose`, recorded: the Forward that timed the heads and, with `detail`, their top-k
+        rows as HeadProposals (`position`: tokens committed so far), where the view finds which
+        rank the right token had. Returns the proposal."""
+        proposal = self.propose(n_heads, top_k, step)
+        yield proposal.event
+        if detail:
+            yield HeadProposals(step, position, proposal.tokens, proposal.probs)
+        return proposal
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ through layers 1..ℓ first (`layers` = L; L − ℓ when no input needed them).
 
 The confidence view: one bar per drafted token, the adapter's top-1 probability against the
 threshold η (dashed), coloured by what the target made of the token (accepted green, first
-rejection red, never checked grey), with the reason drafting stopped.
+rejection red, never checked grey), with the reason drafting stopped: Draft & Verify's figure
+(self_speculative_view.confidence_bars) with η for θ.
 Pure: events in, Figure out (no torch, no gradio).
 """
 
@@ -25,8 +26,8 @@ import plotly.graph_objects as go
 from decoders.events import Draft, DraftStop, Event, Forward, Verify
 
 from .figures import LANE_COLOURS, _base_layout, _empty
-from .self_speculative_view import BAR_EDGE, LABELLED_BARS, THETA_COLOUR, run_cost
-from .text import add_caption, fmt_ratio, short_token, token_hover
+from .self_speculative_view import confidence_bars, run_cost
+from .text import add_caption
 
 MAX_LAYER_ROWS = 64  # deeper models are drawn as three blocks, not one row per layer
 LEFT_PX = 100  # room for the y tick labels
@@ -312,65 +313,6 @@ def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step:
     tokens = draft.tokens if draft else ()
     n_acc = len(verify.accepted) if verify else 0
     caption = [_stop_sentence(stop, tokens, texts), _cost_sentence(events)]
-    if not tokens:
-        fig = _empty(f"Step {step}: no draft", "no room to draft: a plain target step", 200)
-        return add_caption(fig, caption, 200, gap_px=30, below_px=64, from_figure_edge=True)
-
-    from .tokens import COLOURS
-
-    status = [
-        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked"
-        for i in range(len(tokens))
-    ]
-    colour = {"accepted": COLOURS["draft"], "rejected": COLOURS["rejected"]}
-    x = list(range(1, len(tokens) + 1))
-    conf = list(stop.confidences) + [0.0] * (len(tokens) - len(stop.confidences))
-    fig = go.Figure(
-        go.Bar(
-            x=x,
-            y=conf,
-            marker=dict(
-                color=[colour.get(s, COLOURS["pending"]) for s in status],
-                line=dict(width=1, color=BAR_EDGE),
-            ),
-            text=[fmt_ratio(c) for c in conf],
-            textposition="outside",
-            cliponaxis=False,
-            hovertext=[
-                f"{token_hover(texts.get(t, '?'), t)} · adapter's confidence {c:.3f} vs η "
-                f"{stop.threshold:.3f} · {s}"
-                for t, c, s in zip(tokens, conf, status, strict=True)
-            ],
-            hoverinfo="text",
-            showlegend=False,
-        )
+    return confidence_bars(
+        stop, tokens, n_acc, texts, caption, symbol="η", scorer="adapter's confidence"
     )
-    # η as a dashed line trace, named in the legend row under the plot (never over the labels).
-    right = max(len(tokens), 3) + 0.6
-    fig.add_trace(
-        go.Scatter(
-            x=[0.4, right],
-            y=[stop.threshold, stop.threshold],
-            mode="lines",
-            line=dict(color=THETA_COLOUR, dash="dash", width=1.5),
-            name=f"η = {stop.threshold:.2f}: a token below it ends the draft",
-            hoverinfo="skip",
-        )
-    )
-    many = len(tokens) > LABELLED_BARS  # too many bars to label on a phone: positions only
-    if many:
-        fig.update_traces(text=None, selector=dict(type="bar"))
-    fig.update_xaxes(
-        tickmode="array",
-        tickvals=x,
-        ticktext=[str(i) for i in x]
-        if many
-        else [short_token(texts.get(t, "?"), 5) for t in tokens],
-        tickangle=0,
-        tickfont=dict(size=10),
-        range=[0.4, right],
-    )
-    fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="confidence", dtick=0.25)
-    title = f"Step {step}: drafted {len(tokens)}, accepted {n_acc}"
-    fig = _base_layout(fig, title, height=240)
-    return add_caption(fig, caption, 240, gap_px=30, below_px=64, from_figure_edge=True)

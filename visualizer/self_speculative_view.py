@@ -125,12 +125,29 @@ def self_speculative_panel(
     tokens = draft.tokens if draft else ()
     n_acc = len(verify.accepted) if verify else 0
     caption = [_stop_sentence(stop, tokens, texts), cost_sentence(run_cost(events))]
+    return confidence_bars(stop, tokens, n_acc, texts, caption, symbol="θ")
+
+
+def confidence_bars(
+    stop: DraftStop,
+    tokens: Sequence[int],
+    n_accepted: int,
+    texts: Mapping[int, str],
+    caption: Sequence[str],
+    *,
+    symbol: str,
+    scorer: str = "confidence",
+) -> go.Figure:
+    """One step of a confidence-gated draft (Draft & Verify here, Kangaroo too): a bar per drafted
+    token, its confidence against the dashed threshold `symbol` (θ, η: the paper's name), coloured
+    by what the target made of it. `scorer` names whose confidence it is in the hover."""
+    step = stop.step
     if not tokens:
         fig = _empty(f"Step {step}: no draft", "no room to draft: a plain target step", 200)
         return _caption(fig, caption, 200)
 
     status = [
-        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked"
+        "accepted" if i < n_accepted else "rejected" if i == n_accepted else "not checked"
         for i in range(len(tokens))
     ]
     colour = {"accepted": COLOURS["draft"], "rejected": COLOURS["rejected"]}
@@ -148,22 +165,24 @@ def self_speculative_panel(
             textposition="outside",
             cliponaxis=False,
             hovertext=[
-                f"{token_hover(texts.get(t, '?'), t)} · confidence {c:.3f} vs θ {stop.threshold:.3f}"
-                f" · {s}"
+                f"{token_hover(texts.get(t, '?'), t)} · {scorer} {c:.3f} vs {symbol} "
+                f"{stop.threshold:.3f} · {s}"
                 for t, c, s in zip(tokens, conf, status, strict=True)
             ],
             hoverinfo="text",
             showlegend=False,
         )
     )
-    # θ as a line trace, named in the legend row above the plot (never over the bars' labels).
+    # The threshold as a dashed line trace, named in the legend row under the plot (never over
+    # the bars' labels).
+    right = max(len(tokens), 3) + 0.6
     fig.add_trace(
         go.Scatter(
-            x=[0.4, max(len(tokens), 3) + 0.6],
+            x=[0.4, right],
             y=[stop.threshold, stop.threshold],
             mode="lines",
             line=dict(color=THETA_COLOUR, dash="dash", width=1.5),
-            name=f"θ = {stop.threshold:.2f}: a token below it ends the draft",
+            name=f"{symbol} = {stop.threshold:.2f}: a token below it ends the draft",
             hoverinfo="skip",
         )
     )
@@ -178,10 +197,10 @@ def self_speculative_panel(
         else [short_token(texts.get(t, "?"), 5) for t in tokens],
         tickangle=0,
         tickfont=dict(size=10),
-        range=[0.4, max(len(tokens), 3) + 0.6],
+        range=[0.4, right],
     )
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="confidence", dtick=0.25)
-    title = f"Step {step}: drafted {len(tokens)}, accepted {n_acc}"
+    title = f"Step {step}: drafted {len(tokens)}, accepted {n_accepted}"
     return _caption(_base_layout(fig, title, height=240), caption, 240)
 
 
