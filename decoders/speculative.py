@@ -9,6 +9,9 @@ tokens one by one, the target checks all of them in ONE forward.
         sampling: keep d_j with prob min(1, p_j(d_j) / q_j(d_j)); on the first rejection draw from
                   norm(max(0, p_j − q_j)); if all are kept, a bonus token from p_{γ+1}
         adaptive γ: all kept -> γ + 2, a rejection -> γ − 1 (transformers' heuristic schedule)
+        stop > 0: the draft also ends after the first token the drafter gives less than `stop`
+                  probability: its confidence predicts acceptance (EAGLE-2), so a long γ is spent
+                  where the drafter is sure and a short one where it guesses
 
 The drafter is `self:k` (the target's first k layers + its LM head, sharing the target's KV cache,
 LayerSkip-style), a trained EAGLE head, or another model with the same tokenizer (e.g.
@@ -24,7 +27,7 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .drafters import make_drafter
-from .events import Draft, Event
+from .events import Draft, DraftStop, Event
 from .models import ModelBundle
 from .params import Param
 from .runtime import new_cache
@@ -48,6 +51,15 @@ PARAMS = (
         "fixed γ, or grow on full acceptance / shrink on rejection",
         choices=("fixed", "adaptive"),
     ),
+    Param(
+        "stop",
+        float,
+        0.0,
+        "end the draft after the first token whose draft probability is below this "
+        "(EAGLE-2's confidence as a proxy for acceptance); 0 = off",
+        0.0,
+        1.0,
+    ),
 )
 MAX_GAMMA = 16
 
@@ -58,6 +70,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     drafter = make_drafter(cfg.params["draft"], bundle, cache)
     gamma, adaptive = cfg.params["gamma"], cfg.params["schedule"] == "adaptive"
+    stop = cfg.params["stop"]
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     step = 0
@@ -69,6 +82,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         n = min(gamma, budget.remaining - 1)
         draft: list[int] = []
         q_rows: list[torch.Tensor] = []
+        confidences: list[float] = []
+        reason = "max_draft" if n == gamma else "budget"
         feed = context[-1]
         for _ in range(n):
             d_out = drafter.forward([feed], step, logits_to_keep=1)
@@ -77,7 +92,13 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             feed = sampler.pick(d_out.logits[-1], q)
             draft.append(feed)
             q_rows.append(q)
+            confidences.append(round(float(q.max()), 6))
+            if confidences[-1] < stop:  # drafted and verified, but nothing is drafted after it
+                reason = "confidence"
+                break
         drafter.end()
+        if stop > 0:
+            yield DraftStop(step, stop, tuple(confidences), reason)
         if draft:
             q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
             yield Draft(step, drafter.label, tuple(draft), chain(len(draft)), q_draft)
@@ -86,4 +107,5 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             bundle, cache, context, draft, sampler, budget, step, q_rows, drafter
         )
         if adaptive and draft:
-            gamma = min(MAX_GAMMA, gamma + 2) if len(verdict.accepted) == n else max(1, gamma - 1)
+            full = len(verdict.accepted) == len(draft)
+            gamma = min(MAX_GAMMA, gamma + 2) if full else max(1, gamma - 1)

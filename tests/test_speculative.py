@@ -17,7 +17,7 @@ from conftest import PROMPTS
 from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
 from decoders.drafters import auto_draft
 from decoders.eagle import head_path
-from decoders.events import Commit, Done, Draft, Forward, Verify
+from decoders.events import Commit, Done, Draft, DraftStop, Forward, Verify
 from decoders.speculative import MAX_GAMMA
 from decoders.tree import chain
 
@@ -443,3 +443,61 @@ def test_lossless_on_the_embedded_model(embedded, task, draft):
     assert res.stats["verify_steps"] > 0
     if draft == "self:20":  # two thirds of the model agree with it on code often enough
         assert res.stats["accepted_drafts"] > 0
+
+
+# --- the confidence stop (EAGLE-2's confidence as a proxy for acceptance) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("draft", "stop", "gamma"),
+    [("self:1", 0.3, 6), ("self:2", 0.6, 8), ("tiny-random-2", 0.5, 4), ("eagle", 0.95, 6)],
+)
+def test_the_confidence_stop_is_lossless_and_stops_where_it_says(tiny, draft, stop, gamma):
+    for prompt in PROMPTS[:3]:
+        res = same_as_greedy(tiny, prompt, 40, draft=draft, gamma=gamma, stop=stop)
+        stops = [e for e in res.events if isinstance(e, DraftStop)]
+        drafts = {e.step: e for e in res.events if isinstance(e, Draft)}
+        assert stops and all(s.threshold == stop for s in stops)
+        for s in stops:
+            d = drafts.get(s.step)
+            assert len(s.confidences) == (len(d.tokens) if d else 0)
+            # Every token but the last was confident enough to draft after it.
+            assert all(c >= stop for c in s.confidences[:-1])
+            assert (s.reason == "confidence") == (bool(s.confidences) and s.confidences[-1] < stop)
+        assert any(s.reason == "confidence" for s in stops)
+
+
+def test_without_a_stop_no_stop_events_are_recorded(tiny):
+    res = same_as_greedy(tiny, PROMPTS[0], 16, draft="self:2")
+    assert not any(isinstance(e, DraftStop) for e in res.events)
+
+
+def test_sampling_with_the_confidence_stop_follows_the_target_distribution(tiny):
+    """The stop decides how many drafted tokens are verified from the draft alone, so every
+    kept token still follows the target: the third token (verified inside a draft that the stop
+    may cut) is tested against the target's exact distribution given the first two."""
+    prompt_ids = tiny.encode(PROMPTS[1], chat=False)
+    runs = [
+        generate(
+            tiny,
+            prompt_ids,
+            "speculative",
+            4,
+            temperature=1.0,
+            seed=s,
+            draft="tiny-random-2",
+            gamma=3,
+            schedule="fixed",
+            stop=0.2,
+        )
+        for s in range(240)
+    ]
+    assert all(len(r.token_ids) == 4 for r in runs)
+    reasons = {s.reason for r in runs for s in r.events if isinstance(s, DraftStop)}
+    assert "confidence" in reasons and reasons - {"confidence"}  # the stop both cuts and not
+    contexts = [[*prompt_ids, *r.token_ids[:2]] for r in runs]
+    p = next_token_probs(tiny, contexts, 1.0)
+    q = next_token_probs(load_model("tiny-random-2"), contexts, 1.0)
+    thirds = [r.token_ids[2] for r in runs]
+    u = pit(thirds, p, (q / p.clamp_min(1e-300)).log(), seed=5)
+    assert uniformity_chi2(u) < CHI2_9DOF_1E3, bin_counts(u)

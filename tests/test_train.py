@@ -465,3 +465,77 @@ def test_the_kangaroo_and_medusa_commands_write_their_artifacts(tiny, tmp_path, 
     check_card(card, "medusa", [*given, "--heads", "2"])
     assert card["heads"] == 2 and "top1_code_head2" in card["held_out_top1"]
     assert load_heads(tiny, out).n_heads == 2
+
+
+# --- EAGLE's training-time test (--unroll) --------------------------------------------------------
+
+
+def test_the_unrolled_training_pass_is_what_the_head_computes_when_it_drafts(tiny, states, vocab):
+    """Depth k at position j of one masked training pass = the head's k-th draft step begun
+    after entry j - k + 1, run the way EagleDrafter runs it: real entries into its cache, then
+    one entry per step fed the feature it predicted the step before."""
+    from transformers import DynamicCache
+
+    head = fresh("eagle", tiny, vocab, seed=3).eval()
+    embed = tiny.model.model.embed_tokens
+    a, b = states.span(0)
+    depth = 3
+    with torch.no_grad():
+        pred, _, valid = eagle_trainer.run_head(head, embed, states, [(a, b)], 0.0, depth)
+        feats = states.features[a : b - 1].float()
+        ids = states.tokens[a + 1 : b]
+        for start in (0, 5, 11):  # the draft begins after real entry `start`
+            cache = DynamicCache()
+            out = head(
+                embed(ids[None, : start + 1]),
+                feats[None, : start + 1],
+                torch.arange(start + 1)[None],
+                None,
+                cache,
+            )[0, -1]
+            torch.testing.assert_close(pred[0, 0, start], out, rtol=1e-4, atol=1e-4)
+            for k in range(2, depth + 1):
+                j = start + k - 1
+                out = head(
+                    embed(ids[None, j : j + 1]), out[None, None], torch.tensor([[j]]), None, cache
+                )[0, -1]
+                assert valid[0, k - 1, j]
+                torch.testing.assert_close(pred[0, k - 1, j], out, rtol=1e-4, atol=1e-4)
+    assert not valid[0, 1, 0] and not valid[0, 2, 1] and valid[0, 2, 2]
+
+
+def test_unrolled_training_lowers_every_depth_s_loss(tiny, states, vocab):
+    batch = windows(states, every_doc(states), 16)[:4]
+    head = fresh("eagle", tiny, vocab)
+    w = tiny.model.lm_head.weight[head.vocab].detach()
+    embed = tiny.model.model.embed_tokens
+
+    def scores():
+        with torch.no_grad():
+            return eagle_trainer.losses(
+                w, *eagle_trainer.run_head(head, embed, states, batch, 0.0, 3), 1.0
+            )
+
+    before = scores()
+    Loop(epochs=25, lr=1e-2).fit(
+        head,
+        [batch],
+        lambda b: eagle_trainer.losses(
+            w, *eagle_trainer.run_head(head, embed, states, b, 0.0, 3), 1.0
+        ),
+        lambda: {},
+    )
+    after = scores()
+    assert after["loss"] < before["loss"] - 0.2
+    for key in ("top1", "top1_d2", "top1_d3"):
+        assert after[key] > before[key] + 0.2, (key, before, after)
+
+
+def test_init_reads_a_committed_head_from_git(tmp_path):
+    committed = eagle_trainer.init_weights("git:HEAD:assets/eagle/tiny-random.safetensors")
+    from safetensors.torch import load_file
+
+    on_disk = load_file(str(ROOT / "assets" / "eagle" / "tiny-random.safetensors"))
+    assert committed.keys() == on_disk.keys()
+    with pytest.raises(SystemExit, match="no-such-file"):
+        eagle_trainer.init_weights("git:HEAD:assets/eagle/no-such-file.safetensors")

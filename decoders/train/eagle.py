@@ -6,19 +6,24 @@ EAGLE-1 (Li et al. 2024): the head reads the target's final feature f_i with the
 next token t_{i+1} and predicts f_{i+1}. Loss: smooth-L1 on the predicted feature plus a weight ×
 cross-entropy against the target's distribution (over the draft vocabulary), with noise on the
 input features so the head tolerates its own imperfect features when it drafts several steps.
-`--init` starts from a shipped head (its layer; the draft vocabulary is rebuilt from this corpus).
+`--init` starts from a head's weights (its layer; the draft vocabulary is rebuilt from this corpus):
+a file, or `git:REV:PATH` for a head as committed, so a warm start stays reproducible.
+`--unroll K` trains the first K draft steps at once, each fed the head's own predicted features
+(EAGLE-3's training-time test), so the second and third draft tokens are not guessed from features
+the head never saw in training.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load, load_file
 
 from ..artifacts import save_artifact
 from ..eagle import EagleHead, head_path
@@ -27,6 +32,7 @@ from .loop import Loop, add_loop_arguments
 from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
 
 FEATURE_NOISE = 0.2  # std of the Gaussian noise on input features, relative to their RMS
+EVAL_DEPTH = 3  # held-out agreement is reported for the first three draft steps
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -36,11 +42,61 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size")
     g.add_argument("--window", type=int, default=256, help="positions per training span")
     g.add_argument("--cls-weight", type=float, default=0.3, help="weight of the token loss")
-    g.add_argument("--init", type=Path, default=None, help="start from this head's weights")
+    g.add_argument(
+        "--init",
+        default=None,
+        help="start from this head's weights: a file, or git:REV:PATH (a committed head)",
+    )
+    g.add_argument(
+        "--unroll",
+        type=int,
+        default=3,
+        help="draft depths trained at once, each fed the head's own features (1: teacher forcing)",
+    )
 
 
-def run_head(head: EagleHead, embed, states: States, spans, noise: float):
-    """Pad a batch of spans; returns predicted features, the target's next features, valid mask."""
+def init_weights(spec: str) -> dict[str, torch.Tensor]:
+    """A head's tensors from a file, or from `git:REV:PATH` (the file as committed at REV)."""
+    if not spec.startswith("git:"):
+        return load_file(spec)
+    rev, _, path = spec[4:].partition(":")
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:{path}"],
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    if shown.returncode:
+        raise SystemExit(f"--init {spec}: {shown.stderr.decode().strip()}")
+    return load(shown.stdout)
+
+
+def unroll_mask(width: int, depth: int, device) -> torch.Tensor:
+    """The attention mask of a training-time test (EAGLE-3's, Li et al. 2025) over `depth` copies
+    of a span laid end to end. Copy 1 holds the real entries e_j = (t_{j+1}, f_j); copy k holds
+    entry j as the head would see it at its k-th draft step, fed the feature it predicted itself
+    one step earlier. When drafting, that entry attends to the real entries before the draft
+    began (i ≤ j - k + 1), to the predicted entries of this draft (copy m at j - (k - m)), and to
+    itself: exactly what this mask allows, so one pass trains every draft depth at once."""
+    j = torch.arange(width, device=device)
+    q_depth = torch.arange(1, depth + 1, device=device).repeat_interleave(width)
+    q_pos = j.repeat(depth)
+    k_depth, k_pos = q_depth, q_pos
+    real = (k_depth[None, :] == 1) & (k_pos[None, :] <= q_pos[:, None] - q_depth[:, None] + 1)
+    drafted = (
+        (k_depth[None, :] >= 2)
+        & (k_depth[None, :] <= q_depth[:, None])
+        & (k_pos[None, :] == q_pos[:, None] - (q_depth[:, None] - k_depth[None, :]))
+    )
+    allowed = real | drafted | torch.eye(depth * width, dtype=torch.bool, device=device)
+    return allowed
+
+
+def run_head(head: EagleHead, embed, states: States, spans, noise: float, depth: int = 1):
+    """Pad a batch of spans and run the head `depth` draft steps deep (1: teacher-forced, the
+    real feature at every position). Returns predicted features [b, depth, width, d], the
+    target's next features [b, width, d] and the valid positions [b, depth, width]: the k-th
+    step needs k - 1 earlier positions of the span to have drafted from."""
     width = max(b - a for a, b in spans) - 1
     d = states.features.shape[1]
     feats = torch.zeros(len(spans), width, d)
@@ -57,23 +113,48 @@ def run_head(head: EagleHead, embed, states: States, spans, noise: float):
     feats, nexts, ids, valid = feats.to(dev), nexts.to(dev), ids.to(dev), valid.to(dev)
     if noise:
         feats = feats + torch.randn_like(feats) * noise * feats.pow(2).mean().sqrt()
-    positions = torch.arange(width, device=dev).expand(len(spans), -1)
     with torch.no_grad():
         embeds = embed(ids)
-    # Padding sits after each span's real positions: causal attention never shows it to them.
-    return head(embeds, feats, positions), nexts, valid
+    positions = torch.arange(width, device=dev).expand(len(spans), -1)
+    # Padding sits after each span's real positions: no valid position ever attends to it.
+    pred = head(embeds, feats, positions)
+    if depth > 1:
+        allowed = unroll_mask(width, depth, dev)
+        mask = torch.zeros(allowed.shape, device=dev).masked_fill(~allowed, float("-inf"))
+        mask = mask.view(1, 1, *allowed.shape)
+        for k in range(2, depth + 1):
+            # Copy k's entry j reads what copy k-1 predicted at j - 1 (the step before).
+            copies = [feats] + [
+                F.pad(pred[:, (m - 1) * width : m * width - 1], (0, 0, 1, 0)) for m in range(1, k)
+            ]
+            pred = head(
+                embeds.repeat(1, k, 1),
+                torch.cat(copies, 1),
+                positions.repeat(1, k),
+                mask[..., : k * width, : k * width],
+            )
+    pred = pred.view(len(spans), depth, width, d)
+    steps = torch.arange(depth, device=dev).view(1, depth, 1)
+    valid = valid[:, None, :] & (torch.arange(width, device=dev).view(1, 1, -1) >= steps)
+    return pred, nexts, valid
 
 
 def losses(w: torch.Tensor, pred, nexts, valid, cls_weight: float) -> dict[str, torch.Tensor]:
-    """`w`: the target's LM head cut to the draft vocabulary."""
-    pred, nexts = pred[valid], nexts[valid]
-    reg = F.smooth_l1_loss(pred, nexts)
+    """`w`: the target's LM head cut to the draft vocabulary. Every draft depth counts alike;
+    `top1` is the first step's (teacher-forced) agreement, `top1_d{k}` the k-th step's."""
+    depth = pred.shape[1]
+    nexts = nexts[:, None].expand(-1, depth, -1, -1)
+    reg = F.smooth_l1_loss(pred[valid], nexts[valid])
     with torch.no_grad():
-        target = torch.softmax(nexts @ w.T, -1)
-    logits = pred @ w.T
+        target = torch.softmax(nexts[valid] @ w.T, -1)
+    logits = pred[valid] @ w.T
     cls = -(target * torch.log_softmax(logits, -1)).sum(-1).mean()
-    top1 = (logits.argmax(-1) == target.argmax(-1)).float().mean()
-    return {"loss": reg + cls_weight * cls, "reg": reg, "cls": cls, "top1": top1}
+    hit = (logits.argmax(-1) == target.argmax(-1)).float()
+    which = torch.arange(depth, device=pred.device).view(1, -1, 1).expand_as(valid)[valid]
+    out = {"loss": reg + cls_weight * cls, "reg": reg, "cls": cls}
+    for k in range(depth):
+        out["top1" if k == 0 else f"top1_d{k + 1}"] = hit[which == k].mean()
+    return out
 
 
 def fit_head(
@@ -89,7 +170,7 @@ def fit_head(
     vocab = draft_vocabulary(bundle, states, args.vocab)
     head = EagleHead(bundle.model.config, vocab).to(bundle.device)
     if args.init:
-        weights = {k: v for k, v in load_file(str(args.init)).items() if k != "vocab"}
+        weights = {k: v for k, v in init_weights(args.init).items() if k != "vocab"}
         head.load_state_dict(weights, strict=False)
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
     embed = bundle.model.model.embed_tokens
@@ -103,19 +184,30 @@ def fit_head(
     }
     train_tokens = sum(b - a - 1 for a, b in spans)
 
+    unroll = getattr(args, "unroll", 1)
+
     def step_loss(batch):
-        return losses(w, *run_head(head, embed, states, batch, FEATURE_NOISE), args.cls_weight)
+        out = run_head(head, embed, states, batch, FEATURE_NOISE, unroll)
+        return losses(w, *out, args.cls_weight)
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
         for source, spans_ in held.items():
-            agree = count = 0
+            agree: dict[str, float] = {}
+            count: dict[str, int] = {}
             for i in range(0, len(spans_), 8):
-                pred, nexts, valid = run_head(head, embed, states, spans_[i : i + 8], 0.0)
-                n = int(valid.sum())
-                agree += float(losses(w, pred, nexts, valid, 0.0)["top1"]) * n
-                count += n
-            scores[f"top1_{source}"] = round(agree / max(count, 1), 4)
+                pred, nexts, valid = run_head(
+                    head, embed, states, spans_[i : i + 8], 0.0, EVAL_DEPTH
+                )
+                out = losses(w, pred, nexts, valid, 0.0)
+                for k in range(EVAL_DEPTH):
+                    key = "top1" if k == 0 else f"top1_d{k + 1}"
+                    n = int(valid[:, k].sum())
+                    agree[key] = agree.get(key, 0.0) + float(out[key]) * n
+                    count[key] = count.get(key, 0) + n
+            for key in agree:
+                name = key.replace("top1", f"top1_{source}", 1)
+                scores[name] = round(agree[key] / max(count[key], 1), 4)
         return scores
 
     loop = Loop(
