@@ -95,7 +95,8 @@ def _load(bundle, path: Path, build, what: str, train_hint: str) -> nn.Module:
             f"{what}: {path.name} does not fit {bundle.model_id} ({e})"
         ) from None
     module.to(device=bundle.device, dtype=bundle.dtype).eval().requires_grad_(False)
-    module.lm_head = vocab_head(bundle, module.vocab)
+    if hasattr(module, "vocab"):  # drafting heads read a draft vocabulary (SPACE: the full head)
+        module.lm_head = vocab_head(bundle, module.vocab)
     if bundle.packed:
         packing.pack_linears(module)
     return module

@@ -201,6 +201,24 @@ class HeadProposals(Event):
 
 
 @dataclass(frozen=True)
+class MaskGroups(Event):
+    """SPACE's relay at one step: `candidates` = the guesses verified this step (c_1 .. c_m);
+    `groups[g]` = the top token of each of the k masks in group g (after x for g = 0, after c_g
+    otherwise), `probs[g]` their probabilities; `handed` = the group after the last accepted input,
+    whose guesses `guesses` (drawn from it when sampling) the next step verifies. `position` =
+    output tokens committed before this step. Step 0 is the prefill's single group."""
+
+    type: ClassVar[str] = "MaskGroups"
+    step: int
+    position: int
+    candidates: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+    probs: tuple[tuple[float, ...], ...]
+    handed: int
+    guesses: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -225,6 +243,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         DraftStop,
         CopySource,
         HeadProposals,
+        MaskGroups,
         Done,
     )
 }
@@ -247,6 +266,8 @@ def token_ids(event: Event) -> list[int]:
         return list(event.input_ids)
     if isinstance(event, HeadProposals):
         return [t for row in event.heads for t in row]
+    if isinstance(event, MaskGroups):
+        return [*event.candidates, *(t for row in event.groups for t in row), *event.guesses]
     return []
 
 

@@ -37,7 +37,9 @@ def available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """A frozen `nn.Linear` whose weight lives in oneDNN's packed layout (inference only)."""
+    """A frozen `nn.Linear` whose weight lives in oneDNN's packed layout. The packed op has no
+    backward, so an input that needs gradients (training an adapter that feeds this layer, e.g.
+    SPACE's mask rows) takes the plain weight instead."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -51,6 +53,8 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            return nn.functional.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)

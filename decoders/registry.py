@@ -12,6 +12,7 @@ from . import (
     medusa,
     prompt_lookup,
     self_speculative,
+    space,
     speculative,
     token_tree,
 )
@@ -128,6 +129,16 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"k": 4}},
             check=blockwise.check,
             summary="Each head guesses one token further ahead; their top picks are verified as one chain.",
+        ),
+        Method(
+            name="space",
+            title="SPACE (auto-correct decoding with mask guesses)",
+            decode=space.decode,
+            params=space.PARAMS,
+            # Yi et al. 2024: k = 5 masks per group, a guess after every candidate
+            presets={"paper": {"k": 5, "groups": 5}},
+            check=space.check,
+            summary="Mask tokens guess the next k tokens; one forward verifies last step's guesses and makes the next ones.",
         ),
     )
 }

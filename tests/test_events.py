@@ -14,6 +14,7 @@ from decoders.events import (
     DraftStop,
     Forward,
     HeadProposals,
+    MaskGroups,
     JacobiIteration,
     LookaheadWindow,
     NgramPool,
@@ -40,6 +41,9 @@ SAMPLES = [
     DraftStop(4, 0.6, (0.9, 0.4), "confidence", 0.8),
     CopySource(4, 3, 2, 20),
     HeadProposals(5, 7, ((5, 6), (7, 8)), ((0.5, 0.25), (0.125, 0.0625))),
+    MaskGroups(
+        6, 9, (4, 5), ((4, 5), (5, 6), (6, 7)), ((0.5, 0.25), (0.5, 0.125), (0.25, 0.75)), 1, (5, 6)
+    ),
     TopK(0, 0, (5, 6), (0.7, 0.2)),
     Commit(1, (5, 9), ("draft", "correction"), (0.5, 0.9)),
     Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),

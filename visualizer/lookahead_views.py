@@ -63,7 +63,8 @@ MASK_BRANCH: dict[str, tuple[str, str]] = {
     "masked": ("#f5f5f5", "not visible"),
     "x": ("#78909c", "x (last committed token)"),
     "lookahead": ("#64b5f6", "lookahead branch (Jacobi window)"),
-    "verify": ("#66bb6a", "verification branch (candidate n-grams)"),
+    "verify": ("#66bb6a", "verification branch (candidate n-grams, guesses)"),
+    "mask": ("#ffb74d", "mask group (SPACE: guesses, hidden from later rows)"),
     "other": ("#ce93d8", "other input"),
 }
 MASK_NOTE = "every input also sees the whole cached context (not drawn)"
@@ -850,7 +851,7 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
             continue
         fig.add_shape(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=n - 0.5, line=line)
         fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=b - 0.5, y1=b - 0.5, line=line)
-    for branch in ("x", "lookahead", "verify", "other", "masked"):
+    for branch in ("x", "lookahead", "verify", "mask", "other", "masked"):
         if branch == "masked" or branch in branches:
             fig.add_trace(_swatch(*MASK_BRANCH[branch]))
     if n <= 32:
@@ -880,13 +881,13 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         zeroline=False,
         automargin=True,
     )
-    counts = {b: branches.count(b) for b in ("x", "lookahead", "verify")}
-    title = f"Step {step}: attention among {n} inputs"
-    subtitle = wrap(
-        f"{counts['x']} x · {counts['lookahead']} lookahead · {counts['verify']} verify; "
-        f"{MASK_NOTE}",
-        SUBTITLE_CHARS,
+    counts = " · ".join(
+        f"{branches.count(b)} {b}"
+        for b in ("x", "lookahead", "verify", "mask", "other")
+        if b in branches or (b in ("x", "lookahead", "verify") and "mask" not in branches)
     )
+    title = f"Step {step}: attention among {n} inputs"
+    subtitle = wrap(f"{counts}; {MASK_NOTE}", SUBTITLE_CHARS)
     return _base_layout(fig, title, height=min(900, max(360, 20 * n + 280)), subtitle=subtitle)
 
 

@@ -11,6 +11,7 @@ from decoders.events import Event
 from .figures import draft_panel, topk_panel
 from .kangaroo_view import kangaroo_confidence, kangaroo_layers
 from .lookahead_views import (
+    attention_mask,
     jacobi_trajectory,
     lookahead_panel,
     lookahead_window,
@@ -20,6 +21,7 @@ from .lookahead_views import (
 from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
 from .self_speculative_view import self_speculative_panel
+from .space_view import relay
 from .tree_view import token_tree
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
@@ -35,6 +37,7 @@ PANELS: dict[str, Panel] = {
     "kangaroo": kangaroo_confidence,
     "medusa": heads_grid,
     "blockwise": blockwise_chain,
+    "space": relay,
 }
 
 
@@ -52,6 +55,7 @@ EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "kangaroo": (kangaroo_layers,),  # under the confidences: where in the model the step ran
     "medusa": (token_tree,),  # the tree the heads' guesses formed, verified
     "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
+    "space": (attention_mask,),  # the layout's real mask: every group hidden from later rows
 }
 MAX_EXTRA_PANELS = 4
 

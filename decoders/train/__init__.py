@@ -4,6 +4,7 @@
     eagle      the EAGLE draft head                   -> assets/eagle/<model>.safetensors
     kangaroo   Kangaroo adapters, a sweep over ℓ      -> assets/kangaroo/<model>-l<ℓ>.safetensors
     medusa     Medusa heads (also used by blockwise)  -> assets/medusa/<model>.safetensors
+    space      SPACE's mask adapter (frozen base)     -> assets/space/<model>.safetensors
 
 Shared pieces: `corpus` (the data), `states` (the target's hidden states over it, computed once),
 `loop` (AdamW, a warm-up + cosine schedule, tqdm, resumable checkpoints, held-out metrics).
@@ -17,4 +18,5 @@ ARTIFACTS = {
     "eagle": "EAGLE draft head (speculative / token_tree draft=eagle)",
     "kangaroo": "Kangaroo adapters, one per exit layer ℓ (kangaroo)",
     "medusa": "Medusa heads (medusa, blockwise)",
+    "space": "SPACE mask embedding + mask-row LoRA on a frozen base (space)",
 }

@@ -1,0 +1,184 @@
+"""SPACE's mask-tuned model on a frozen base (Yi et al. 2024, "Generation Meets Verification"):
+the original weights plus a learned [MASK] input embedding and low-rank adapters whose output is
+added on the rows of mask inputs only.
+
+    h_row = embed(token)               a real token: the base embedding
+          = m                          a mask: one learned vector (not a vocabulary entry, so the
+                                       LM head and the distribution over tokens are untouched)
+    W x  + [row is a mask] · B A x     every linear of every layer (q, k, v, o, gate, up, down)
+
+Every non-mask row is then computed by the original weights, and wherever mask rows are hidden
+from real rows (SPACE's layout hides each mask group from every later row), a real row's logits
+are exactly the base model's: decoding with this model is lossless against the original one.
+
+`masked_forward` is one functional pass through the base model's own layers with the adapters
+added (no hooks, no module swapped: the base model stays shared, untouched, by concurrent runs).
+Training (`python -m decoders.train space`) and decoding (`decoders/space.py`) both call it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from .artifacts import artifact_path, load_artifact
+from .events import Forward
+from .models import ModelBundle
+from .runtime import ForwardResult
+
+KIND = "space"  # assets/space/<model>.safetensors
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _shapes(config) -> dict[str, tuple[int, int]]:
+    """(in, out) of each adapted linear."""
+    d, f = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or d // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    return {
+        "q": (d, q),
+        "k": (d, kv),
+        "v": (d, kv),
+        "o": (q, d),
+        "gate": (d, f),
+        "up": (d, f),
+        "down": (f, d),
+    }
+
+
+class MaskAdapter(nn.Module):
+    """The trained part: the [MASK] embedding `mask` [d], and per layer and projection a LoRA pair
+    `A` [r, in], `B` [out, r] scaled by alpha / r. B starts at zero (LoRA's init), so an untrained
+    adapter is the base model reading a mask vector."""
+
+    def __init__(self, config, k: int, rank: int = 16, alpha: float = 32.0) -> None:
+        super().__init__()
+        self.k, self.rank, self.scale = k, rank, alpha / rank
+        self.register_buffer("meta", torch.tensor([k, rank, alpha], dtype=torch.float32))
+        self.mask = nn.Parameter(torch.zeros(config.hidden_size))
+        self.lora = nn.ParameterDict()
+        for layer in range(config.num_hidden_layers):
+            for name, (n_in, n_out) in _shapes(config).items():
+                a = torch.empty(rank, n_in)
+                nn.init.kaiming_uniform_(a, a=5**0.5)
+                self.lora[f"{layer}_{name}_A"] = nn.Parameter(a)
+                self.lora[f"{layer}_{name}_B"] = nn.Parameter(torch.zeros(n_out, rank))
+
+    @classmethod
+    def from_state(cls, config, state: dict[str, torch.Tensor]) -> MaskAdapter:
+        k, rank, alpha = state["meta"].tolist()
+        return cls(config, int(k), int(rank), float(alpha))
+
+    def linear(
+        self, base: nn.Linear, layer: int, name: str, x: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """base(x), plus the adapter's low-rank update on the mask rows `rows` ([b, n] bool)."""
+        y = base(x)
+        if rows.any():
+            a, b = self.lora[f"{layer}_{name}_A"], self.lora[f"{layer}_{name}_B"]
+            update = (x[rows] @ a.T) @ b.T * self.scale
+            y = y.index_put((rows,), y[rows] + update.to(y.dtype))
+        return y
+
+
+def masked_forward(
+    bundle: ModelBundle,
+    adapter: MaskAdapter,
+    cache: DynamicCache | None,
+    tokens: torch.Tensor,  # [b, n] ids; mask rows hold any id (it is not read)
+    masks: torch.Tensor,  # [b, n] bool: True on mask rows
+    positions: torch.Tensor,  # [b, n]
+    attention: torch.Tensor | None,  # [b or 1, 1, n, past + n] additive, or None: causal
+) -> torch.Tensor:
+    """The final features (what the LM head reads), [b, n, d]: the base model's layers run here
+    one by one, with the adapter on mask rows. Appends every row's keys and values to `cache`."""
+    inner = bundle.model.model
+    h = inner.embed_tokens(tokens)
+    if masks.any():
+        h = torch.where(masks[..., None], adapter.mask.to(h.dtype), h)
+    rope = inner.rotary_emb(h, position_ids=positions)
+    if attention is None:
+        n, past = tokens.shape[1], cache.get_seq_length() if cache is not None else 0
+        blocked = torch.ones(n, past + n, dtype=torch.bool, device=h.device).triu(past + 1)
+        attention = torch.zeros(blocked.shape, dtype=h.dtype, device=h.device)
+        attention = attention.masked_fill(blocked, torch.finfo(h.dtype).min)[None, None]
+    for i, layer in enumerate(inner.layers):
+        h = h + _attention(
+            adapter, layer.self_attn, i, layer.input_layernorm(h), masks, rope, attention, cache
+        )
+        x = layer.post_attention_layernorm(h)
+        mlp = layer.mlp
+        gate = adapter.linear(mlp.gate_proj, i, "gate", x, masks)
+        up = adapter.linear(mlp.up_proj, i, "up", x, masks)
+        h = h + adapter.linear(mlp.down_proj, i, "down", mlp.act_fn(gate) * up, masks)
+    return inner.norm(h)
+
+
+def _attention(adapter, attn, i, x, masks, rope, attention, cache) -> torch.Tensor:
+    """The base layer's self-attention (its weights, its attention kernel), adapter added."""
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    q = adapter.linear(attn.q_proj, i, "q", x, masks).view(shape).transpose(1, 2)
+    k = adapter.linear(attn.k_proj, i, "k", x, masks).view(shape).transpose(1, 2)
+    v = adapter.linear(attn.v_proj, i, "v", x, masks).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, *rope)
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx)
+    out, _ = sdpa_attention_forward(attn, q, k, v, attention, scaling=attn.scaling)
+    out = out.reshape(*x.shape[:-1], -1).contiguous()
+    return adapter.linear(attn.o_proj, i, "o", out, masks)
+
+
+@torch.inference_mode()
+def forward_masked(
+    bundle: ModelBundle,
+    adapter: MaskAdapter,
+    cache: DynamicCache,
+    tokens: Sequence[int],
+    masks: Sequence[bool],
+    *,
+    step: int,
+    kind: str,
+    positions: Sequence[int],
+    attention: torch.Tensor,
+) -> ForwardResult:
+    """One decoding forward (batch 1) timed into a Forward event: every row's logits, float32."""
+    device = bundle.device
+    start = time.perf_counter()
+    feats = masked_forward(
+        bundle,
+        adapter,
+        cache,
+        torch.as_tensor(tokens, dtype=torch.long, device=device).view(1, -1),
+        torch.as_tensor(masks, dtype=torch.bool, device=device).view(1, -1),
+        torch.as_tensor(positions, dtype=torch.long, device=device).view(1, -1),
+        attention.to(device=device, dtype=bundle.dtype),
+    )
+    logits = bundle.model.lm_head(feats)[0].float()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall_ms = round((time.perf_counter() - start) * 1000.0, 3)
+    event = Forward(
+        step=step, kind=kind, n_input_tokens=len(tokens), layers=bundle.n_layers, wall_ms=wall_ms
+    )
+    return ForwardResult(logits, {}, event)
+
+
+def adapter_path(model_id: str):
+    return artifact_path(KIND, model_id)
+
+
+def load_adapter(bundle: ModelBundle, path=None) -> MaskAdapter:
+    """The shipped mask adapter for `bundle`'s model, frozen, in its device and dtype."""
+    return load_artifact(
+        bundle,
+        path or adapter_path(bundle.model_id),
+        lambda state: MaskAdapter.from_state(bundle.model.config, state),
+        "SPACE mask adapter",
+        f"python -m decoders.train space --model {bundle.model_id}",
+    )

@@ -1,0 +1,336 @@
+"""SPACE (decoders/space.py, decoders/mask_model.py, decoders/train/space.py).
+
+Lossless against the ORIGINAL model's greedy output, token for token: the adapter acts on mask
+rows only, and no real row sees a mask. tiny-random's shipped adapter is trained on a tiny corpus
+of a random model, so its guesses are rarely right; an oracle (mask rows replaced by the true next
+tokens) drives the accept-everything path, and a statistical test checks the sampling rule.
+"""
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+import torch
+from test_speculative import (
+    CHI2_9DOF_1E3,
+    bin_counts,
+    next_token_probs,
+    pit,
+    reference,
+    uniformity_chi2,
+)
+
+import decoders.space as space
+from conftest import PROMPTS
+from decoders import InvalidParameter, generate
+from decoders.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
+from decoders.mask_model import MaskAdapter, load_adapter, masked_forward
+from decoders.train import space as trainer
+from decoders.train.corpus import Corpus
+from decoders.train.states import target_states, windows
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def same_as_greedy(bundle, prompt, budget, **params):
+    res = generate(bundle, prompt, "space", budget, **params)
+    ref = reference(bundle, prompt, budget)
+    assert res.token_ids == ref.token_ids, params
+    assert res.finish_reason == ref.finish_reason
+    return res
+
+
+# --- the layout -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("m", "k"), [(0, 1), (0, 3), (2, 2), (3, 4), (5, 5)])
+def test_the_layout_hides_every_group_and_positions_count_what_an_input_sees(m, k):
+    in_cache = 7
+    real, positions, mask, group = space.layout(m, k, in_cache)
+    n = len(group)
+    assert n == 1 + k + m * (k + 1) and len(real) == m + 1
+    sees = mask[0, 0, :, in_cache:] == 0
+    assert (mask[0, 0, :, :in_cache] == 0).all()  # the cache is visible to every input
+    for row in range(n):
+        visible = sees[row].nonzero().flatten().tolist()
+        # Position = how many inputs (cached or new) it sees besides itself.
+        assert positions[row] == in_cache + len(visible) - 1
+        for col in visible:
+            assert col <= row  # causal
+            if group[col] >= 0:  # a mask is seen only by the later masks of its own group
+                assert group[row] == group[col]
+        if group[row] < 0:
+            assert visible == real[: real.index(row) + 1]  # exactly plain decoding's view
+
+
+# --- lossless -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("k", "groups"), [(0, 0), (1, 1), (2, 1), (3, 3), (3, 2), (5, 5)])
+def test_lossless_on_tiny(tiny, k, groups):
+    for prompt in PROMPTS[:4]:
+        res = same_as_greedy(tiny, prompt, 32, k=k, groups=groups)
+        kk = k or load_adapter(tiny).k
+        verifies = [e for e in res.events if isinstance(e, Verify)]
+        assert all(v.rule == "greedy-chain" for v in verifies)
+        for f in res.events:
+            if isinstance(f, Forward) and f.kind in ("verify", "target"):
+                m = (f.n_input_tokens - 1 - kk) // (kk + 1)
+                assert f.n_input_tokens == 1 + kk + m * (kk + 1)
+                assert m <= (groups or kk)
+
+
+def test_real_rows_never_see_the_adapter(tiny):
+    """The same inputs through an untrained adapter and a scrambled one: every real row's logits
+    are bit-identical (the adapter only writes mask rows, and no real row attends to a mask)."""
+    torch.manual_seed(1)
+    quiet = MaskAdapter(tiny.model.config, 3, 4, 8)
+    loud = MaskAdapter(tiny.model.config, 3, 4, 8)
+    with torch.no_grad():
+        for p in loud.parameters():
+            p.normal_(0, 0.5)
+    ids = tiny.encode(PROMPTS[0], chat=False)
+    real, positions, mask, group = space.layout(3, 3, 0)
+    tokens = [ids[0]] + [0] * 3
+    for t in ids[1:4]:
+        tokens += [t] + [0] * 3
+    masks = torch.tensor([g >= 0 for g in group])[None]
+    out = {}
+    for name, adapter in (("quiet", quiet), ("loud", loud)):
+        with torch.no_grad():
+            out[name] = masked_forward(
+                tiny,
+                adapter,
+                None,
+                torch.tensor([tokens]),
+                masks,
+                torch.tensor([positions]),
+                mask,
+            )[0]
+    assert torch.equal(out["quiet"][real], out["loud"][real])
+    assert not torch.allclose(out["quiet"][masks[0]], out["loud"][masks[0]])
+    # And the real rows are the plain model's.
+    with torch.no_grad():
+        plain = tiny.model(input_ids=torch.tensor([ids[:4]])).logits[0]
+    torch.testing.assert_close(tiny.model.lm_head(out["loud"][real]), plain, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture()
+def oracle(monkeypatch, tiny):
+    """Mask rows predict the true greedy continuation: a mask at absolute position P gets a
+    one-hot on the reference token at P + 1. Returns a setter for the reference sequence."""
+    truth: list[int] = []
+    real_forward = space.forward_masked
+
+    def forward(bundle, adapter, cache, tokens, masks, *, positions, **kw):
+        out = real_forward(bundle, adapter, cache, tokens, masks, positions=positions, **kw)
+        out = dataclasses.replace(out, logits=out.logits.clone())
+        for row, (is_mask, pos) in enumerate(zip(masks, positions, strict=True)):
+            if is_mask and pos + 1 < len(truth):
+                out.logits[row] = torch.full_like(out.logits[row], -1e4)
+                out.logits[row, truth[pos + 1]] = 1e4
+        return out
+
+    monkeypatch.setattr(space, "forward_masked", forward)
+    return truth
+
+
+@pytest.mark.parametrize(("k", "groups", "budget"), [(3, 3, 40), (4, 2, 23), (2, 2, 7)])
+def test_perfect_guesses_are_all_accepted(tiny, oracle, k, groups, budget):
+    prompt_ids = tiny.encode(PROMPTS[1])
+    ref = reference(tiny, PROMPTS[1], budget)
+    oracle.extend([*prompt_ids, *ref.token_ids])
+    res = same_as_greedy(tiny, PROMPTS[1], budget, k=k, groups=groups)
+    commits = [e for e in res.events if isinstance(e, Commit)]
+    done = 1
+    for c in commits[1:]:
+        want = min(groups, budget - done - 1)  # every candidate accepted, plus the bonus
+        assert len(c.tokens) == want + 1, (done, c)
+        assert c.origins == ("draft",) * want + ("bonus" if want else "target",)
+        done += len(c.tokens)
+    assert done == budget
+    assert res.stats["tokens_per_target_forward"] > 1.9
+
+
+def test_an_eos_inside_the_guesses_stops_like_autoregressive(tiny, oracle):
+    free = reference(tiny, PROMPTS[2], 40)
+    # Each step commits 4 guesses and a bonus (output indices 5, 10, ...): stop on a guess.
+    eos_at = next(i for i in range(6, 40) if i % 5 and free.token_ids[i] not in free.token_ids[:i])
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset({free.token_ids[eos_at]}))
+    oracle.extend([*tiny.encode(PROMPTS[2]), *free.token_ids])
+    res = same_as_greedy(bundle, PROMPTS[2], 40, k=4, groups=4)
+    assert res.finish_reason == "eos" and res.token_ids == free.token_ids[: eos_at + 1]
+    last = [e for e in res.events if isinstance(e, Commit)][-1]
+    verify = [e for e in res.events if isinstance(e, Verify)][-1]
+    assert last.origins[-1] == "draft"  # the EOS was a guess, accepted, and ended the output
+    assert len(verify.accepted) >= len(last.tokens)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 5])
+def test_guesses_never_run_past_the_budget(tiny, oracle, budget):
+    ref = reference(tiny, PROMPTS[0], budget)
+    oracle.extend([*tiny.encode(PROMPTS[0]), *ref.token_ids, *ref.token_ids])
+    res = same_as_greedy(tiny, PROMPTS[0], budget, k=4)
+    for d in (e for e in res.events if isinstance(e, Draft)):
+        done = sum(len(c.tokens) for c in res.events if isinstance(c, Commit) and c.step < d.step)
+        assert len(d.tokens) <= budget - done - 1
+
+
+# --- the relay's events ---------------------------------------------------------------------------
+
+
+def test_each_step_records_its_groups_its_mask_and_the_handover(tiny):
+    res = same_as_greedy(tiny, PROMPTS[3], 24, k=3)
+    relay = [e for e in res.events if isinstance(e, MaskGroups)]
+    masks = {e.step: e for e in res.events if isinstance(e, AttentionMask)}
+    verifies = {e.step: e for e in res.events if isinstance(e, Verify)}
+    assert relay[0].step == 0 and len(relay[0].groups) == 1
+    for before, now in itertools.pairwise(relay):
+        # The guesses handed over are what the next step verifies.
+        assert now.candidates == before.guesses[: len(now.candidates)]
+        assert len(now.groups) == len(now.candidates) + 1
+        accepted = len(verifies[now.step].accepted) if now.step in verifies else 0
+        assert now.handed == accepted
+        assert now.guesses == now.groups[now.handed]  # greedy: the group's argmaxes
+        mask = masks[now.step]
+        assert mask.labels[0] == "x" and mask.branches.count("mask") == 3 * len(now.groups)
+
+
+def test_a_model_without_an_adapter_is_a_clear_error():
+    from decoders import load_model
+
+    with pytest.raises(InvalidParameter, match="train one with"):
+        generate(load_model("tiny-random-2"), "hi", "space", 4)
+
+
+# --- sampling -------------------------------------------------------------------------------------
+
+
+def test_sampling_follows_the_target_distribution(tiny):
+    """Temperature 1: the second token (the first one verified from a mask's guess) follows the
+    target's exact distribution given the first."""
+    prompt_ids = tiny.encode(PROMPTS[0], chat=False)
+    runs = [
+        generate(tiny, prompt_ids, "space", 3, temperature=1.0, seed=s, k=3) for s in range(240)
+    ]
+    assert all(len(r.token_ids) == 3 for r in runs)
+    contexts = [[*prompt_ids, r.token_ids[0]] for r in runs]
+    p = next_token_probs(tiny, contexts, 1.0)
+    seconds = [r.token_ids[1] for r in runs]
+    u = pit(seconds, p, p, seed=7)
+    assert uniformity_chi2(u) < CHI2_9DOF_1E3, bin_counts(u)
+    # Every second token went through the rule: a drafted guess, verified in step 1.
+    assert all(
+        any(isinstance(e, Verify) and e.step == 1 for e in r.events)
+        and any(isinstance(e, Draft) and e.step == 1 for e in r.events)
+        for r in runs
+    )
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def states(tiny):
+    docs = []
+    for prompt in PROMPTS:
+        ref = generate(tiny, prompt, "autoregressive", 40, chat=False, record=False)
+        docs.append(tiny.encode(prompt, chat=False) + list(ref.token_ids))
+    return target_states(tiny, Corpus(docs, ["code"] * len(docs)))
+
+
+def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tiny, states):
+    batch = windows(states, list(range(len(states.starts))), 32)[:4]
+    torch.manual_seed(0)
+    adapter = MaskAdapter(tiny.model.config, 3, 4, 8)
+
+    def loss():
+        out = trainer.run_masks(tiny, adapter, states, batch, 6, random.Random(0))
+        return trainer.losses(tiny.model.lm_head, *out, 3)
+
+    with torch.no_grad():
+        before = loss()
+    opt = torch.optim.AdamW(adapter.parameters(), lr=1e-2)
+    for _ in range(25):
+        out = loss()
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+    with torch.no_grad():
+        after = loss()
+    assert float(after["loss"]) < float(before["loss"]) - 0.5
+    assert sum(float(after[f"top1_m{j}"]) for j in (1, 2, 3)) > 0.3
+
+
+def test_the_training_layout_is_what_decoding_computes(tiny, states):
+    """A mask group in the training pass (real tokens cached first, many groups at once) gives the
+    same logits as the decoder's prefill of the text up to its cut, followed by k masks."""
+    torch.manual_seed(2)
+    adapter = MaskAdapter(tiny.model.config, 3, 4, 8)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.normal_(0, 0.2)
+    a, b = states.span(1)
+    rng = random.Random(5)
+    with torch.no_grad():
+        logits, _, _ = trainer.run_masks(tiny, adapter, states, [(a, b)], 4, rng)
+    cuts = sorted(random.Random(5).sample(range(max(1, b - a - 3)), 4))
+    for g, s in enumerate(cuts):
+        ids = states.tokens[a : a + s + 1].tolist()
+        n = len(ids)
+        mask = torch.full((n + 3, n + 3), float("-inf")).triu(1)
+        mask[n:, n:] = torch.full((3, 3), float("-inf")).triu(1)
+        with torch.no_grad():
+            feats = masked_forward(
+                tiny,
+                adapter,
+                None,
+                torch.tensor([ids + [0] * 3]),
+                torch.tensor([[False] * n + [True] * 3]),
+                torch.arange(n + 3)[None],
+                mask[None, None],
+            )
+        torch.testing.assert_close(
+            logits[0, g * 3 : g * 3 + 3], tiny.model.lm_head(feats[0, n:]), atol=1e-4, rtol=1e-4
+        )
+
+
+# --- the views ------------------------------------------------------------------------------------
+
+
+def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
+    from visualizer.lookahead_views import attention_mask
+    from visualizer.panels import extra_panels, method_panel
+    from visualizer.space_view import RELAY_STATUS, relay
+
+    ref = reference(tiny, PROMPTS[1], 20)
+    oracle.extend([*tiny.encode(PROMPTS[1]), *ref.token_ids[:9]])  # right, then on its own
+    res = same_as_greedy(tiny, PROMPTS[1], 20, k=3)
+    texts = {t: tiny.tokenizer.decode([t]) for e in res.events for t in _ids(e)}
+    steps = sorted({e.step for e in res.events if isinstance(e, MaskGroups)})
+    handed_code = list(RELAY_STATUS).index("handed")
+    for step in steps:
+        fig = relay(res.events, texts, step)
+        groups = next(e for e in res.events if isinstance(e, MaskGroups) and e.step == step)
+        z = fig.data[0].z
+        row = groups.handed + (1 if step else 0)  # row 0 = the verified guesses after step 0
+        assert handed_code in z[row] and sum(handed_code in r for r in z) == 1
+        assert method_panel("space", res.events, texts, step).layout.title.text
+        if step:
+            (mask_fig,) = extra_panels("space", res.events, texts, step)
+            assert "mask" in mask_fig.layout.title.text or mask_fig.data
+            assert attention_mask(res.events, texts, step).data[0].z
+    assert "no SPACE relay" in str(relay([], {}, 1).layout.annotations[0].text)
+
+
+def _ids(event):
+    from decoders.events import token_ids
+
+    return token_ids(event)
