@@ -63,6 +63,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "kangaroo",
         "medusa",
         "blockwise",
+        "space",
         "jacobi",
         "lookahead",
     ),
