@@ -76,14 +76,13 @@ class MaskAdapter(nn.Module):
         return cls(config, int(k), int(rank), float(alpha))
 
     def linear(
-        self, base: nn.Linear, layer: int, name: str, x: torch.Tensor, rows: torch.Tensor
+        self, base: nn.Linear, layer: int, name: str, x: torch.Tensor, first: int
     ) -> torch.Tensor:
-        """base(x), plus the adapter's low-rank update on the mask rows `rows` ([b, n] bool)."""
+        """base(x), plus the adapter's low-rank update on the mask rows, x[:, first:]."""
         y = base(x)
-        if rows.any():
+        if first < x.shape[1]:
             a, b = self.lora[f"{layer}_{name}_A"], self.lora[f"{layer}_{name}_B"]
-            update = (x[rows] @ a.T) @ b.T * self.scale
-            y = y.index_put((rows,), y[rows] + update.to(y.dtype))
+            y[:, first:] += ((x[:, first:] @ a.T) @ b.T * self.scale).to(y.dtype)
         return y
 
 
@@ -92,16 +91,18 @@ def masked_forward(
     adapter: MaskAdapter,
     cache: DynamicCache | None,
     tokens: torch.Tensor,  # [b, n] ids; mask rows hold any id (it is not read)
-    masks: torch.Tensor,  # [b, n] bool: True on mask rows
+    first: int,  # rows first.. are masks (real inputs come first, so the masks are one slice)
     positions: torch.Tensor,  # [b, n]
     attention: torch.Tensor | None,  # [b or 1, 1, n, past + n] additive, or None: causal
 ) -> torch.Tensor:
     """The final features (what the LM head reads), [b, n, d]: the base model's layers run here
-    one by one, with the adapter on mask rows. Appends every row's keys and values to `cache`."""
+    one by one, with the adapter on the mask rows. Appends every row's keys and values to
+    `cache`, real rows first: keeping the real inputs later is a crop."""
     inner = bundle.model.model
     h = inner.embed_tokens(tokens)
-    if masks.any():
-        h = torch.where(masks[..., None], adapter.mask.to(h.dtype), h)
+    if first < h.shape[1]:
+        masks = adapter.mask.to(h.dtype).expand(h.shape[0], h.shape[1] - first, -1)
+        h = torch.cat([h[:, :first], masks], dim=1)
     rope = inner.rotary_emb(h, position_ids=positions)
     if attention is None:
         n, past = tokens.shape[1], cache.get_seq_length() if cache is not None else 0
@@ -110,28 +111,28 @@ def masked_forward(
         attention = attention.masked_fill(blocked, torch.finfo(h.dtype).min)[None, None]
     for i, layer in enumerate(inner.layers):
         h = h + _attention(
-            adapter, layer.self_attn, i, layer.input_layernorm(h), masks, rope, attention, cache
+            adapter, layer.self_attn, i, layer.input_layernorm(h), first, rope, attention, cache
         )
         x = layer.post_attention_layernorm(h)
         mlp = layer.mlp
-        gate = adapter.linear(mlp.gate_proj, i, "gate", x, masks)
-        up = adapter.linear(mlp.up_proj, i, "up", x, masks)
-        h = h + adapter.linear(mlp.down_proj, i, "down", mlp.act_fn(gate) * up, masks)
+        gate = adapter.linear(mlp.gate_proj, i, "gate", x, first)
+        up = adapter.linear(mlp.up_proj, i, "up", x, first)
+        h = h + adapter.linear(mlp.down_proj, i, "down", mlp.act_fn(gate) * up, first)
     return inner.norm(h)
 
 
-def _attention(adapter, attn, i, x, masks, rope, attention, cache) -> torch.Tensor:
+def _attention(adapter, attn, i, x, first, rope, attention, cache) -> torch.Tensor:
     """The base layer's self-attention (its weights, its attention kernel), adapter added."""
     shape = (*x.shape[:-1], -1, attn.head_dim)
-    q = adapter.linear(attn.q_proj, i, "q", x, masks).view(shape).transpose(1, 2)
-    k = adapter.linear(attn.k_proj, i, "k", x, masks).view(shape).transpose(1, 2)
-    v = adapter.linear(attn.v_proj, i, "v", x, masks).view(shape).transpose(1, 2)
+    q = adapter.linear(attn.q_proj, i, "q", x, first).view(shape).transpose(1, 2)
+    k = adapter.linear(attn.k_proj, i, "k", x, first).view(shape).transpose(1, 2)
+    v = adapter.linear(attn.v_proj, i, "v", x, first).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, *rope)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
     out, _ = sdpa_attention_forward(attn, q, k, v, attention, scaling=attn.scaling)
     out = out.reshape(*x.shape[:-1], -1).contiguous()
-    return adapter.linear(attn.o_proj, i, "o", out, masks)
+    return adapter.linear(attn.o_proj, i, "o", out, first)
 
 
 @torch.inference_mode()
@@ -140,7 +141,7 @@ def forward_masked(
     adapter: MaskAdapter,
     cache: DynamicCache,
     tokens: Sequence[int],
-    masks: Sequence[bool],
+    first: int,
     *,
     step: int,
     kind: str,
@@ -155,7 +156,7 @@ def forward_masked(
         adapter,
         cache,
         torch.as_tensor(tokens, dtype=torch.long, device=device).view(1, -1),
-        torch.as_tensor(masks, dtype=torch.bool, device=device).view(1, -1),
+        first,
         torch.as_tensor(positions, dtype=torch.long, device=device).view(1, -1),
         attention.to(device=device, dtype=bundle.dtype),
     )

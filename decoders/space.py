@@ -4,6 +4,7 @@ tuned to fill (decoders/mask_model.py: a frozen base plus an adapter on mask row
 
     inputs  = x  M·k   c_1 M·k   c_2 M·k  …  c_m M·k        x: the last committed token,
                                                              c_i: last step's guesses, M: a mask
+              (fed real inputs first, then the groups: the same attention and positions)
     attention: causal among x, c_1 .. c_m; mask group g (after c_g, or after x for g = 0) sees the
                cache, x, c_1 .. c_g and the masks before it in its own group: every group is hidden
                from every later row, so x and the c_i see exactly what plain decoding would
@@ -31,7 +32,7 @@ from .events import AttentionMask, Commit, Draft, Event, MaskGroups, Prefill, Ve
 from .mask_model import forward_masked, load_adapter
 from .models import ModelBundle
 from .params import Param
-from .runtime import keep_cache, new_cache
+from .runtime import crop_cache, new_cache
 from .sampling import Sampler
 from .steps import _visible, commit
 from .tree import chain
@@ -63,26 +64,24 @@ def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
 
 
 def layout(m: int, k: int, in_cache: int) -> tuple[list[int], list[int], torch.Tensor, list[int]]:
-    """The step's input layout for m candidates and groups of k masks: the indices of the real
-    inputs (x, c_1 .. c_m), each input's position, the additive attention mask
-    [1, 1, n, in_cache + n], and each mask's group (-1 for real inputs)."""
-    real, group, positions = [], [], []
-    for g in range(m + 1):
-        real.append(len(group))
-        group.append(-1)
-        positions.append(in_cache + g)
-        for j in range(k):
-            group.append(g)
-            positions.append(in_cache + g + 1 + j)
+    """The step's inputs for m candidates and groups of k masks, fed as [x, c_1 .. c_m, group 0,
+    .., group m] (the real inputs first: the adapter then acts on one slice of rows, and keeping
+    the accepted inputs' KV is a crop; attention and positions, not the order, make the layout).
+    Returns the indices of the real inputs, each input's position, the additive attention mask
+    [1, 1, n, in_cache + n], and each input's group (-1 for real inputs)."""
+    real = list(range(m + 1))
+    group = [-1] * (m + 1) + [g for g in range(m + 1) for _ in range(k)]
+    positions = [in_cache + i for i in real]
+    positions += [in_cache + g + 1 + j for g in range(m + 1) for j in range(k)]
     n = len(group)
     sees = torch.zeros(n, n, dtype=torch.bool)
-    for row in range(n):
-        g = group[row]
-        anchor = real.index(row) if g < 0 else g  # the last real input this row sees
-        sees[row, real[: anchor + 1]] = True
-        if g >= 0:  # its own group, up to itself
-            first = real[g] + 1
-            sees[row, first : row + 1] = True
+    for i in real:  # x, c_1 .. c_i: exactly what plain decoding would see
+        sees[i, : i + 1] = True
+    for g in range(m + 1):
+        start = m + 1 + g * k
+        for j in range(k):  # the real inputs up to its anchor, its own group up to itself
+            sees[start + j, : g + 1] = True
+            sees[start + j, start : start + j + 1] = True
     mask = torch.zeros(n, in_cache + n)
     mask[:, in_cache:] = torch.where(sees, 0.0, float("-inf"))
     return real, positions, mask.view(1, 1, n, in_cache + n), group
@@ -106,7 +105,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         adapter,
         cache,
         [*prompt_ids, *[0] * k],
-        [False] * n + [True] * k,
+        n,
         step=0,
         kind="prefill",
         positions=list(range(n + k)),
@@ -118,7 +117,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         greedy_chain([], rows) if sampler.greedy else sample_deterministic_chain([], rows, sampler)
     )
     yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    keep_cache(cache, 0, range(n))
+    crop_cache(cache, n)
     context = [*prompt_ids, *budget.tokens]
     guesses, q_rows = _guesses(out.logits[n:], sampler)
     top = out.logits[n:].argmax(-1).tolist()
@@ -132,12 +131,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         m = min(len(guesses), cap, budget.remaining - 1)
         cands, q_cands = guesses[:m], q_rows[:m]
         real, positions, mask, group = layout(m, k, in_cache)
-        inputs = [context[-1]]
-        for c in cands:
-            inputs += [0] * k + [c]
-        inputs += [0] * k
+        inputs = [context[-1], *cands, *[0] * (k * (m + 1))]
         if cfg.detail:
-            yield _mask_event(step, inputs, real, group, mask, in_cache)
+            yield _mask_event(step, inputs, real, group, mask, in_cache, k)
         if cands:
             yield Draft(step, "mask guesses", tuple(cands), chain(m), _probs(q_cands, cands))
         out = forward_masked(
@@ -145,7 +141,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             adapter,
             cache,
             inputs,
-            [g >= 0 for g in group],
+            m + 1,
             step=step,
             kind="verify" if cands else "target",
             positions=positions,
@@ -158,8 +154,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
             )
         a = len(verdict.accepted)
-        keep_cache(cache, in_cache, real[: a + 1])  # x and the accepted guesses stay
-        groups = [out.logits[real[g] + 1 : real[g] + 1 + k] for g in range(m + 1)]
+        crop_cache(cache, in_cache + a + 1)  # x and the accepted guesses stay; the masks go
+        groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]
         guesses, q_rows = _guesses(groups[a], sampler)
         tops = [g.argmax(-1).tolist() for g in groups]
         yield MaskGroups(
@@ -177,12 +173,12 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield commit(step, verdict, budget, context)
 
 
-def _mask_event(step, inputs, real, group, mask, in_cache) -> AttentionMask:
+def _mask_event(step, inputs, real, group, mask, in_cache, k) -> AttentionMask:
     """The layout's attention mask as the forward received it, labelled for the mask view."""
     labels, branches = [], []
     for i, g in enumerate(group):
         if g >= 0:
-            labels.append(f"M{g}·{i - real[g]}")
+            labels.append(f"M{g}·{i - (len(real) + g * k) + 1}")
             branches.append("mask")
         else:
             labels.append("x" if i == 0 else f"c{real.index(i)}")

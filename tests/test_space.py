@@ -97,11 +97,8 @@ def test_real_rows_never_see_the_adapter(tiny):
         for p in loud.parameters():
             p.normal_(0, 0.5)
     ids = tiny.encode(PROMPTS[0], chat=False)
-    real, positions, mask, group = space.layout(3, 3, 0)
-    tokens = [ids[0]] + [0] * 3
-    for t in ids[1:4]:
-        tokens += [t] + [0] * 3
-    masks = torch.tensor([g >= 0 for g in group])[None]
+    real, positions, mask, _ = space.layout(3, 3, 0)
+    tokens = [*ids[:4], *[0] * 12]
     out = {}
     for name, adapter in (("quiet", quiet), ("loud", loud)):
         with torch.no_grad():
@@ -110,12 +107,12 @@ def test_real_rows_never_see_the_adapter(tiny):
                 adapter,
                 None,
                 torch.tensor([tokens]),
-                masks,
+                4,
                 torch.tensor([positions]),
                 mask,
             )[0]
     assert torch.equal(out["quiet"][real], out["loud"][real])
-    assert not torch.allclose(out["quiet"][masks[0]], out["loud"][masks[0]])
+    assert not torch.allclose(out["quiet"][4:], out["loud"][4:])
     # And the real rows are the plain model's.
     with torch.no_grad():
         plain = tiny.model(input_ids=torch.tensor([ids[:4]])).logits[0]
@@ -129,11 +126,11 @@ def oracle(monkeypatch, tiny):
     truth: list[int] = []
     real_forward = space.forward_masked
 
-    def forward(bundle, adapter, cache, tokens, masks, *, positions, **kw):
-        out = real_forward(bundle, adapter, cache, tokens, masks, positions=positions, **kw)
+    def forward(bundle, adapter, cache, tokens, first, *, positions, **kw):
+        out = real_forward(bundle, adapter, cache, tokens, first, positions=positions, **kw)
         out = dataclasses.replace(out, logits=out.logits.clone())
-        for row, (is_mask, pos) in enumerate(zip(masks, positions, strict=True)):
-            if is_mask and pos + 1 < len(truth):
+        for row, pos in enumerate(positions):
+            if row >= first and pos + 1 < len(truth):
                 out.logits[row] = torch.full_like(out.logits[row], -1e4)
                 out.logits[row, truth[pos + 1]] = 1e4
         return out
@@ -293,7 +290,7 @@ def test_the_training_layout_is_what_decoding_computes(tiny, states):
                 adapter,
                 None,
                 torch.tensor([ids + [0] * 3]),
-                torch.tensor([[False] * n + [True] * 3]),
+                n,
                 torch.arange(n + 3)[None],
                 mask[None, None],
             )
@@ -334,3 +331,38 @@ def _ids(event):
     from decoders.events import token_ids
 
     return token_ids(event)
+
+
+def test_a_saved_adapter_loads_back_to_the_same_guesses(tiny, tmp_path):
+    from decoders.artifacts import save_artifact
+
+    torch.manual_seed(4)
+    adapter = MaskAdapter(tiny.model.config, 3, 4, 8)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.normal_(0, 0.1)
+    path = tmp_path / "space.safetensors"
+    save_artifact(adapter, path, {"model": "tiny-random", "artifact": "space"})
+    loaded = load_adapter(tiny, path)
+    assert (loaded.k, loaded.rank, loaded.scale) == (3, 4, 2.0)
+    ids = tiny.encode(PROMPTS[0], chat=False)
+    inputs = torch.tensor([ids + [0] * 3])
+    with torch.no_grad():
+        a, b = (
+            masked_forward(tiny, m, None, inputs, len(ids), torch.arange(len(ids) + 3)[None], None)
+            for m in (adapter.half().float(), loaded)  # the file holds float16 weights
+        )
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+# --- the embedded model ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("prompt", "chat"), [(PROMPTS[0], False), (PROMPTS[2], None)])
+def test_lossless_on_the_embedded_model(embedded, prompt, chat):
+    ref = generate(embedded, prompt, "autoregressive", 48, chat=chat, record=False)
+    for params in ({}, {"k": 2, "groups": 1}, {"groups": 2}):
+        res = generate(embedded, prompt, "space", 48, chat=chat, **params)
+        assert res.token_ids == ref.token_ids, params
+    assert res.stats["tokens_per_target_forward"] > 1.0  # the trained guesses are sometimes right

@@ -22,12 +22,12 @@ import time
 
 import torch
 
-from ..artifacts import ASSETS, save_artifact
+from ..artifacts import ASSETS
 from ..kangaroo import KIND, KangarooAdapter, adapter_path
 from ..models import slug
 from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments
-from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
+from .loop import add_loop_arguments, fit_artifact
+from .states import Prepared, States, draft_vocabulary, prepare, windows
 
 SEARCH_PROMPTS = ASSETS / "tuning_prompts.jsonl"  # tuning prompts, never benchmark prompts
 
@@ -129,38 +129,25 @@ def train_one(prep: Prepared, args, ell: int, vocab: torch.Tensor, argv: list[st
         else args.out.with_stem(f"{args.out.stem}-l{ell}")
     )
 
-    def write(result: dict) -> None:
-        fields = {
+    result = fit_artifact(
+        adapter,
+        batches,
+        lambda batch: losses(w, *run_adapter(adapter, states, ell, batch)),
+        evaluate,
+        args=args,
+        prep=prep,
+        name="kangaroo",
+        argv=argv,
+        out=out,
+        fields=lambda result: {
             "exit_layer": ell,
             "vocab": len(vocab),
             "held_out": result["held_out"],
             "simulated_with": {"eta": args.eta, "gamma": args.gamma},
             "train_tokens": sum(b - a for a, b in spans),
-            "train_minutes": result["minutes"],
-            "epochs": args.epochs,
-            "steps": result["steps"],
-            "lr": args.lr,
-        }
-        save_artifact(adapter, out, card(prep, "kangaroo", argv, **fields))
-
-    loop = Loop(
-        epochs=args.epochs,
-        lr=args.lr,
-        warmup=args.warmup,
-        max_steps=args.max_steps,
-        checkpoint=checkpoint_path(out),
-        resume=args.resume,
-        seed=args.seed,
+        },
         desc=f"kangaroo ℓ={ell}",
     )
-    result = loop.fit(
-        adapter,
-        batches,
-        lambda batch: losses(w, *run_adapter(adapter, states, ell, batch)),
-        evaluate,
-        on_epoch=write,
-    )
-    write(result)
     return {"exit_layer": ell, **result["held_out"], "train_minutes": result["minutes"]}
 
 

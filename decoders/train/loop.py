@@ -158,3 +158,48 @@ class Loop:
             "minutes": minutes(),
             "history": history,
         }
+
+
+def fit_artifact(
+    module: nn.Module,
+    batches: Sequence[Batch],
+    loss_fn: LossFn,
+    evaluate: Callable[[], dict[str, float]],
+    *,
+    args: argparse.Namespace,
+    prep: Any,
+    name: str,
+    argv: list[str],
+    out: Path,
+    fields: Callable[[dict[str, Any]], dict[str, Any]],
+    desc: str,
+) -> dict[str, Any]:
+    """Train `module` with the Loop (its checkpoint in the cache, named after `out`) and write the
+    artifact with its card after every epoch and at the end: `fields(result)` gives the card's
+    artifact-specific entries; the time, steps, epochs and learning rate are added here."""
+    from ..artifacts import save_artifact
+    from .states import card, checkpoint_path
+
+    def write(result: dict[str, Any]) -> None:
+        common = {
+            "train_minutes": result["minutes"],
+            "build_minutes": round(prep.seconds / 60, 1),
+            "epochs": args.epochs,
+            "steps": result["steps"],
+            "lr": args.lr,
+        }
+        save_artifact(module, out, card(prep, name, argv, **fields(result), **common))
+
+    loop = Loop(
+        epochs=args.epochs,
+        lr=args.lr,
+        warmup=args.warmup,
+        max_steps=args.max_steps,
+        checkpoint=checkpoint_path(out),
+        resume=args.resume,
+        seed=args.seed,
+        desc=desc,
+    )
+    result = loop.fit(module, batches, loss_fn, evaluate, on_epoch=write)
+    write(result)
+    return result

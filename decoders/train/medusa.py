@@ -17,11 +17,10 @@ import random
 
 import torch
 
-from ..artifacts import save_artifact
 from ..medusa_heads import MedusaHeads, heads_path
 from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments
-from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
+from .loop import add_loop_arguments, fit_artifact
+from .states import Prepared, States, draft_vocabulary, prepare, windows
 
 DECAY = 0.8  # λ_k = 0.8^k
 
@@ -107,33 +106,25 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
 
     out = args.out or heads_path(bundle.model_id)
 
-    def write(result: dict) -> None:
-        fields = {
+    fit_artifact(
+        heads,
+        batches,
+        step_loss,
+        evaluate,
+        args=args,
+        prep=prep,
+        name="medusa",
+        argv=argv,
+        out=out,
+        fields=lambda result: {
             "heads": args.heads,
             "depth": args.depth,
             "vocab": len(vocab),
             "held_out_top1": result["held_out"],
             "train_tokens": sum(b - a for a, b in spans),
-            "train_minutes": result["minutes"],
-            "build_minutes": round(prep.seconds / 60, 1),
-            "epochs": args.epochs,
-            "steps": result["steps"],
-            "lr": args.lr,
-        }
-        save_artifact(heads, out, card(prep, "medusa", argv, **fields))
-
-    loop = Loop(
-        epochs=args.epochs,
-        lr=args.lr,
-        warmup=args.warmup,
-        max_steps=args.max_steps,
-        checkpoint=checkpoint_path(out),
-        resume=args.resume,
-        seed=args.seed,
+        },
         desc="medusa",
     )
-    result = loop.fit(heads, batches, step_loss, evaluate, on_epoch=write)
-    write(result)
     return json.loads(out.with_suffix(".json").read_text())
 
 

@@ -24,11 +24,10 @@ import random
 import torch
 from transformers import DynamicCache
 
-from ..artifacts import save_artifact
 from ..mask_model import MaskAdapter, adapter_path, masked_forward
 from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments
-from .states import Prepared, States, card, checkpoint_path, prepare, windows
+from .loop import add_loop_arguments, fit_artifact
+from .states import Prepared, States, prepare, windows
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -95,7 +94,7 @@ def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, 
         adapter,
         cache,
         torch.zeros(len(spans), n, dtype=torch.long, device=dev),
-        torch.ones(len(spans), n, dtype=torch.bool, device=dev),
+        0,  # every row is a mask
         positions.to(dev),
         mask.to(dev),
     )
@@ -160,8 +159,17 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
 
     out = args.out or adapter_path(bundle.model_id)
 
-    def write(result: dict) -> None:
-        fields = {
+    fit_artifact(
+        adapter,
+        batches,
+        step_loss,
+        evaluate,
+        args=args,
+        prep=prep,
+        name="space",
+        argv=argv,
+        out=out,
+        fields=lambda result: {
             "k": args.k,
             "rank": args.rank,
             "alpha": args.alpha,
@@ -169,26 +177,9 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
             "parameters": sum(p.numel() for p in adapter.parameters()),
             "held_out_top1": result["held_out"],
             "train_tokens": sum(b - a for a, b in spans),
-            "train_minutes": result["minutes"],
-            "build_minutes": round(prep.seconds / 60, 1),
-            "epochs": args.epochs,
-            "steps": result["steps"],
-            "lr": args.lr,
-        }
-        save_artifact(adapter, out, card(prep, "space", argv, **fields))
-
-    loop = Loop(
-        epochs=args.epochs,
-        lr=args.lr,
-        warmup=args.warmup,
-        max_steps=args.max_steps,
-        checkpoint=checkpoint_path(out),
-        resume=args.resume,
-        seed=args.seed,
+        },
         desc="space",
     )
-    result = loop.fit(adapter, batches, step_loss, evaluate, on_epoch=write)
-    write(result)
     return json.loads(out.with_suffix(".json").read_text())
 
 
