@@ -135,8 +135,9 @@ METHODS: dict[str, Method] = {
             title="SPACE (auto-correct decoding with mask guesses)",
             decode=space.decode,
             params=space.PARAMS,
-            # Yi et al. 2024: k = 5 masks per group, a guess after every candidate
-            presets={"paper": {"k": 5, "groups": 5}},
+            # Yi et al. 2024: k = 5 masks per group and a group after every candidate; here every
+            # mask the adapter was trained with (k = 0 = all of them) and as many groups
+            presets={"paper": {"k": 0, "groups": 0}},
             check=space.check,
             summary="Mask tokens guess the next k tokens; one forward verifies last step's guesses and makes the next ones.",
         ),
