@@ -40,6 +40,7 @@ TINY_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("medusa", {"nodes": 63, "temperature": 0.7, "seed": 2}),
     ("blockwise", {"k": 2, "temperature": 0.8, "seed": 3}),
     ("kangaroo", {"exit_layer": "2", "eta": 0.0, "temperature": 0.8, "seed": 4}),
+    ("space", {"k": 3, "groups": 3, "temperature": 0.8, "seed": 5}),
 ]
 
 
@@ -147,6 +148,7 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("medusa", {}),
     ("blockwise", {}),
     ("kangaroo", {}),
+    ("space", {}),
 ]  # every method, two of them token trees drafting with the EAGLE head
 
 

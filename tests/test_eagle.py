@@ -10,6 +10,7 @@ autoregressive greedy.
 import argparse
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -290,7 +291,11 @@ def test_shipped_heads_exist_with_the_command_that_made_them(model_id):
         assert card["held_out"]["top1"] >= good
     else:  # `python -m decoders.train eagle`: held-out agreement per corpus source
         assert card["command"].startswith("python -m decoders.train eagle --model ")
-        top1 = {k: v for k, v in card["held_out_top1"].items() if k.startswith("top1_")}
+        top1 = {  # the first draft step's agreement (later steps, when reported, end in _d2, _d3)
+            k: v
+            for k, v in card["held_out_top1"].items()
+            if k.startswith("top1_") and not re.search(r"_d\d+$", k)
+        }
         assert {k.removeprefix("top1_") for k in top1} == set(card["data"]["documents"])
         assert sum(top1.values()) / len(top1) >= good, top1
 

@@ -95,7 +95,7 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
     for name in RELAY_STATUS:
         if any(code[name] in r for r in z):
             fig.add_trace(_swatch(*RELAY_STATUS[name]))
-    fig.update_yaxes(autorange="reversed", title_text="mask group (after which input)")
+    fig.update_yaxes(autorange="reversed")  # rows name themselves: "verified", "after x", …
     fig.update_xaxes(title_text=f"output position (+0 = token {groups.position + 1})")
     if step == 0:
         note = "the prefill's masks guess the tokens after the first one"
@@ -107,6 +107,6 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
     return _base_layout(
         fig,
         title,
-        height=min(640, 120 + 44 * len(z)),
+        height=min(640, 260 + 44 * len(z)),
         subtitle=wrap(note, SUBTITLE_CHARS),
     )
