@@ -8,7 +8,7 @@ tuned to fill (decoders/mask_model.py: a frozen base plus an adapter on mask row
     attention: causal among x, c_1 .. c_m; mask group g (after c_g, or after x for g = 0) sees the
                cache, x, c_1 .. c_g and the masks before it in its own group: every group is hidden
                from every later row, so x and the c_i see exactly what plain decoding would
-    positions: each input's position is the number of inputs it can see
+    positions: each input's position is the number of earlier inputs it can see
     one forward:
         verify c_1 .. c_m against the rows of x, c_1 .. c_{m-1} (greedy: argmax; sampling: the exact
         rejection rule with the mask rows' distributions as q), keep the accepted prefix c_1 .. c_a
@@ -128,8 +128,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     crop_cache(cache, n)
     context = [*prompt_ids, *budget.tokens]
     guesses, q_rows = _guesses(out.logits[n:], sampler)
-    top = out.logits[n:].argmax(-1).tolist()
-    yield MaskGroups(0, 0, (), (tuple(top),), (_probs(q_rows, top),), 0, tuple(guesses))
+    top, p = _tops(out.logits[n:])
+    yield MaskGroups(0, 0, (), (top,), (p,), 0, tuple(guesses))
 
     step = 0
     while not budget.done:
@@ -165,16 +165,13 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         crop_cache(cache, in_cache + a + 1)  # x and the accepted guesses stay; the masks go
         groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]
         guesses, q_rows = _guesses(groups[a], sampler)
-        tops = [g.argmax(-1).tolist() for g in groups]
+        tops = [_tops(g) for g in groups]
         yield MaskGroups(
             step,
             len(context) - len(prompt_ids),
             tuple(cands),
-            tuple(tuple(t) for t in tops),
-            tuple(
-                _probs([torch.softmax(r, -1) for r in g], t)
-                for g, t in zip(groups, tops, strict=True)
-            ),
+            tuple(t for t, _ in tops),
+            tuple(p for _, p in tops),
             a,
             tuple(guesses),
         )
@@ -210,6 +207,13 @@ def _guesses(rows: torch.Tensor, sampler: Sampler) -> tuple[list[int], list[torc
     rule divides by) and their distributions."""
     q_rows = [sampler.distribution(r) for r in rows]
     return [sampler.pick(r, q) for r, q in zip(rows, q_rows, strict=True)], q_rows
+
+
+def _tops(rows: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Each mask's top token and its probability under the mask's plain softmax (what the relay
+    shows, whatever the sampler does)."""
+    p, t = torch.softmax(rows.float(), -1).max(-1)
+    return tuple(t.tolist()), tuple(round(float(x), 6) for x in p)
 
 
 def _probs(q_rows: Sequence[torch.Tensor], tokens: Sequence[int]) -> tuple[float, ...]:

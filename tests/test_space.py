@@ -322,7 +322,7 @@ def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
         fig = relay(res.events, texts, step)
         groups = next(e for e in res.events if isinstance(e, MaskGroups) and e.step == step)
         z = fig.data[0].z
-        row = groups.handed + (1 if step else 0)  # row 0 = the verified guesses after step 0
+        row = groups.handed + (2 if step else 0)  # after step 0: guesses, committed, groups
         assert handed_code in z[row] and sum(handed_code in r for r in z) == 1
         assert method_panel("space", res.events, texts, step).layout.title.text
         if step:

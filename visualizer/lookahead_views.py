@@ -815,6 +815,8 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         if len(ev.branches) == n
         else [_branch(lb) for lb in labels]
     )
+    # A mask input has no token of its own (SPACE feeds a learned embedding): name none.
+    ids = [None if b == "mask" else t for t, b in zip(ids, branches, strict=True)]
     code = _codes(MASK_BRANCH)
     names = [
         escape(lb) + (f" {short_token(texts.get(t, '?'), 6)}" if t is not None and n <= 64 else "")

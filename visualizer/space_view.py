@@ -28,7 +28,7 @@ RELAY_STATUS: dict[str, tuple[str, str]] = {
     "not checked": (COLOURS["pending"], "not checked (an earlier guess was rejected)"),
     "target": (COLOURS["correction"], "the target's own token (correction)"),
     "bonus": (COLOURS["bonus"], LABELS.get("bonus", "bonus")),
-    "handed": (COLOURS["bonus"], "guesses handed to the next step"),
+    "handed": ("#d1c4e9", "guesses handed to the next step"),
     "unused": ("#eceff1", "guesses of a group that was not handed on"),
 }
 
@@ -57,24 +57,32 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
     def blank() -> tuple[list[int | None], list[str], list[str]]:
         return [None] * width, [""] * width, [""] * width
 
-    if step > 0:  # row 0: what this step verified, and the target's own token after them
+    if step > 0:  # what this step verified, then what it committed
         zr, tr, hr = blank()
         for i, c in enumerate(cands):
             st = "accepted" if i < accepted else "rejected" if i == accepted else "not checked"
             zr[i], tr[i] = code[st], short_token(texts.get(c, "?"), 6)
             hr[i] = f"{_tok(texts, c)}<br>c{i + 1}: {RELAY_STATUS[st][1]}"
-        if commit is not None and len(commit.tokens) > accepted:
-            t, origin = commit.tokens[accepted], commit.origins[accepted]
-            st = "bonus" if origin == "bonus" else "target"
-            zr[accepted], tr[accepted] = code[st], short_token(texts.get(t, "?"), 6)
-            hr[accepted] = f"{_tok(texts, t)}<br>{RELAY_STATUS[st][1]}"
-        y_labels.append("verified")
+        y_labels.append("guesses")
+        z.append(zr)
+        text.append(tr)
+        hover.append(hr)
+        zr, tr, hr = blank()
+        for i, (t, origin) in enumerate(
+            zip(commit.tokens, commit.origins, strict=False) if commit is not None else ()
+        ):
+            st = "accepted" if origin == "draft" else "bonus" if origin == "bonus" else "target"
+            zr[i], tr[i] = code[st], short_token(texts.get(t, "?"), 6)
+            hr[i] = f"{_tok(texts, t)}<br>committed: {RELAY_STATUS[st][1]}"
+        y_labels.append("committed")
         z.append(zr)
         text.append(tr)
         hover.append(hr)
     for g, (row, p) in enumerate(zip(rows, probs, strict=False)):
         zr, tr, hr = blank()
         st = "handed" if g == groups.handed else "unused"
+        if g == groups.handed and groups.guesses:  # when sampling, the tokens actually drawn
+            row = list(groups.guesses[:MAX_MASKS])
         for j, t in enumerate(row):
             col = g + 1 + j
             if col >= width:
@@ -95,7 +103,7 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
     for name in RELAY_STATUS:
         if any(code[name] in r for r in z):
             fig.add_trace(_swatch(*RELAY_STATUS[name]))
-    fig.update_yaxes(autorange="reversed")  # rows name themselves: "verified", "after x", …
+    fig.update_yaxes(autorange="reversed")  # rows name themselves: "guesses", "after x", …
     fig.update_xaxes(title_text=f"output position (+0 = token {groups.position + 1})")
     if step == 0:
         note = "the prefill's masks guess the tokens after the first one"
