@@ -28,12 +28,14 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .artifacts import artifact_path, load_artifact
+from .errors import InvalidParameter
 from .events import Forward
 from .models import ModelBundle
 from .runtime import ForwardResult
 
 KIND = "space"  # assets/space/<model>.safetensors
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+SUPPORTED = ("llama",)  # the layer layout masked_forward follows
 
 
 def _shapes(config) -> dict[str, tuple[int, int]]:
@@ -176,6 +178,12 @@ def adapter_path(model_id: str):
 
 def load_adapter(bundle: ModelBundle, path=None) -> MaskAdapter:
     """The shipped mask adapter for `bundle`'s model, frozen, in its device and dtype."""
+    kind = getattr(bundle.model.config, "model_type", "?")
+    if kind not in SUPPORTED:  # masked_forward re-runs the layers as Llama writes them
+        raise InvalidParameter(
+            f"SPACE's mask model runs Llama-style decoders ({', '.join(SUPPORTED)}); "
+            f"{bundle.model_id} is a {kind!r} model"
+        )
     return load_artifact(
         bundle,
         path or adapter_path(bundle.model_id),

@@ -92,7 +92,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             feed = sampler.pick(d_out.logits[-1], q)
             draft.append(feed)
             q_rows.append(q)
-            confidences.append(round(float(q.max()), 6))
+            confidences.append(round(float(q[feed]), 6))  # the drafted token's
             if confidences[-1] < stop:  # drafted and verified, but nothing is drafted after it
                 reason = "confidence"
                 break

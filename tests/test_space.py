@@ -212,6 +212,14 @@ def test_a_model_without_an_adapter_is_a_clear_error():
         generate(load_model("tiny-random-2"), "hi", "space", 4)
 
 
+def test_a_model_that_is_not_llama_style_is_a_clear_error(tiny, monkeypatch):
+    from decoders.mask_model import load_adapter
+
+    monkeypatch.setattr(tiny.model.config, "model_type", "gpt2")
+    with pytest.raises(InvalidParameter, match="Llama-style"):
+        load_adapter(tiny)
+
+
 # --- sampling -------------------------------------------------------------------------------------
 
 

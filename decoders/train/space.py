@@ -6,7 +6,8 @@ that act on mask rows only (decoders/mask_model.py).
 Data, as the paper prepares it: cut a text at random points s; after the token at s come k masks,
 and mask j (j = 0 .. k-1, at position s + 1 + j) learns the token at s + 2 + j, the one after the
 position it sits at. Here the target is the base model's own distribution there (soft
-cross-entropy, self-distillation), read from the cached final features.
+cross-entropy, self-distillation), from the same forward over the window that fills the cache, so
+the masks and their target see the same context.
 
 Training layout: many cut points per window, each with its own group of k masks, each group
 hidden from the others and seeing only the real tokens up to its s. The real tokens never change
@@ -63,12 +64,13 @@ def group_layout(
 def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, rng: random.Random):
     """One batch: the real tokens through the frozen model into a cache, then `groups` mask groups
     per span against it. Returns the mask rows' logits [b, G·k, V], the base model's features at
-    the positions they predict from [b, G·k, d], and which rows are real (inside their span)."""
+    the positions they predict from [b, G·k, d] (over the window, the context the masks see), and
+    which rows are real (inside their span)."""
     k = adapter.k
     width = max(b - a for a, b in spans)
     dev = bundle.device
     ids = torch.zeros(len(spans), width, dtype=torch.long)
-    target = torch.zeros(len(spans), groups * k, states.features.shape[1])
+    at = torch.zeros(len(spans), groups * k, dtype=torch.long)  # the feature each mask learns
     valid = torch.zeros(len(spans), groups * k, dtype=torch.bool)
     cuts: list[list[int]] = []
     for r, (a, b) in enumerate(spans):
@@ -82,12 +84,15 @@ def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, 
         for g, s in enumerate(chosen):
             for j in range(k):
                 if s + 1 + j < n:
-                    target[r, g * k + j] = states.features[a + s + 1 + j].float()
+                    at[r, g * k + j] = s + 1 + j
                     valid[r, g * k + j] = True
     positions, mask = group_layout(width, cuts, k, bundle.dtype)
     cache = DynamicCache(config=bundle.model.config)
     with torch.no_grad():
-        bundle.model.model(input_ids=ids.to(dev), past_key_values=cache, use_cache=True)
+        real = bundle.model.model(input_ids=ids.to(dev), past_key_values=cache, use_cache=True)
+        target = real.last_hidden_state.float().gather(
+            1, at.to(dev)[..., None].expand(-1, -1, real.last_hidden_state.shape[-1])
+        )
     n = groups * k
     feats = masked_forward(
         bundle,
@@ -98,7 +103,7 @@ def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, 
         positions.to(dev),
         mask.to(dev),
     )
-    return bundle.model.lm_head(feats), target.to(dev), valid.to(dev)
+    return bundle.model.lm_head(feats), target, valid.to(dev)
 
 
 def losses(lm_head, logits, target_feats, valid, k: int) -> dict[str, torch.Tensor]:
