@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from . import quality
 from .engine import generate, get_method
 from .errors import DecodingLabError, InvalidInput
 from .models import ModelBundle, load_model
@@ -152,6 +153,7 @@ class Contestant:
     run: Callable[[list[int], int], Outcome]
     ours: bool = True
     outcomes: list[Outcome] = field(default_factory=list)
+    lossy: bool = False  # no claim to match greedy: scored for quality (decoders/quality.py)
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, str]]:
@@ -178,7 +180,7 @@ def our_method(bundle: ModelBundle, spec: str, record: bool = True) -> Contestan
         res = generate(bundle, prompt_ids, name, max_new_tokens, record=record, **params)
         return Outcome(res.token_ids, res.stats["wall_s"], res.stats)
 
-    return Contestant(spec + ("" if record else " [trace off]"), run)
+    return Contestant(spec + ("" if record else " [trace off]"), run, lossy=not method.lossless)
 
 
 def hf_peer(bundle: ModelBundle, spec: str) -> Contestant:
@@ -254,6 +256,10 @@ def run_benchmark(
     rows = [
         summarize(c, references, base["tokens_per_s"], base["per_prompt_tps"]) for c in contestants
     ]
+    if any(c.lossy for c in contestants):
+        for row, c in zip(rows, contestants, strict=True):
+            if c.lossy or c is reference:
+                row["quality"] = score_quality(bundle, encoded, references, c)
     groups = list(dict.fromkeys(p.group for p in prompts if p.group))
     if len(groups) > 1:
         for row, c in zip(rows, contestants, strict=True):
@@ -261,6 +267,21 @@ def run_benchmark(
                 g: round(_tps(c, prompts, g) / _tps(reference, prompts, g), 3) for g in groups
             }
     return {"rows": rows, "prompts": [p.id for p in prompts], "groups": groups}
+
+
+def score_quality(
+    bundle: ModelBundle, encoded: list[list[int]], references: list[list[int]], c: Contestant
+) -> dict[str, float]:
+    """Means over the prompts of each output's agreement with greedy, ROUGE-L, NLL and
+    self-consistency (decoders/quality.py)."""
+    scores: dict[str, list[float]] = {}
+    for ids, ref, o in zip(encoded, references, c.outcomes, strict=True):
+        q = quality.compare(ref, o.tokens)
+        each = {"agreement": q.agreement, "rouge_l": q.rouge_l}
+        each |= quality.under_target(bundle, ids, o.tokens)
+        for k, v in each.items():
+            scores.setdefault(k, []).append(v)
+    return {k: round(sum(v) / len(v), 4) for k, v in scores.items()}
 
 
 def _tps(c: Contestant, prompts: Sequence[Prompt], group: str) -> float:
@@ -334,6 +355,24 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
         for r in result["rows"]:
             cells = " | ".join(f"{fmt(r['group_speedup'].get(g))}×" for g in groups)
             lines.append(f"| {r['contestant']} | {cells} |")
+    scored = [r for r in result["rows"] if "quality" in r]
+    if scored:
+        lines += [
+            "",
+            "Quality against greedy (lossy methods; means over prompts): token agreement, ROUGE-L, "
+            "NLL under the target (nats/token), self-consistency (share of tokens that are the "
+            "target's own argmax in the output's context), and target forwards per token:",
+            "",
+            "| method | agreement | ROUGE-L | NLL | self-consistency | forwards / token | speedup |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in scored:
+            q, tpf = r["quality"], r.get("tokens_per_target_forward")
+            lines.append(
+                f"| {r['contestant']} | {q['agreement']:.3f} | {q['rouge_l']:.3f} | "
+                f"{q['nll']:.3f} | {q['consistency']:.3f} | {fmt(1 / tpf if tpf else None)} | "
+                f"{fmt(r.get('speedup'))}× |"
+            )
     if "trace_overhead" in result:
         lines += [
             "",
@@ -370,6 +409,52 @@ def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any], t
         template="plotly_white",
     )
     fig.write_html(out_dir / "speedup.html", include_plotlyjs="cdn")
+    scored = [r for r in rows if "quality" in r]
+    if len(scored) > 1:
+        quality_figure(scored, meta).write_html(out_dir / "quality.html", include_plotlyjs="cdn")
+
+
+def quality_figure(rows: list[dict[str, Any]], meta: dict[str, Any]):
+    """Lossy methods' quality against compute: target forwards per token, and wall-clock speedup
+    (our autoregressive is the point at 1 forward/token, 1×, quality 1)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("against target forwards per token", "against wall-clock speedup"),
+        shared_yaxes=True,
+    )
+    measures = {"agreement": "#6a1b9a", "rouge_l": "#00838f", "consistency": "#ef6c00"}
+    for name, colour in measures.items():
+        for col, x in (
+            (1, [1 / r["tokens_per_target_forward"] for r in rows]),
+            (2, [r.get("speedup", 1.0) for r in rows]),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=[r["quality"][name] for r in rows],
+                    mode="markers+text",
+                    text=[r["contestant"].replace("mask_predict:", "") for r in rows],
+                    textposition="top center",
+                    marker={"color": colour, "size": 9},
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_yaxes(title_text="quality against greedy (1 = identical)", range=[0, 1.05], col=1)
+    fig.update_xaxes(title_text="target forwards per token", col=1)
+    fig.update_xaxes(title_text="speedup (× tokens/s, same run)", col=2)
+    fig.update_layout(
+        title=f"Lossy methods: quality against compute — {meta['model']}, {meta['dataset']}",
+        template="plotly_white",
+    )
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:

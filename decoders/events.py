@@ -21,7 +21,8 @@ TRACE_FORMAT = "decoding-lab-trace"
 
 ForwardKind = Literal["prefill", "target", "draft", "verify"]
 # Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
-Origin = Literal["target", "draft", "correction", "bonus"]
+# "mask": filled by a mask and never verified (a lossy method's token).
+Origin = Literal["target", "draft", "correction", "bonus", "mask"]
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,23 @@ class MaskGroups(Event):
 
 
 @dataclass(frozen=True)
+class MaskPredictStep(Event):
+    """One Mask-Predict iteration on a block: `tokens[j]` = the block's current fill of output
+    position `position` + j and `probs[j]` its confidence when it was predicted; `updated` = the
+    positions predicted in this iteration (the masked ones), `remasked` = those masked again for
+    the next iteration (empty on a block's last)."""
+
+    type: ClassVar[str] = "MaskPredictStep"
+    step: int
+    position: int
+    iteration: int
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+    updated: tuple[int, ...]
+    remasked: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -244,6 +262,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         CopySource,
         HeadProposals,
         MaskGroups,
+        MaskPredictStep,
         Done,
     )
 }
@@ -254,7 +273,7 @@ def token_ids(event: Event) -> list[int]:
     the pool's n-grams, the mask's inputs, not only the drafts and commits)."""
     if isinstance(event, Prefill):
         return list(event.prompt_ids)
-    if isinstance(event, Draft | Commit | TopK | JacobiIteration):
+    if isinstance(event, Draft | Commit | TopK | JacobiIteration | MaskPredictStep):
         return list(event.tokens)
     if isinstance(event, Verify):
         return [] if event.correction is None else [event.correction]

@@ -9,6 +9,7 @@ from . import (
     jacobi,
     kangaroo,
     lookahead,
+    mask_predict,
     medusa,
     prompt_lookup,
     self_speculative,
@@ -140,6 +141,19 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"k": 0, "groups": 0}},
             check=space.check,
             summary="Mask tokens guess the next k tokens; one forward verifies last step's guesses and makes the next ones.",
+        ),
+        Method(
+            name="mask_predict",
+            title="Mask-Predict (parallel fill and re-mask; lossy, no verification)",
+            decode=mask_predict.decode,
+            params=mask_predict.PARAMS,
+            # Ghazvininejad et al. 2019: T = 10 iterations over a whole target sentence with linear
+            # decay; at our block size that is the full schedule, one mask fewer each iteration
+            presets={"paper": {"m": 0, "T": 0}},
+            lossless=False,
+            sampling=False,
+            check=mask_predict.check,
+            summary="Fills m masked tokens at once, then re-predicts the least confident ones T times. Lossy: never verified.",
         ),
     )
 }

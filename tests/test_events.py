@@ -17,6 +17,7 @@ from decoders.events import (
     JacobiIteration,
     LookaheadWindow,
     MaskGroups,
+    MaskPredictStep,
     NgramPool,
     Prefill,
     TopK,
@@ -44,8 +45,10 @@ SAMPLES = [
     MaskGroups(
         6, 9, (4, 5), ((4, 5), (5, 6), (6, 7)), ((0.5, 0.25), (0.5, 0.125), (0.25, 0.75)), 1, (5, 6)
     ),
+    MaskPredictStep(7, 12, 1, (4, 5, 6), (0.9, 0.5, 0.25), (1, 2), (2,)),
     TopK(0, 0, (5, 6), (0.7, 0.2)),
     Commit(1, (5, 9), ("draft", "correction"), (0.5, 0.9)),
+    Commit(7, (4, 5), ("target", "mask"), (0.9, 0.5)),
     Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),
 ]
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from decoders import InvalidInput, compare_tokens, prepare
-from decoders.engine import Run, check_request, greedy_reference, run_events
+from decoders import InvalidInput, compare_tokens, prepare, quality
+from decoders.engine import Run, check_request, get_method, greedy_reference, run_events
 from decoders.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
 from decoders.models import ModelBundle
 from decoders.stats import compute_stats
@@ -80,6 +80,8 @@ def lossless_info(
     if method == "autoregressive":
         return {"status": "reference"}
     reference = cached_reference(bundle, tuple(prompt_ids), max_new_tokens)
+    if not get_method(method).lossless:
+        return lossy_info(bundle, prompt_ids, reference, tokens)
     check = compare_tokens(reference, tokens, bundle.exact)
     info: dict[str, Any] = {
         "status": "identical" if check.identical else "differs",
@@ -91,6 +93,20 @@ def lossless_info(
             f"{bundle.dtype} on {bundle.device}: near-ties can flip between batch shapes"
         )
     return info
+
+
+def lossy_info(
+    bundle: ModelBundle, prompt_ids: list[int], reference: tuple[int, ...], tokens: list[int]
+) -> dict[str, Any]:
+    """A lossy method's badge: never "identical", always how close it came (decoders/quality.py):
+    agreement, the first difference, ROUGE-L, and NLL beside greedy's own."""
+    q = quality.compare(reference, tokens)
+    return {
+        "status": "lossy",
+        **q.as_dict(),
+        **quality.under_target(bundle, prompt_ids, tokens),
+        "nll_greedy": quality.nll(bundle, prompt_ids, reference),
+    }
 
 
 @functools.lru_cache(maxsize=64)

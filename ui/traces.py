@@ -36,7 +36,7 @@ from decoders.params import validate_params
 from decoders.stats import compute_stats
 
 from .links import UI_MAX_NEW_TOKENS
-from .live import Trace, cached_reference
+from .live import Trace, cached_reference, lossy_info
 from .models import get_bundle, model_choices, vocab_size
 
 # The page's example prompts; the first is the cold page's (and assets/example_trace.json's).
@@ -411,6 +411,8 @@ def recheck_lossless(trace: Trace) -> dict[str, Any]:
             "note": f"not checked: longer than {model}'s context of {bundle.context_length} tokens",
         }
     reference = cached_reference(bundle, tuple(meta["prompt_ids"]), budget)
+    if meta["method"] in METHODS and not METHODS[meta["method"]].lossless:
+        return {**lossy_info(bundle, meta["prompt_ids"], reference, tokens), "rechecked": True}
     check = compare_tokens(reference, tokens, bundle.exact)
     return {
         "status": "identical" if check.identical else "differs",

@@ -64,7 +64,9 @@ MASK_BRANCH: dict[str, tuple[str, str]] = {
     "x": ("#78909c", "x (last committed token)"),
     "lookahead": ("#64b5f6", "lookahead branch (Jacobi window)"),
     "verify": ("#66bb6a", "verification branch (candidate n-grams, guesses)"),
-    "mask": ("#ffb74d", "mask group (SPACE's guesses)"),
+    "mask": ("#ffb74d", "mask input (SPACE's groups, Mask-Predict's masks)"),
+    "kept": ("#ba68c8", "kept fill (Mask-Predict: a real input)"),
+    "committed": ("#b0bec5", "committed token entering the cache"),
     "other": ("#ce93d8", "other input"),
 }
 MASK_NOTE = "every input also sees the whole cached context (not drawn)"

@@ -18,6 +18,7 @@ from .lookahead_views import (
     ngram_pool,
     pool_candidates,
 )
+from .mask_predict_view import refinement
 from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
 from .self_speculative_view import self_speculative_panel
@@ -38,6 +39,7 @@ PANELS: dict[str, Panel] = {
     "medusa": heads_grid,
     "blockwise": blockwise_chain,
     "space": relay,
+    "mask_predict": refinement,
 }
 
 
@@ -56,6 +58,7 @@ EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "medusa": (token_tree,),  # the tree the heads' guesses formed, verified
     "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
     "space": (attention_mask,),  # the layout's real mask: every group hidden from later rows
+    "mask_predict": (attention_mask,),  # masks see all before them; kept tokens see no mask
 }
 MAX_EXTRA_PANELS = 4
 

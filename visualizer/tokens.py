@@ -18,6 +18,7 @@ COLOURS = {
     "bonus": "#bbdefb",
     "target": "#dde4e8",
     "pending": "#f5f5f5",
+    "mask": "#e1bee7",  # unverified: filled by a mask (a lossy method)
 }
 LABELS = {
     "draft": "accepted draft",
@@ -26,6 +27,7 @@ LABELS = {
     "bonus": "bonus token",
     "target": "decoded by target",
     "pending": "not yet generated",
+    "mask": "filled by a mask (not verified)",
 }
 
 STYLE = """
@@ -145,6 +147,8 @@ def lossless_badge_html(lossless: Mapping[str, Any] | None) -> str:
         text, bg = f"✓ identical to greedy ({lossless.get('compared', '?')} tokens)", "#c8e6c9"
     elif status == "differs":
         text, bg = f"✗ differs from greedy at token {lossless.get('first_divergence')}", "#ffcdd2"
+    elif status == "lossy":  # never a tick: how close a lossy method came this time
+        text, bg = lossy_badge_text(lossless), "#f3e5f5"
     elif status == "reference":
         text, bg = "reference: autoregressive greedy", "#eceff1"
     else:
@@ -152,3 +156,22 @@ def lossless_badge_html(lossless: Mapping[str, Any] | None) -> str:
     note = lossless.get("caveat")
     title = f' title="{html.escape(note)}"' if note else ""
     return f'<div class="dl-badge" style="background:{bg}"{title}>{html.escape(text)}</div>'
+
+
+def lossy_badge_text(q: Mapping[str, Any]) -> str:
+    """ "not identical: 72 % agree, first difference at token 5 · ROUGE-L 0.81 · NLL 1.32 nats
+    (greedy 0.98)", or, when it matched this time, that a lossy method merely happened to."""
+    n = q.get("compared", "?")
+    if q.get("first_difference") is None:
+        head = f"lossy method: matched greedy on all {n} tokens this time (not guaranteed)"
+    else:
+        head = (
+            f"not identical: {100 * q.get('agreement', 0):.0f} % agree, first difference at "
+            f"token {q['first_difference']}"
+        )
+    tail = f" · ROUGE-L {q.get('rouge_l', 0):.2f}"
+    if q.get("consistency") is not None:
+        tail += f" · {100 * q['consistency']:.0f} % of tokens the target's own choice"
+    if q.get("nll") is not None:
+        tail += f" · NLL {q['nll']:.2f} nats/token (greedy {q.get('nll_greedy', 0):.2f})"
+    return head + tail
