@@ -1,6 +1,7 @@
 """Command line: python -m decoders --method autoregressive --prompt "..." [--json] [--check-lossless]
 
-Errors print one line to stderr and exit 2; a failed lossless check exits 1.
+Errors print one line to stderr and exit 2; a failed lossless check exits 1 (a lossy method
+makes no claim: --check-lossless prints how close it came and exits 0).
 """
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import json
 import sys
 from typing import Any
 
-from .engine import MAX_NEW_TOKENS_CAP, check_lossless, check_request, generate
+from . import quality
+from .engine import (
+    MAX_NEW_TOKENS_CAP,
+    check_lossless,
+    check_request,
+    generate,
+    greedy_reference,
+)
 from .errors import DecodingLabError, InvalidParameter
 from .models import load_model
 from .registry import METHODS
@@ -79,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             bundle, args.prompt, args.method, args.max_new_tokens, chat=args.chat, **params
         )
         check = check_lossless(bundle, result) if args.check_lossless else None
+        lossy = not METHODS[args.method].lossless
+        scores = None
+        if check is not None and lossy:  # no claim to check: say how close it came instead
+            reference = greedy_reference(bundle, result.prompt_ids, result.max_new_tokens)
+            scores = quality.compare(reference, result.token_ids).as_dict()
+            scores |= quality.under_target(bundle, result.prompt_ids, result.token_ids)
     except DecodingLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -93,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                 "identical": check.identical,
                 "first_divergence": check.first_divergence,
             }
+        if scores is not None:
+            out["quality"] = scores
         print(json.dumps(out))
     else:
         s = result.stats
@@ -103,10 +119,23 @@ def main(argv: list[str] | None = None) -> int:
             f"finish: {result.finish_reason}",
             file=sys.stderr,
         )
-        if check is not None:
+        if scores is not None:
+            print(
+                f"lossy method: {100 * scores['agreement']:.0f} % of tokens agree with greedy"
+                + (
+                    ""
+                    if scores["first_difference"] is None
+                    else f", first difference at token {scores['first_difference']}"
+                )
+                + f"; ROUGE-L {scores['rouge_l']:.2f}, NLL {scores['nll']:.2f} nats/token, "
+                f"{100 * scores['consistency']:.0f} % the target's own choice",
+                file=sys.stderr,
+            )
+        elif check is not None:
             mark = "✓" if check.identical else "✗"
             print(f"lossless: {mark} {check.describe()}", file=sys.stderr)
-    return 0 if check is None or check.identical else 1
+    # A lossy method makes no claim, so differing from greedy is not a failure.
+    return 0 if check is None or check.identical or scores is not None else 1
 
 
 if __name__ == "__main__":

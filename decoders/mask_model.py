@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -61,11 +62,11 @@ class MaskAdapter(nn.Module):
 
     def __init__(self, config, k: int, rank: int = 16, alpha: float = 32.0) -> None:
         super().__init__()
-        self.k, self.rank, self.scale = k, rank, alpha / rank
+        self.k, self.rank, self.scale = k, rank, alpha / rank if rank else 0.0
         self.register_buffer("meta", torch.tensor([k, rank, alpha], dtype=torch.float32))
         self.mask = nn.Parameter(torch.zeros(config.hidden_size))
-        self.lora = nn.ParameterDict()
-        for layer in range(config.num_hidden_layers):
+        self.lora = nn.ParameterDict()  # empty at rank 0: the paper's full SFT (the mask alone)
+        for layer in range(config.num_hidden_layers if rank else 0):
             for name, (n_in, n_out) in _shapes(config).items():
                 a = torch.empty(rank, n_in)
                 nn.init.kaiming_uniform_(a, a=5**0.5)
@@ -82,7 +83,7 @@ class MaskAdapter(nn.Module):
     ) -> torch.Tensor:
         """base(x), plus the adapter's low-rank update on the mask rows, x[:, first:]."""
         y = base(x)
-        if first < x.shape[1]:
+        if self.rank and first < x.shape[1]:
             a, b = self.lora[f"{layer}_{name}_A"], self.lora[f"{layer}_{name}_B"]
             y[:, first:] += ((x[:, first:] @ a.T) @ b.T * self.scale).to(y.dtype)
         return y
@@ -172,7 +173,15 @@ def forward_masked(
     return ForwardResult(logits, {}, event)
 
 
-def adapter_path(model_id: str):
+SFT_FILE = "space_mask.safetensors"  # beside a fully fine-tuned model (train --full)
+
+
+def adapter_path(model_id: str) -> Path:
+    """A model directory that holds its own mask (the full-SFT variant, saved to the model cache
+    with its weights) uses it; any other model the shipped adapter in assets/space/."""
+    local = Path(model_id).expanduser()
+    if local.is_dir() and (local / SFT_FILE).is_file():
+        return local / SFT_FILE
     return artifact_path(KIND, model_id)
 
 

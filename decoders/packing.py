@@ -53,7 +53,7 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.requires_grad and torch.is_grad_enabled():
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return nn.functional.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
@@ -61,6 +61,22 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Put a plain `nn.Linear` back for every `PackedLinear` (sharing its weight): a copy of the
+    model that is about to be trained, whose packed copies would go stale."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PackedLinear)
+    ]
+    for parent, name, child in swaps:
+        linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+        linear.weight, linear.bias = child.weight, child.bias
+        setattr(parent, name, linear)
+    return len(swaps)
 
 
 def pack_linears(model: nn.Module) -> int:

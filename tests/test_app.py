@@ -184,8 +184,10 @@ EVERY_METHOD = [
 
 @slow
 @pytest.mark.parametrize(("method", "params"), EVERY_METHOD)
-def test_every_method_runs_through_the_api_and_is_lossless(client, tiny, method, params):
-    _text, _stats, trace = client.predict(
+def test_every_method_runs_through_the_api_and_is_lossless_or_says_it_is_not(
+    client, tiny, method, params
+):
+    _text, stats, trace = client.predict(
         prompt="def f(x):",
         method=method,
         model="tiny-random",
@@ -194,8 +196,16 @@ def test_every_method_runs_through_the_api_and_is_lossless(client, tiny, method,
         api_name="/run",
     )
     expected = generate(tiny, "def f(x):", max_new_tokens=16)
-    assert trace["token_ids"] == expected.token_ids
     assert trace["method"] == method
+    if METHODS[method].lossless:
+        assert trace["token_ids"] == expected.token_ids
+    else:  # no claim to check: the badge must say how close it came, never "identical"
+        badge = stats["lossless"]
+        assert badge["status"] == "lossy"
+        ours, greedy = trace["token_ids"], expected.token_ids
+        same = sum(a == b for a, b in zip(ours, greedy, strict=False))
+        assert badge["agreement"] == pytest.approx(same / max(len(ours), len(greedy)), abs=1e-4)
+        assert 0.0 <= badge["consistency"] <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,21 @@ def test_json_output_is_one_trace_object():
     assert out["events"][0]["type"] == "Prefill" and out["events"][-1]["type"] == "Done"
 
 
+def test_a_lossy_method_reports_its_quality_and_exits_zero():
+    p = cli(
+        "--model", "tiny-random", "--prompt", "def f(x):", "--raw", "--max-new-tokens", "12",
+        "--method", "mask_predict", "--param", "m=4", "--param", "T=1", "--check-lossless",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "lossy method: " in p.stderr and "ROUGE-L" in p.stderr and "✓" not in p.stderr
+    p = cli(
+        "--model", "tiny-random", "--prompt", "def f(x):", "--raw", "--max-new-tokens", "12",
+        "--method", "mask_predict", "--json", "--check-lossless",
+    )  # fmt: skip
+    out = json.loads(p.stdout)
+    assert set(out["quality"]) >= {"agreement", "rouge_l", "nll", "consistency"}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

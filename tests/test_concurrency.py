@@ -41,6 +41,7 @@ TINY_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("blockwise", {"k": 2, "temperature": 0.8, "seed": 3}),
     ("kangaroo", {"exit_layer": "2", "eta": 0.0, "temperature": 0.8, "seed": 4}),
     ("space", {"k": 3, "groups": 3, "temperature": 0.8, "seed": 5}),
+    ("mask_predict", {"m": 4, "T": 3}),
 ]
 
 
@@ -149,6 +150,7 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("blockwise", {}),
     ("kangaroo", {}),
     ("space", {}),
+    ("mask_predict", {}),
 ]  # every method, two of them token trees drafting with the EAGLE head
 
 

@@ -279,6 +279,60 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tiny, states):
     assert sum(float(after[f"top1_m{j}"]) for j in (1, 2, 3)) > 0.3
 
 
+def test_full_sft_lowers_the_loss_and_leaves_the_shared_model_alone(tiny, states):
+    """(b), the paper's SFT: every weight of a copy learns; the served model is never touched."""
+    batch = windows(states, list(range(len(states.starts))), 32)[:2]
+    before_w = tiny.model.model.layers[0].mlp.up_proj.weight.clone()
+    torch.manual_seed(0)
+    sft = trainer.FullSFT(tiny, 3)
+
+    def loss():
+        out = trainer.run_full(sft, tiny, states, batch, 4, random.Random(0))
+        return trainer.full_losses(tiny.model.lm_head, *out, k=3)
+
+    with torch.no_grad():
+        before = loss()
+        # Untrained, the copy's real rows are the original model's.
+        real_logits, real_target, real_valid, *_ = trainer.run_full(
+            sft, tiny, states, batch, 4, random.Random(0)
+        )
+        original = tiny.model.lm_head(real_target[real_valid])
+        torch.testing.assert_close(real_logits[real_valid], original, atol=1e-3, rtol=0)
+    opt = torch.optim.AdamW(sft.parameters(), lr=2e-3)
+    for _ in range(12):
+        out = loss()
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+    with torch.no_grad():
+        after = loss()
+    assert float(after["mask_loss"]) < float(before["mask_loss"]) - 0.3
+    assert torch.equal(tiny.model.model.layers[0].mlp.up_proj.weight, before_w)
+    assert not any(p.requires_grad for p in tiny.model.parameters())
+
+
+def test_a_fully_tuned_model_decodes_losslessly_against_its_own_greedy(tiny, states, tmp_path):
+    import argparse
+
+    from decoders import load_model
+    from decoders.train.states import Prepared
+
+    docs = list(range(len(states.starts)))
+    prep = Prepared(tiny, Corpus([], []), states, docs[:-1], docs[-1:], 0.0)
+    args = argparse.Namespace(
+        k=3, groups=4, window=32, batch_size=2, epochs=1, lr=2e-3, warmup=0.1, max_steps=4,
+        resume=False, seed=0, out=tmp_path / "sft",
+    )  # fmt: skip
+    card = trainer.train_full(prep, args, ["space", "--full"])
+    assert card["variant"].startswith("full SFT") and card["steps"] == 4
+    assert {f"top1_code_m{j}" for j in (1, 2, 3)} <= set(card["held_out_top1"])
+    tuned = load_model(str(tmp_path / "sft"))
+    assert load_adapter(tuned).rank == 0  # the mask alone: the model itself learned it
+    for prompt in PROMPTS[:3]:
+        same_as_greedy(tuned, prompt, 30, k=3, groups=3)
+        same_as_greedy(tuned, prompt, 9, k=2, groups=1)
+
+
 def test_the_training_layout_is_what_decoding_computes(tiny, states):
     """A mask group in the training pass (real tokens cached first, many groups at once) gives the
     same logits as the decoder's prefill of the text up to its cut, followed by k masks."""

@@ -20,12 +20,9 @@ from .text import short_token, wrap
 from .tokens import COLOURS
 
 MASK_PREDICT_STATUS: dict[str, tuple[str, str]] = {
-    "own": (COLOURS["target"], "the target's own token (the last token's row: final at once)"),
-    "filled": ("#ce93d8", "filled in this iteration, kept"),
-    "filled_remasked": (
-        COLOURS["rejected"],
-        "filled in this iteration, masked again (least confident)",
-    ),
+    "own": (COLOURS["target"], "the target's own token (last token's row)"),
+    "filled": ("#ce93d8", "filled now, kept"),
+    "filled_remasked": (COLOURS["rejected"], "filled now, masked again (least sure)"),
     "kept": ("#f3e5f5", "kept from an earlier iteration"),
     "kept_remasked": ("#ef9a9a", "kept earlier, masked again now"),
     "committed": (COLOURS["mask"], "committed without verification"),

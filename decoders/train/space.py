@@ -14,18 +14,32 @@ hidden from the others and seeing only the real tokens up to its s. The real tok
 (the base is frozen and the adapters skip them), so they run once without gradients into a KV
 cache, and only the mask rows run with gradients, against that cache: one forward trains
 `groups` × k positions at the cost of a short extension.
+
+`--full` is the paper's variant (b): every weight of a copy of the model learns, with the mask
+embedding and no LoRA, in one pass over real tokens and mask groups together. The real rows learn
+the original model's distribution (self-distillation stands in for the paper's plain SFT half),
+so the tuned model stays near the original but is no longer it: `space` on it is lossless
+against the tuned model's own greedy output. It is saved to the model cache (weights, tokenizer,
+space_mask.safetensors and its card), never to the repository; load it by its directory:
+
+    python -m decoders.train space --model embedded --full --max-steps 150
+    python -m decoders --model ~/.cache/decoding-lab/models/space-sft-smollm2-135m-instruct ...
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
+from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
-from ..mask_model import MaskAdapter, adapter_path, masked_forward
+from ..mask_model import SFT_FILE, MaskAdapter, adapter_path, masked_forward
+from ..models import cache_dir, slug
 from .corpus import add_arguments as add_corpus_arguments
 from .loop import add_loop_arguments, fit_artifact
 from .states import Prepared, States, prepare, windows
@@ -40,6 +54,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (scale = alpha / rank)")
     g.add_argument("--groups", type=int, default=16, help="mask groups (cut points) per window")
     g.add_argument("--window", type=int, default=192, help="real tokens per window")
+    g.add_argument(
+        "--full",
+        action="store_true",
+        help="the paper's SFT: fine-tune every weight (no LoRA) and save the model with its mask "
+        "to the model cache (--out: a directory); decoding is then lossless against that model",
+    )
 
 
 def group_layout(
@@ -188,5 +208,184 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
     return json.loads(out.with_suffix(".json").read_text())
 
 
+def sft_dir(model_id: str) -> Path:
+    """Where the full-SFT model goes by default: the model cache, never the repository."""
+    return cache_dir() / "models" / f"space-sft-{slug(model_id)}"
+
+
+class FullSFT(nn.Module):
+    """The paper's mask tuning: a trainable copy of the whole model (unpacked: its weights change)
+    and the [MASK] embedding (a rank-0 MaskAdapter: no LoRA, the model itself learns the masks)."""
+
+    def __init__(self, bundle, k: int) -> None:
+        super().__init__()
+        model = type(bundle.model)(bundle.model.config)
+        model.load_state_dict(bundle.model.state_dict())  # the plain weights, not the packed copies
+        model.requires_grad_(True)
+        self.model = model
+        self.adapter = MaskAdapter(bundle.model.config, k, rank=0)
+        self.bundle = dataclasses.replace(bundle, model=model, packed=False)
+
+
+def run_full(sft: FullSFT, original, states: States, spans, groups: int, rng: random.Random):
+    """One batch through the trainable model in one pass, real tokens and mask groups together
+    (every weight learns, so the real rows need gradients too). Returns the logits of the real
+    rows [b, W, V] and of the mask rows [b, G·k, V], the original model's features for each (from
+    its own forward over the window: the context both models see), and which rows are inside
+    their span."""
+    k = sft.adapter.k
+    width = max(b - a for a, b in spans)
+    dev = sft.bundle.device
+    b = len(spans)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    real_valid = torch.zeros(b, width, dtype=torch.bool)
+    at = torch.zeros(b, groups * k, dtype=torch.long)  # the original feature each mask learns
+    mask_valid = torch.zeros(b, groups * k, dtype=torch.bool)
+    cuts: list[list[int]] = []
+    for r, (a, e) in enumerate(spans):
+        n = e - a
+        ids[r, :n] = states.tokens[a:e]
+        real_valid[r, :n] = True
+        room = list(range(max(1, n - k)))
+        chosen = sorted(rng.sample(room, min(groups, len(room))))
+        chosen += [chosen[-1]] * (groups - len(chosen))
+        cuts.append(chosen)
+        for g, s in enumerate(chosen):
+            for j in range(k):
+                if s + 1 + j < n:
+                    at[r, g * k + j] = s + 1 + j
+                    mask_valid[r, g * k + j] = True
+    with torch.no_grad():  # right padding: causal attention keeps it out of every real row
+        real_target = original.model.model(input_ids=ids.to(dev)).last_hidden_state.float()
+        mask_target = real_target.gather(
+            1, at.to(dev)[..., None].expand(-1, -1, real_target.shape[-1])
+        )
+    dtype = sft.bundle.dtype
+    positions, mask_rows = group_layout(width, cuts, k, dtype)
+    n = groups * k
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    real_rows = torch.cat([causal, torch.zeros(width, n, dtype=torch.bool)], dim=-1)
+    real_rows = torch.zeros(real_rows.shape, dtype=dtype).masked_fill(
+        ~real_rows, torch.finfo(dtype).min
+    )
+    attention = torch.cat([real_rows.expand(b, 1, -1, -1), mask_rows], dim=2)
+    positions = torch.cat([torch.arange(width).expand(b, -1), positions], dim=1)
+    tokens = torch.cat([ids, torch.zeros(b, n, dtype=torch.long)], dim=1)
+    feats = masked_forward(
+        sft.bundle, sft.adapter, None, tokens.to(dev), width, positions.to(dev), attention.to(dev)
+    )
+    logits = sft.model.lm_head(feats)
+    return (
+        logits[:, :width],
+        real_target,
+        real_valid.to(dev),
+        logits[:, width:],
+        mask_target,
+        mask_valid.to(dev),
+    )
+
+
+def full_losses(lm_head, real_logits, real_target, real_valid, *mask_part, k: int):
+    """The masks' loss (as the frozen variant) plus the real rows' soft cross-entropy to the
+    original model, which keeps the tuned model near it (the paper mixes in plain SFT data);
+    `real_top1` = how often the tuned model's own next token is still the original's."""
+    out = losses(lm_head, *mask_part, k)
+    with torch.no_grad():
+        target = torch.softmax(lm_head(real_target[real_valid]), -1)
+    rows = real_logits[real_valid]
+    ce = -(target * torch.log_softmax(rows, -1)).sum(-1).mean()
+    out["mask_loss"] = out["loss"]
+    out["real_loss"] = ce
+    out["loss"] = out["loss"] + ce
+    out["real_top1"] = (rows.argmax(-1) == target.argmax(-1)).float().mean()
+    return out
+
+
+def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
+    """(b): the whole model and the mask learn; the result goes to a directory in the model cache
+    (the weights, the tokenizer, the mask as space_mask.safetensors and its card)."""
+    from ..artifacts import save_artifact
+    from .loop import Loop
+    from .states import card, checkpoint_path
+
+    bundle, states = prep.bundle, prep.states
+    torch.manual_seed(args.seed)
+    sft = FullSFT(bundle, args.k).to(bundle.device)
+    with torch.no_grad():
+        sft.adapter.mask.copy_(bundle.model.model.embed_tokens.weight.mean(0))
+    spans = windows(states, prep.train_docs, args.window)
+    random.Random(args.seed).shuffle(spans)
+    batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
+    held = {
+        source: windows(states, [d for d in prep.held_docs if states.sources[d] == source], 256)
+        for source in sorted(set(states.sources))
+    }
+    draw = random.Random(args.seed + 1)
+    head = bundle.model.lm_head  # the original head: the targets are the original model's
+
+    def step_loss(batch):
+        out = run_full(sft, bundle, states, batch, args.groups, draw)
+        return full_losses(head, *out, k=args.k)
+
+    def evaluate() -> dict[str, float]:
+        scores: dict[str, float] = {}
+        fixed = random.Random(0)
+        with torch.no_grad():
+            for source, spans_ in held.items():
+                agree, count = [0.0] * args.k, [0] * args.k
+                real, real_n = 0.0, 0
+                for i in range(0, len(spans_), 4):
+                    out = run_full(sft, bundle, states, spans_[i : i + 4], args.groups, fixed)
+                    q = full_losses(head, *out, k=args.k)
+                    valid = out[5]
+                    per = valid.view(valid.shape[0], -1, args.k).sum((0, 1))
+                    for j in range(args.k):
+                        agree[j] += float(q[f"top1_m{j + 1}"]) * int(per[j])
+                        count[j] += int(per[j])
+                    n = int(out[2].sum())
+                    real += float(q["real_top1"]) * n
+                    real_n += n
+                for j in range(args.k):
+                    scores[f"top1_{source}_m{j + 1}"] = round(agree[j] / max(count[j], 1), 4)
+                scores[f"same_as_original_{source}"] = round(real / max(real_n, 1), 4)
+        return scores
+
+    out = Path(args.out) if args.out else sft_dir(bundle.model_id)
+
+    def write(result: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        sft.model.save_pretrained(out)
+        bundle.tokenizer.save_pretrained(out)
+        fields = {
+            "variant": "full SFT (every weight, no LoRA)",
+            "k": args.k,
+            "groups_per_window": args.groups,
+            "parameters": sum(p.numel() for p in sft.parameters()),
+            "held_out_top1": result["held_out"],
+            "train_tokens": sum(b - a for a, b in spans),
+            "train_minutes": result["minutes"],
+            "build_minutes": round(prep.seconds / 60, 1),
+            "epochs": args.epochs,
+            "steps": result["steps"],
+            "lr": args.lr,
+        }
+        save_artifact(sft.adapter, out / SFT_FILE, card(prep, "space-sft", argv, **fields))
+
+    loop = Loop(
+        epochs=args.epochs,
+        lr=args.lr,
+        warmup=args.warmup,
+        max_steps=args.max_steps,
+        checkpoint=checkpoint_path(out / "sft.ckpt"),
+        resume=args.resume,
+        seed=args.seed,
+        desc="space --full",
+    )
+    result = loop.fit(sft, batches, step_loss, evaluate, on_epoch=write)
+    write(result)
+    return json.loads((out / SFT_FILE).with_suffix(".json").read_text())
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    return train(prepare(args), args, argv)
+    prep = prepare(args)
+    return train_full(prep, args, argv) if args.full else train(prep, args, argv)
