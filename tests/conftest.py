@@ -4,9 +4,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
 
@@ -23,6 +26,40 @@ PROMPTS = [
     "What is 17 * 23? Think step by step.",
     "import numpy as np\n\ndef softmax(x):\n",
 ]
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a busy 2-core machine a second thread turns each small op into a
+    wait for its time slice (a softmax over 3 x 6 numbers took 8 ms instead of 2 µs, and one
+    embedded-model run 255 s instead of 8 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def oracle_masks(monkeypatch: pytest.MonkeyPatch, module) -> list[int]:
+    """Make `module.forward_masked` perfect: a mask row at absolute position P gets a one-hot on
+    the reference token at P + 1. Fill the returned list with the reference sequence."""
+    import dataclasses
+
+    truth: list[int] = []
+    real_forward = module.forward_masked
+
+    def forward(bundle, adapter, cache, tokens, first, *, positions, **kw):
+        out = real_forward(bundle, adapter, cache, tokens, first, positions=positions, **kw)
+        out = dataclasses.replace(out, logits=out.logits.clone())
+        for row, pos in enumerate(positions):
+            if row >= first and pos + 1 < len(truth):
+                out.logits[row] = torch.full_like(out.logits[row], -1e4)
+                out.logits[row, truth[pos + 1]] = 1e4
+        return out
+
+    monkeypatch.setattr(module, "forward_masked", forward)
+    return truth
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from test_speculative import (
     uniformity_chi2,
 )
 
-from conftest import PROMPTS
+from conftest import PROMPTS, one_thread
 from decoders import InvalidParameter, generate, stream
 from decoders.drafters import auto_draft
 from decoders.eagle import EagleHead, head_path, load_head, save_head
@@ -35,10 +35,8 @@ from decoders.train.states import Prepared, States, draft_vocabulary, target_sta
 
 @pytest.fixture(autouse=True, scope="module")  # module scope: before `fitted` trains
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import PROMPTS
+from conftest import PROMPTS, one_thread
 from decoders import METHODS, InvalidParameter, generate, kangaroo, models
 from decoders.artifacts import vocab_head
 from decoders.events import Commit, Done, Draft, DraftStop, Forward, Prefill, Verify
@@ -29,11 +29,8 @@ from decoders.tree import chain
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """One intra-op thread: on a busy 2-core machine a second one only waits for its time slice."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 _references: dict = {}

@@ -11,17 +11,15 @@ import torch
 from test_speculative import reference
 
 import decoders.mask_predict as mp
-from conftest import PROMPTS
+from conftest import PROMPTS, one_thread, oracle_masks
 from decoders import METHODS, InvalidParameter, generate, quality
 from decoders.events import AttentionMask, Commit, Forward, MaskPredictStep
 
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 # --- the layout and the schedule ------------------------------------------------------------------
@@ -119,20 +117,7 @@ def oracle(monkeypatch):
     """Mask rows predict the true greedy continuation (a mask at position P: the reference
     token at P + 1), so Mask-Predict must reproduce greedy exactly whatever m and T: a check
     of the layout's positions, the re-masking and the cache kept between blocks."""
-    truth: list[int] = []
-    real_forward = mp.forward_masked
-
-    def forward(bundle, adapter, cache, tokens, first, *, positions, **kw):
-        out = real_forward(bundle, adapter, cache, tokens, first, positions=positions, **kw)
-        out = dataclasses.replace(out, logits=out.logits.clone())
-        for row, pos in enumerate(positions):
-            if row >= first and pos + 1 < len(truth):
-                out.logits[row] = torch.full_like(out.logits[row], -1e4)
-                out.logits[row, truth[pos + 1]] = 1e4
-        return out
-
-    monkeypatch.setattr(mp, "forward_masked", forward)
-    return truth
+    return oracle_masks(monkeypatch, mp)
 
 
 @pytest.mark.parametrize(("m", "T", "budget"), [(4, 1, 40), (4, 3, 23), (3, 2, 7), (2, 2, 9)])

@@ -22,7 +22,7 @@ from test_speculative import (
 )
 
 import decoders.space as space
-from conftest import PROMPTS
+from conftest import PROMPTS, one_thread, oracle_masks
 from decoders import InvalidParameter, generate
 from decoders.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
 from decoders.mask_model import MaskAdapter, load_adapter, masked_forward
@@ -33,10 +33,8 @@ from decoders.train.states import target_states, windows
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 def same_as_greedy(bundle, prompt, budget, **params):
@@ -122,21 +120,8 @@ def test_real_rows_never_see_the_adapter(tiny):
 @pytest.fixture()
 def oracle(monkeypatch, tiny):
     """Mask rows predict the true greedy continuation: a mask at absolute position P gets a
-    one-hot on the reference token at P + 1. Returns a setter for the reference sequence."""
-    truth: list[int] = []
-    real_forward = space.forward_masked
-
-    def forward(bundle, adapter, cache, tokens, first, *, positions, **kw):
-        out = real_forward(bundle, adapter, cache, tokens, first, positions=positions, **kw)
-        out = dataclasses.replace(out, logits=out.logits.clone())
-        for row, pos in enumerate(positions):
-            if row >= first and pos + 1 < len(truth):
-                out.logits[row] = torch.full_like(out.logits[row], -1e4)
-                out.logits[row, truth[pos + 1]] = 1e4
-        return out
-
-    monkeypatch.setattr(space, "forward_masked", forward)
-    return truth
+    one-hot on the reference token at P + 1. Returns the list to fill with the reference."""
+    return oracle_masks(monkeypatch, space)
 
 
 @pytest.mark.parametrize(("k", "groups", "budget"), [(3, 3, 40), (3, 2, 23), (2, 2, 7)])
@@ -256,6 +241,19 @@ def states(tiny):
     return target_states(tiny, Corpus(docs, ["code"] * len(docs)))
 
 
+def fit(loss, parameters, lr: float, steps: int) -> tuple[dict, dict]:
+    """The loss's outputs before and after `steps` of AdamW on a fixed batch."""
+    with torch.no_grad():
+        before = loss()
+    opt = torch.optim.AdamW(parameters, lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss()["loss"].backward()
+        opt.step()
+    with torch.no_grad():
+        return before, loss()
+
+
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tiny, states):
     batch = windows(states, list(range(len(states.starts))), 32)[:4]
     torch.manual_seed(0)
@@ -265,16 +263,7 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tiny, states):
         out = trainer.run_masks(tiny, adapter, states, batch, 6, random.Random(0))
         return trainer.losses(tiny.model.lm_head, *out, 3)
 
-    with torch.no_grad():
-        before = loss()
-    opt = torch.optim.AdamW(adapter.parameters(), lr=1e-2)
-    for _ in range(25):
-        out = loss()
-        opt.zero_grad()
-        out["loss"].backward()
-        opt.step()
-    with torch.no_grad():
-        after = loss()
+    before, after = fit(loss, adapter.parameters(), lr=1e-2, steps=25)
     assert float(after["loss"]) < float(before["loss"]) - 0.5
     assert sum(float(after[f"top1_m{j}"]) for j in (1, 2, 3)) > 0.3
 
@@ -290,22 +279,13 @@ def test_full_sft_lowers_the_loss_and_leaves_the_shared_model_alone(tiny, states
         out = trainer.run_full(sft, tiny, states, batch, 4, random.Random(0))
         return trainer.full_losses(tiny.model.lm_head, *out, k=3)
 
-    with torch.no_grad():
-        before = loss()
-        # Untrained, the copy's real rows are the original model's.
+    with torch.no_grad():  # untrained, the copy's real rows are the original model's
         real_logits, real_target, real_valid, *_ = trainer.run_full(
             sft, tiny, states, batch, 4, random.Random(0)
         )
         original = tiny.model.lm_head(real_target[real_valid])
         torch.testing.assert_close(real_logits[real_valid], original, atol=1e-3, rtol=0)
-    opt = torch.optim.AdamW(sft.parameters(), lr=2e-3)
-    for _ in range(12):
-        out = loss()
-        opt.zero_grad()
-        out["loss"].backward()
-        opt.step()
-    with torch.no_grad():
-        after = loss()
+    before, after = fit(loss, sft.parameters(), lr=2e-3, steps=12)
     assert float(after["mask_loss"]) < float(before["mask_loss"]) - 0.3
     assert torch.equal(tiny.model.model.layers[0].mlp.up_proj.weight, before_w)
     assert not any(p.requires_grad for p in tiny.model.parameters())

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_prompt_lookup import humaneval
 
-from conftest import PROMPTS
+from conftest import PROMPTS, one_thread
 from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
 from decoders.drafters import auto_draft
 from decoders.eagle import head_path
@@ -28,13 +28,8 @@ BINS = 10
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """These tests run on one intra-op thread: on a busy 2-core machine a second thread turns each
-    small op into a wait for its time slice (a softmax over 3 x 6 numbers took 8 ms instead of
-    2 µs, and one embedded-model run 255 s instead of 8 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 _references: dict = {}

@@ -22,7 +22,7 @@ import torch
 
 import decoders.artifacts
 import decoders.kangaroo
-from conftest import PROMPTS, ROOT
+from conftest import PROMPTS, ROOT, one_thread
 from decoders import InvalidParameter, generate
 from decoders.artifacts import artifact_path, read_card, save_artifact
 from decoders.bench import DEFAULT_SPEC_BENCH
@@ -57,11 +57,8 @@ TINY_CORPUS = [
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    # Before any module fixture trains: two threads on a busy two-core machine crawl.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_thread():
+        yield
 
 
 @pytest.fixture(autouse=True, scope="module")

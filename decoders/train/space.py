@@ -81,16 +81,13 @@ def group_layout(
     return positions, mask[:, None]
 
 
-def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, rng: random.Random):
-    """One batch: the real tokens through the frozen model into a cache, then `groups` mask groups
-    per span against it. Returns the mask rows' logits [b, G·k, V], the base model's features at
-    the positions they predict from [b, G·k, d] (over the window, the context the masks see), and
-    which rows are real (inside their span)."""
-    k = adapter.k
+def draw_cuts(states: States, spans, groups: int, k: int, rng: random.Random):
+    """The batch's ids [b, W] (right-padded) and `groups` random cut points s per span; for each
+    mask row (group g, mask j) the window position whose feature it learns, s + 1 + j, and
+    whether that position is inside the span."""
     width = max(b - a for a, b in spans)
-    dev = bundle.device
     ids = torch.zeros(len(spans), width, dtype=torch.long)
-    at = torch.zeros(len(spans), groups * k, dtype=torch.long)  # the feature each mask learns
+    at = torch.zeros(len(spans), groups * k, dtype=torch.long)
     valid = torch.zeros(len(spans), groups * k, dtype=torch.bool)
     cuts: list[list[int]] = []
     for r, (a, b) in enumerate(spans):
@@ -106,6 +103,18 @@ def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, 
                 if s + 1 + j < n:
                     at[r, g * k + j] = s + 1 + j
                     valid[r, g * k + j] = True
+    return ids, at, valid, cuts
+
+
+def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, rng: random.Random):
+    """One batch: the real tokens through the frozen model into a cache, then `groups` mask groups
+    per span against it. Returns the mask rows' logits [b, G·k, V], the base model's features at
+    the positions they predict from [b, G·k, d] (over the window, the context the masks see), and
+    which rows are real (inside their span)."""
+    k = adapter.k
+    dev = bundle.device
+    ids, at, valid, cuts = draw_cuts(states, spans, groups, k, rng)
+    width = ids.shape[1]
     positions, mask = group_layout(width, cuts, k, bundle.dtype)
     cache = DynamicCache(config=bundle.model.config)
     with torch.no_grad():
@@ -140,13 +149,9 @@ def losses(lm_head, logits, target_feats, valid, k: int) -> dict[str, torch.Tens
     return out
 
 
-def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
-    bundle, states = prep.bundle, prep.states
-    bundle.model.requires_grad_(False)  # frozen base: gradients reach the adapter only
-    torch.manual_seed(args.seed)
-    adapter = MaskAdapter(bundle.model.config, args.k, args.rank, args.alpha).to(bundle.device)
-    with torch.no_grad():  # start the mask at the mean embedding: a plausible input, not zeros
-        adapter.mask.copy_(bundle.model.model.embed_tokens.weight.mean(0))
+def _data(prep: Prepared, args: argparse.Namespace):
+    """Training windows (shuffled, in batches) and held-out windows per source."""
+    states = prep.states
     spans = windows(states, prep.train_docs, args.window)
     random.Random(args.seed).shuffle(spans)
     batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
@@ -154,6 +159,17 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
         source: windows(states, [d for d in prep.held_docs if states.sources[d] == source], 256)
         for source in sorted(set(states.sources))
     }
+    return spans, batches, held
+
+
+def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
+    bundle, states = prep.bundle, prep.states
+    bundle.model.requires_grad_(False)  # frozen base: gradients reach the adapter only
+    torch.manual_seed(args.seed)
+    adapter = MaskAdapter(bundle.model.config, args.k, args.rank, args.alpha).to(bundle.device)
+    with torch.no_grad():  # start the mask at the mean embedding: a plausible input, not zeros
+        adapter.mask.copy_(bundle.model.model.embed_tokens.weight.mean(0))
+    spans, batches, held = _data(prep, args)
     draw = random.Random(args.seed + 1)
 
     def step_loss(batch):
@@ -234,27 +250,11 @@ def run_full(sft: FullSFT, original, states: States, spans, groups: int, rng: ra
     its own forward over the window: the context both models see), and which rows are inside
     their span."""
     k = sft.adapter.k
-    width = max(b - a for a, b in spans)
     dev = sft.bundle.device
-    b = len(spans)
-    ids = torch.zeros(b, width, dtype=torch.long)
-    real_valid = torch.zeros(b, width, dtype=torch.bool)
-    at = torch.zeros(b, groups * k, dtype=torch.long)  # the original feature each mask learns
-    mask_valid = torch.zeros(b, groups * k, dtype=torch.bool)
-    cuts: list[list[int]] = []
-    for r, (a, e) in enumerate(spans):
-        n = e - a
-        ids[r, :n] = states.tokens[a:e]
-        real_valid[r, :n] = True
-        room = list(range(max(1, n - k)))
-        chosen = sorted(rng.sample(room, min(groups, len(room))))
-        chosen += [chosen[-1]] * (groups - len(chosen))
-        cuts.append(chosen)
-        for g, s in enumerate(chosen):
-            for j in range(k):
-                if s + 1 + j < n:
-                    at[r, g * k + j] = s + 1 + j
-                    mask_valid[r, g * k + j] = True
+    ids, at, mask_valid, cuts = draw_cuts(states, spans, groups, k, rng)
+    b, width = ids.shape
+    lengths = torch.tensor([e - a for a, e in spans])
+    real_valid = torch.arange(width)[None] < lengths[:, None]
     with torch.no_grad():  # right padding: causal attention keeps it out of every real row
         real_target = original.model.model(input_ids=ids.to(dev)).last_hidden_state.float()
         mask_target = real_target.gather(
@@ -313,13 +313,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
     sft = FullSFT(bundle, args.k).to(bundle.device)
     with torch.no_grad():
         sft.adapter.mask.copy_(bundle.model.model.embed_tokens.weight.mean(0))
-    spans = windows(states, prep.train_docs, args.window)
-    random.Random(args.seed).shuffle(spans)
-    batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
-    held = {
-        source: windows(states, [d for d in prep.held_docs if states.sources[d] == source], 256)
-        for source in sorted(set(states.sources))
-    }
+    spans, batches, held = _data(prep, args)
     draw = random.Random(args.seed + 1)
     head = bundle.model.lm_head  # the original head: the targets are the original model's
 
