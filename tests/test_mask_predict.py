@@ -171,6 +171,19 @@ def test_the_mask_view_labels_kept_fills_and_masks(tiny):
         for i, b in enumerate(e.branches):
             if b != "mask":  # a real input sees no mask
                 assert not any(e.branches[j] == "mask" for j in e.visible[i])
+    # Drawn: every kind of input present has its legend entry and its count, and Lookahead's
+    # branch names do not appear where there is no window.
+    from visualizer.lookahead_views import MASK_BRANCH, attention_mask
+
+    texts = {t: str(t) for t in range(tiny.model.config.vocab_size)}
+    for e in masks:
+        fig = attention_mask(res.events, texts, e.step)
+        legend = {t.name for t in fig.data if t.showlegend}
+        present = set(e.branches)
+        assert {MASK_BRANCH[b][1] for b in present} <= legend
+        subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+        assert all(f"{e.branches.count(b)} {b}" in subtitle for b in present)
+        assert "lookahead" not in subtitle and "verify" not in subtitle
 
 
 # --- quality --------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ MASK_BRANCH: dict[str, tuple[str, str]] = {
     "committed": ("#b0bec5", "committed token entering the cache"),
     "other": ("#ce93d8", "other input"),
 }
+INPUT_BRANCHES = tuple(b for b in MASK_BRANCH if b != "masked")  # legend and count order
 MASK_NOTE = "every input also sees the whole cached context (not drawn)"
 
 E = TypeVar("E", bound=Event)
@@ -855,7 +856,7 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
             continue
         fig.add_shape(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=n - 0.5, line=line)
         fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=b - 0.5, y1=b - 0.5, line=line)
-    for branch in ("x", "lookahead", "verify", "mask", "other", "masked"):
+    for branch in (*INPUT_BRANCHES, "masked"):
         if branch == "masked" or branch in branches:
             fig.add_trace(_swatch(*MASK_BRANCH[branch]))
     if n <= 32:
@@ -885,10 +886,12 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         zeroline=False,
         automargin=True,
     )
+    # Lookahead's three branches are named even when one is empty ("0 verify": no candidate).
+    window = {"x", "lookahead", "verify"}
     counts = " · ".join(
         f"{branches.count(b)} {b}"
-        for b in ("x", "lookahead", "verify", "mask", "other")
-        if b in branches or (b in ("x", "lookahead", "verify") and "mask" not in branches)
+        for b in INPUT_BRANCHES
+        if b in branches or (b in window and window & set(branches))
     )
     title = f"Step {step}: attention among {n} inputs"
     subtitle = wrap(f"{counts}; {MASK_NOTE}", SUBTITLE_CHARS)

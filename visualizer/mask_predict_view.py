@@ -30,7 +30,7 @@ MASK_PREDICT_STATUS: dict[str, tuple[str, str]] = {
 
 
 def refinement(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    title = f"Step {step}: Mask-Predict's iterations on this block"
+    title = f"Step {step}: Mask-Predict's iterations"
     its = [e for e in events if isinstance(e, MaskPredictStep) and e.step == step]
     if not its:
         if any(isinstance(e, MaskPredictStep) for e in events):
@@ -85,7 +85,7 @@ def refinement(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     redone = sum(len(e.updated) for e in its[1:])
     note = (
         f"{len(its)} iteration{'s' if len(its) > 1 else ''} (one forward each) for {width} tokens; "
-        f"{redone} fill{'s' if redone != 1 else ''} redone after the first; nothing is verified"
+        f"{redone} position{'s' if redone != 1 else ''} re-predicted after the first; nothing is verified"
     )
     return _base_layout(
         fig, title, height=min(560, 250 + 46 * len(z)), subtitle=wrap(note, SUBTITLE_CHARS)
