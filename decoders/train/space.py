@@ -306,7 +306,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
     (the weights, the tokenizer, the mask as space_mask.safetensors and its card)."""
     from ..artifacts import save_artifact
     from .loop import Loop
-    from .states import card, checkpoint_path
+    from .states import card
 
     bundle, states = prep.bundle, prep.states
     torch.manual_seed(args.seed)
@@ -370,7 +370,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
         lr=args.lr,
         warmup=args.warmup,
         max_steps=args.max_steps,
-        checkpoint=checkpoint_path(out / "sft.ckpt"),
+        checkpoint=out / "resume.ckpt",  # beside the model it resumes (--resume)
         resume=args.resume,
         seed=args.seed,
         desc="space --full",
