@@ -4,10 +4,15 @@ again and predict them anew, T times. Nothing verifies the result: it is the los
 non-autoregressive row, run on SPACE's mask model (decoders/mask_model.py).
 
     block of m tokens after x (the last committed token), every input predicting the token after it:
-        inputs  = x  u_1 .. u_{m-1}            u_i = y_i when kept, else a mask M
+        inputs  = x  u_1 .. u_{m-1}            u_i = y_i when y_1 .. y_i are all kept, else a
+                                                mask M (a kept y_i after a masked one stays as it
+                                                is but is fed as a mask: as a real input it would
+                                                see a hole in its context, which neither the model
+                                                nor the adapter ever saw)
         y_1     = argmax(row of x)              x is real and sees real tokens only: y_1 is the
                                                 target's own greedy token, final at once
-        y_{i+1} = argmax(row of u_i)            a mask row guesses; a kept y_i's row is the target
+        y_{i+1} = argmax(row of u_i)            a mask row guesses; the row of a kept run straight
+                                                after x is the target's own
     iteration t = 0 .. T-1:
         t = 0: every u_i is a mask, so one forward fills the whole block
         predict y_i anew wherever u_i-side is masked; kept tokens keep their token and confidence
@@ -15,10 +20,10 @@ non-autoregressive row, run on SPACE's mask model (decoders/mask_model.py).
                     linear decay); n = 0 ends the block early
     commit y_1 .. y_m; their KV is computed as real inputs at the next block's first forward
 
-    attention: real inputs (the cache, x, kept y_i) are causal among themselves and never see a
-               mask (as in SPACE's layout, so a kept token's row is the original model's); a mask
+    attention: real inputs (the cache, x, the kept run) are causal among themselves and never
+               see a mask (as in SPACE's layout, so their rows are the original model's); a mask
                sees every earlier input, masks included (as its training layout did)
-    positions: each input's position in the sequence (a kept token after a mask keeps its place)
+    positions: each input's position in the sequence
 
 A block costs T target forwards for m tokens. The output is not greedy's: the badge, Compare and
 the benchmark report its agreement with greedy, ROUGE-L and NLL (decoders/quality.py).
@@ -122,7 +127,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         masked = [True] * n  # masked[j]: y_{j+1} is predicted this iteration, u_{j+1} is a mask
         for t in range(T):
             pending = len(context) - cached
-            inputs = masked[: n - 1]  # u_1 .. u_{n-1}; y_n is never an input
+            # u_1 .. u_{n-1} (y_n is never an input): real only while every y before is kept
+            inputs = [any(masked[: j + 1]) for j in range(n - 1)]
             order, positions, attention = layout(cached, pending, inputs)
             tokens = [context[cached + (-1 - i)] if i < 0 else fill[i] for i in order]
             first = pending + sum(not x for x in inputs)  # rows from here on are masks

@@ -63,22 +63,6 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
 
 
-def unpack_linears(model: nn.Module) -> int:
-    """Put a plain `nn.Linear` back for every `PackedLinear` (sharing its weight): a copy of the
-    model that is about to be trained, whose packed copies would go stale."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, PackedLinear)
-    ]
-    for parent, name, child in swaps:
-        linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-        linear.weight, linear.bias = child.weight, child.bias
-        setattr(parent, name, linear)
-    return len(swaps)
-
-
 def pack_linears(model: nn.Module) -> int:
     """Swap every float32 CPU `nn.Linear` in `model` for a `PackedLinear`; returns how many.
     Tied weights stay usable: the embedding keeps its own tensor, the LM head gets a packed copy."""

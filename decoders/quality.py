@@ -12,8 +12,10 @@
   even when every later token is sound; this says how many tokens the target would have written
   itself, in the lossy output's own context.
 
-A lossless method scores 1, 1 and greedy's NLL; the badge, Compare and the benchmark show these
-for every method that does not claim to be lossless.
+A lossless method scores 1, 1 and greedy's NLL (in half precision self-consistency can dip just
+below 1: near-ties flip between one forward over the output and greedy's token-by-token run).
+The badge, Compare and the benchmark show these for every method that does not claim to be
+lossless.
 """
 
 from __future__ import annotations

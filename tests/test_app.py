@@ -444,6 +444,8 @@ def method_traces(tiny) -> dict[str, dict]:
         "lookahead": ("lookahead", {"W": 2, "N": 3, "G": 2}),
         "token_tree": ("token_tree", {"draft": "self:2"}),
         "self_speculative": ("self_speculative", {}),
+        "mask_predict": ("mask_predict", {"m": 4, "T": 2}),
+        "space": ("space", {"k": 2, "groups": 2}),
     }
     return {
         name: json.loads(run_to_end("tiny-random", "def f(x): return f(x)", m, 16, p).to_json())
@@ -505,6 +507,32 @@ def _huge_draft(d):
             lambda d: first(d, "DraftStop").update(reason="bored"),
             "reason must be one of",
         ),
+        (
+            "mask_predict",
+            lambda d: first(d, "MaskPredictStep")["probs"].append(0.5),
+            "tokens and probs must be equally long",
+        ),
+        (
+            "mask_predict",
+            lambda d: first(d, "MaskPredictStep")["tokens"].extend([1] * 999),
+            "at most",
+        ),
+        (
+            "mask_predict",
+            lambda d: first(d, "MaskPredictStep").update(remasked=[7]),
+            "positions in the block",
+        ),
+        (
+            "mask_predict",
+            lambda d: _last(d, "MaskPredictStep").update(position=0),
+            "position must be the",
+        ),
+        (
+            "space",
+            lambda d: first(d, "MaskGroups")["groups"][0].append(1),
+            "groups and probs must have the same shape",
+        ),
+        ("space", lambda d: _last(d, "MaskGroups").update(handed=9), "handed must name"),
         (
             "token_tree",
             lambda d: d["params"].update(temperature="0.5"),

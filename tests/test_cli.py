@@ -57,6 +57,7 @@ def test_a_lossy_method_reports_its_quality_and_exits_zero():
     )  # fmt: skip
     out = json.loads(p.stdout)
     assert set(out["quality"]) >= {"agreement", "rouge_l", "nll", "consistency"}
+    assert "lossless" not in out  # no claim, so no verdict on one
 
 
 @pytest.mark.parametrize(

@@ -246,6 +246,12 @@ def test_the_view_draws_every_iteration_and_marks_the_re_masked(tiny):
         assert method_panel("mask_predict", res.events, {}, step).layout.title.text
         assert extra_panels("mask_predict", res.events, {}, step)
     assert "not a mask_predict run" in str(refinement([], {}, 0).layout.annotations)
+    # The tokens-per-step chart counts the unverified fills too, not only the target's own token.
+    from visualizer import tokens_per_step
+    from visualizer.tokens import LABELS
+
+    bars = {t.name: sum(t.y) for t in tokens_per_step(res.events).data}
+    assert bars[LABELS["mask"]] + bars[LABELS["target"]] == len(res.token_ids)
 
 
 def test_the_benchmark_scores_lossy_rows_and_plots_quality(tiny, tmp_path):

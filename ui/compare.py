@@ -190,7 +190,8 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
     lossy = [r for r in others if r.get("lossy")]
     others = [r for r in others if not r.get("lossy")]  # the headline's race is between equals
     tail = "".join(
-        f" {r['method']} is lossy: {fmt_speedup(r['speedup'])}, {r['lossless'].removeprefix('≈ ')}."
+        f" {r['method']} is lossy: {fmt_speedup(r['speedup'])}, "
+        f"{r['lossless'].removeprefix('≈ lossy: ')}."
         for r in lossy
     )
     if not others:

@@ -25,6 +25,8 @@ from decoders.events import (
     HeadProposals,
     JacobiIteration,
     LookaheadWindow,
+    MaskGroups,
+    MaskPredictStep,
     NgramPool,
     Origin,
     Prefill,
@@ -323,6 +325,52 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 tokens_ok(row, f"{where}.heads")
             probs_ok(tuple(p for row in e.probs for p in row), where)
             # Head 1 guesses the first position after what the earlier steps committed.
+            need(
+                e.position == committed_before[step],
+                f"{where}: position must be the {committed_before[step]} tokens committed before "
+                f"step {step}, got {e.position!r}",
+            )
+        elif isinstance(e, MaskPredictStep):
+            tokens_ok(e.tokens, f"{where}.tokens")
+            probs_ok(e.probs, where)
+            width = len(e.tokens)
+            need(
+                len(e.probs) == width <= MAX_DRAFT_NODES,
+                f"{where}: tokens and probs must be equally long, at most {MAX_DRAFT_NODES}",
+            )
+            need(
+                all(whole(j, 0, width - 1) for j in (*e.updated, *e.remasked)),
+                f"{where}: updated and remasked must be positions in the block (0..{width - 1})",
+            )
+            need(
+                whole(e.iteration, 0, MAX_DRAFT_NODES),
+                f"{where}: iteration must be a whole number in 0..{MAX_DRAFT_NODES}",
+            )
+            need(
+                e.position == committed_before[step],
+                f"{where}: position must be the {committed_before[step]} tokens committed before "
+                f"step {step}, got {e.position!r}",
+            )
+        elif isinstance(e, MaskGroups):
+            tokens_ok(e.candidates, f"{where}.candidates")
+            tokens_ok(e.guesses, f"{where}.guesses")
+            need(
+                len(e.groups) == len(e.probs) <= MAX_DRAFT_NODES
+                and all(
+                    len(t) == len(p) <= MAX_DRAFT_NODES
+                    for t, p in zip(e.groups, e.probs, strict=True)
+                )
+                and len(e.candidates) <= MAX_DRAFT_NODES,
+                f"{where}: groups and probs must have the same shape, at most "
+                f"{MAX_DRAFT_NODES} x {MAX_DRAFT_NODES}",
+            )
+            for row in e.groups:
+                tokens_ok(row, f"{where}.groups")
+            probs_ok(tuple(p for row in e.probs for p in row), where)
+            need(
+                whole(e.handed, -1, max(0, len(e.groups) - 1)),
+                f"{where}: handed must name one of the {len(e.groups)} groups",
+            )
             need(
                 e.position == committed_before[step],
                 f"{where}: position must be the {committed_before[step]} tokens committed before "

@@ -10,7 +10,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,9 @@ class Loop:
     checkpoint_every: int = 200
     seed: int = 0
     desc: str = "training"
+    # Peak learning rate per parameter-name prefix, where one part must move faster than the rest
+    # (SPACE's full SFT: a new [MASK] embedding beside pretrained weights).
+    lr_for: dict[str, float] = field(default_factory=dict)
 
     def fit(
         self,
@@ -68,13 +71,21 @@ class Loop:
         """Train `module`'s trainable parameters on `batches` (shuffled each epoch with the seed,
         so a resumed run replays the same order). Returns the last held-out metrics, the steps,
         the minutes, and the per-epoch history."""
-        params = [p for p in module.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        groups: dict[float, list[nn.Parameter]] = {}
+        for name, p in named:
+            lr = next((v for k, v in self.lr_for.items() if name.startswith(k)), self.lr)
+            groups.setdefault(lr, []).append(p)
         per_epoch = len(batches)
         total = self.epochs * per_epoch
         if self.max_steps:
             total = min(total, self.max_steps)
         opt = torch.optim.AdamW(
-            params, lr=self.lr, weight_decay=self.weight_decay, betas=(0.9, 0.95)
+            [{"params": ps, "lr": lr} for lr, ps in groups.items()],
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            betas=(0.9, 0.95),
         )
         warm = max(1, int(total * self.warmup))
 
