@@ -309,6 +309,7 @@ def summarize(
         "per_prompt_tps": [round(x, 3) for x in per_prompt],
         "lossless": sum(o.tokens == r for o, r in zip(c.outcomes, references, strict=True)),
         "n": len(c.outcomes),
+        "lossy": c.lossy,
     }
     if base_tps:
         row["speedup"] = round(row["tokens_per_s"] / base_tps, 3)
@@ -334,14 +335,15 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
         f"{' / ' + meta['category'] if meta.get('category') else ''}, {meta['n_prompts']} prompts, "
         f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads.",
         "",
-        "| method | tokens/s | speedup vs our AR | tokens / target forward | mean acceptance length | lossless |",
+        "| method | tokens/s | speedup vs our AR | tokens / target forward | mean acceptance length | identical to greedy |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['contestant']} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup'))}× | "
             f"{fmt(r.get('tokens_per_target_forward'))} | {fmt(r.get('mean_acceptance_length'))} | "
-            f"{r['lossless']}/{r['n']} |"
+            # A lossy method makes no claim: say so, not "0/20" as if it had failed one.
+            f"{'lossy, ' if r.get('lossy') else ''}{r['lossless']}/{r['n']} |"
         )
     groups = result.get("groups") or []
     if len(groups) > 1:

@@ -273,7 +273,9 @@ def test_the_benchmark_scores_lossy_rows_and_plots_quality(tiny, tmp_path):
     for spec in ("mask_predict:m=4:T=1", "mask_predict:m=4:T=3"):
         assert set(rows[spec]["quality"]) == {"agreement", "rouge_l", "nll", "consistency"}
     assert rows["mask_predict:m=4:T=1"]["tokens_per_target_forward"] > 3
-    assert "Quality against greedy" in (tmp_path / "out" / "table.md").read_text()
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "Quality against greedy" in table
+    assert "| lossy, " in table and rows["mask_predict:m=4:T=1"]["lossy"]
     assert (tmp_path / "out" / "quality.html").is_file()
 
 
