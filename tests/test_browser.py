@@ -249,8 +249,18 @@ NO_ERROR_BADGE = """() => document.querySelectorAll('.error').length === 0
 
 
 def assert_no_error_badge(page) -> None:
-    """Gradio marks a component whose update failed with a red "Error" badge (class .error)."""
-    assert page.evaluate(NO_ERROR_BADGE), "a component shows gradio's bare 'Error' badge"
+    """Gradio marks a component whose update failed with a red "Error" badge (class .error).
+    On failure: a screenshot, and which components carry the badge, to tell a flake from a bug."""
+    if page.evaluate(NO_ERROR_BADGE):
+        return
+    page.screenshot(path=str(ARTIFACTS / "error-badge.png"), full_page=True)
+    where = page.evaluate(
+        """() => [...document.querySelectorAll('.error')].map(e => {
+            const owner = e.closest('[id]');
+            return (owner ? '#' + owner.id : e.tagName) + ': ' + e.innerText.slice(0, 120);
+        })"""
+    )
+    raise AssertionError(f"a component shows gradio's bare 'Error' badge: {where}")
 
 
 def box(page, selector: str) -> dict:
