@@ -90,11 +90,16 @@ def server():
         # Enough decoding slots that test_concurrency's six /run calls truly run at once.
         "DECODING_LAB_CONCURRENCY": "8",
     }
+    # The app's output goes to a file: a pipe nobody reads fills up (64 KB of logs and warnings
+    # over a long session) and then blocks the app's next write, which hangs every later run.
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_path = ARTIFACTS / "server.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "app.py"],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -102,7 +107,7 @@ def server():
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"app exited: {proc.stdout.read()}")
+            raise RuntimeError(f"app exited: {log_path.read_text()[-4000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
@@ -114,6 +119,7 @@ def server():
     yield url
     proc.terminate()
     proc.wait(timeout=30)
+    log.close()
 
 
 # --- headless Chromium (Debian's, driven by Playwright) -------------------------------------------
