@@ -21,8 +21,10 @@ TRACE_FORMAT = "decoding-lab-trace"
 
 ForwardKind = Literal["prefill", "target", "draft", "verify"]
 # Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
-# "mask": filled by a mask and never verified (a lossy method's token).
-Origin = Literal["target", "draft", "correction", "bonus", "mask"]
+# "mask": filled by a mask and never verified (a lossy method's token); "exit": predicted at an early
+# exit, never verified by the full model (lossy); "relaxed": a draft that relaxed verification
+# accepted where the exact rule would have rejected it (lossy).
+Origin = Literal["target", "draft", "correction", "bonus", "mask", "exit", "relaxed"]
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,25 @@ class MaskPredictStep(Event):
 
 
 @dataclass(frozen=True)
+class LayerExit(Event):
+    """Where one token left the model (CALM, HASH EE): the token at output index `position` came
+    from the exit after `layer` of the model's `n_layers` decoder layers (`layer == n_layers`: no
+    early exit, the full model's LM head). On the way up, exits `layers[i]` were offered with
+    `confidences[i]` weighed against `threshold` (CALM, rule "confidence": exit at the first
+    confidence above it); HASH EE (rule "hash") offers none: the input token's hash chose `layer`."""
+
+    type: ClassVar[str] = "LayerExit"
+    step: int
+    position: int
+    layer: int
+    n_layers: int
+    layers: tuple[int, ...]
+    confidences: tuple[float, ...]
+    threshold: float
+    rule: str
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -263,6 +284,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         HeadProposals,
         MaskGroups,
         MaskPredictStep,
+        LayerExit,
         Done,
     )
 }

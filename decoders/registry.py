@@ -5,7 +5,9 @@ from __future__ import annotations
 from . import (
     autoregressive,
     blockwise,
+    calm,
     drafters,
+    hash_ee,
     jacobi,
     kangaroo,
     lookahead,
@@ -154,6 +156,31 @@ METHODS: dict[str, Method] = {
             sampling=False,
             check=mask_predict.check,
             summary="Fills m masked tokens at once, then re-predicts the least confident ones T times. Lossy: never verified.",
+        ),
+        Method(
+            name="calm",
+            title="CALM (confident adaptive early exit; lossy)",
+            decode=calm.decode,
+            params=calm.PARAMS,
+            # Schuster et al. 2022: softmax response with the decaying threshold (τ = 4), exits
+            # offered from the first layer on
+            presets={"paper": {"tau": 4.0, "min_depth": 0.0}},
+            lossless=False,
+            sampling=False,
+            check=calm.check,
+            summary="Each token leaves at the first trained exit whose confidence passes a threshold; skipped layers get propagated states. Lossy.",
+        ),
+        Method(
+            name="hash_ee",
+            title="HASH EE (hash-based early exit; lossy)",
+            decode=hash_ee.decode,
+            params=hash_ee.PARAMS,
+            # Sun et al. 2022: every layer may be an exit; here every trained exit may be one
+            presets={"paper": {"min_depth": 0.0}},
+            lossless=False,
+            sampling=False,
+            check=hash_ee.check,
+            summary="Each token id exits at a fixed layer from a frequency hash (frequent tokens early). Lossy.",
         ),
     )
 }

@@ -162,7 +162,7 @@ def tokens_per_step(events: Sequence[Event], upto_step: int | None = None) -> go
 
     steps = sorted(per_step)
     fig = go.Figure()
-    for origin in ("target", "draft", "correction", "bonus", "mask"):
+    for origin in ("target", "draft", "relaxed", "correction", "bonus", "mask", "exit"):
         ys = [per_step[s].get(origin, 0) for s in steps]
         if any(ys):
             fig.add_trace(

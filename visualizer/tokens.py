@@ -19,6 +19,8 @@ COLOURS = {
     "target": "#dde4e8",
     "pending": "#f5f5f5",
     "mask": "#e1bee7",  # unverified: filled by a mask (a lossy method)
+    "exit": "#fff59d",  # unverified: predicted at an early exit (a lossy method)
+    "relaxed": "#a5d6a7",  # a draft only relaxed verification accepted (lossy)
 }
 LABELS = {
     "draft": "accepted draft",
@@ -28,6 +30,8 @@ LABELS = {
     "target": "decoded by target",
     "pending": "not yet generated",
     "mask": "filled by a mask (not verified)",
+    "exit": "early exit (not verified)",
+    "relaxed": "accepted by relaxed verification only",
 }
 
 STYLE = """

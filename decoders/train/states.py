@@ -74,15 +74,24 @@ def target_states(
     )
 
 
-def draft_vocabulary(bundle: ModelBundle, states: States, size: int) -> torch.Tensor:
-    """The `size` tokens the target predicts most often over the corpus (FR-Spec's frequency
-    ranking), plus EOS: drafting heads score only these rows of the LM head."""
+def prediction_counts(bundle: ModelBundle, states: States) -> torch.Tensor:
+    """[vocab] how often the target's greedy prediction is each token id over the corpus."""
     head = bundle.model.lm_head.weight
     counts = torch.zeros(head.shape[0], dtype=torch.long)
     with torch.inference_mode():
         for chunk in states.features.split(4096):
             top = (chunk.to(head.device, head.dtype) @ head.T).argmax(-1).cpu()
             counts += torch.bincount(top, minlength=head.shape[0])
+    return counts
+
+
+def draft_vocabulary(
+    bundle: ModelBundle, states: States, size: int, counts: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The `size` tokens the target predicts most often over the corpus (FR-Spec's frequency
+    ranking), plus EOS: drafting heads score only these rows of the LM head."""
+    head = bundle.model.lm_head.weight
+    counts = prediction_counts(bundle, states) if counts is None else counts
     size = min(size, head.shape[0])
     vocab = set(torch.topk(counts, size).indices.tolist()) | set(bundle.eos_ids)
     return torch.tensor(sorted(vocab), dtype=torch.long)
@@ -112,10 +121,10 @@ class Prepared:
 SHALLOW = range(1, 7)  # the layer-ℓ states kept for Kangaroo's sweep (ℓ < the model's depth)
 
 
-def prepare(args) -> Prepared:
+def prepare(args, layers: tuple[int, ...] | None = None) -> Prepared:
     """Load the target (float32: the drafters learn the features the CPU default feeds them),
     the shared corpus and the target's states over it (final features and the states after each
-    ℓ in SHALLOW), cached beside the corpus so every trainer reuses them."""
+    ℓ in `layers`, default SHALLOW), cached beside the corpus so every trainer reuses them."""
     import time
 
     from ..models import cache_dir, load_model
@@ -125,9 +134,11 @@ def prepare(args) -> Prepared:
     torch.manual_seed(args.seed)
     bundle = load_model(args.model, device=args.device, dtype="float32")
     corpus = load_or_build(bundle, args)
-    layers = tuple(ell for ell in SHALLOW if ell < bundle.n_layers)
+    default = layers is None
+    layers = tuple(ell for ell in (SHALLOW if default else layers) if ell < bundle.n_layers)
     key = corpus_key(bundle, args)
-    path = cache_dir() / "corpus" / f"{key}.states.pt"
+    tail = "" if default else "-" + "-".join(map(str, layers))  # another layer set, another file
+    path = cache_dir() / "corpus" / f"{key}.states{tail}.pt"
     if path.is_file() and not args.no_cache:
         states = States(**torch.load(path))
     else:

@@ -1,0 +1,178 @@
+"""CALM (Schuster et al. 2022, "Confident Adaptive Language Modeling"): each token leaves the model
+at the first exit confident enough, so easy tokens run fewer layers. Lossy: an exited token is
+never checked by the full model.
+
+    prefill: the prompt through every layer; the first token from the full model
+    per output token t (input x = the last token, at its position):
+        λ_t = 0.9 λ + 0.1 λ · exp(−τ t / N)             the threshold decays over the output
+        run layers 1, 2, ... ; at each exit ℓ ≥ min_depth · L (trained adapters, decoders/exits.py):
+            c = confidence at ℓ:
+                softmax     top-1 − top-2 probability of the exit's distribution (softmax response)
+                saturation  cos(h_ℓ, h_{ℓ−1}): the state has stopped moving
+                classifier  the trained early-exit classifier's P(this exit's top-1 is final)
+            if c > λ_t: the token is argmax of the exit's logits; stop climbing
+        no exit taken: the full model's LM head, as autoregressive decoding
+        the skipped layers' keys and values for x: state propagation (h_ℓ through each skipped
+        layer's k/v projections) or, as an option, the true computation
+
+With λ = 1 (and τ = 0) no confidence passes, and CALM is autoregressive greedy token for token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .base import Budget, DecodeConfig
+from .events import Commit, Event, LayerExit, Prefill
+from .exits import FILLS, ExitAdapters, exit_forward, exit_logits, load_exits
+from .models import ModelBundle
+from .params import Param
+from .runtime import forward, new_cache
+
+CONFIDENCES = ("softmax", "saturation", "classifier")
+
+PARAMS = (
+    # Defaults from a sweep on assets/tuning_prompts.jsonl (CPU, 64 tokens, the shipped adapters):
+    # softmax λ = 0.99 without decay kept 70 % of greedy's tokens at 0.96 of the layers; the
+    # paper's decay (τ = 4) lowers λ_t late in the output and kept 39 %.
+    Param(
+        "threshold",
+        float,
+        0.99,
+        "λ: a token exits where its confidence passes λ_t = 0.9λ + 0.1λ·exp(−τt/N); "
+        "λ = 1 never exits (autoregressive greedy)",
+        0.0,
+        1.0,
+    ),
+    Param("tau", float, 0.0, "τ: how fast λ_t decays over the output (0 = constant λ)", 0.0, 20.0),
+    Param(
+        "min_depth",
+        float,
+        0.6,
+        "exits are offered only after this share of the layers (the shallow exits are rarely right)",
+        0.0,
+        1.0,
+    ),
+    Param(
+        "confidence",
+        str,
+        "softmax",
+        "the confidence measure: softmax (top-1 − top-2 probability), saturation (cosine of "
+        "consecutive hidden states) or classifier (the trained early-exit classifier)",
+        choices=CONFIDENCES,
+    ),
+    Param(
+        "fill",
+        str,
+        "propagate",
+        "the skipped layers' keys and values: propagate the exited state (CALM) or compute them "
+        "for real (no saving; shows what propagation changes)",
+        choices=FILLS,
+    ),
+)
+
+
+def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
+    load_exits(bundle)
+
+
+def threshold_at(lam: float, tau: float, t: int, n: int) -> float:
+    """CALM's decaying threshold for output token t of at most n."""
+    return 0.9 * lam + 0.1 * lam * math.exp(-tau * t / max(n, 1))
+
+
+def first_exit(n_layers: int, min_depth: float) -> int:
+    """The shallowest layer an exit may be offered at."""
+    return max(1, math.ceil(min_depth * n_layers - 1e-9))
+
+
+@dataclass
+class Gate:
+    """CALM's exit decision for one token at a time (`reset` per token): the confidence at each
+    exit offered on the way up, weighed against the token's threshold."""
+
+    bundle: ModelBundle
+    exits: ExitAdapters
+    measure: str
+    lowest: int
+    threshold: float = 1.0
+    offered: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+    def reset(self, threshold: float) -> None:
+        self.threshold, self.offered, self.scores = threshold, [], []
+
+    def __call__(self, i: int, ell: int, h: torch.Tensor, below: torch.Tensor):
+        if ell < self.lowest:
+            return None
+        logits = None
+        if self.measure == "saturation":  # free: no head runs unless the token exits
+            c = float(torch.nn.functional.cosine_similarity(h.float(), below.float(), dim=-1))
+        else:
+            logits, feats = exit_logits(self.bundle, self.exits, i, h)
+            if self.measure == "softmax":
+                top2 = torch.softmax(logits[-1], -1).topk(2).values
+                c = float(top2[0] - top2[1])
+            else:
+                c = float(torch.sigmoid(self.exits.confidence_logit(i, feats[-1]).float()))
+        c = min(max(c, 0.0), 1.0)
+        self.offered.append(ell)
+        self.scores.append(round(c, 6))
+        if c <= self.threshold:
+            return None
+        return logits if logits is not None else exit_logits(self.bundle, self.exits, i, h)[0]
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    p = cfg.params
+    exits = load_exits(bundle)
+    lam, tau, measure, fill = p["threshold"], p["tau"], p["confidence"], p["fill"]
+    n_layers = bundle.n_layers
+    lowest = first_exit(n_layers, p["min_depth"])
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+
+    yield Prefill(tuple(prompt_ids))
+    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
+    yield out.event
+    first = int(out.logits[-1].argmax())
+    prob = float(torch.softmax(out.logits[-1], -1)[first])
+    yield Commit(0, tuple(budget.take([first])), ("target",), (round(prob, 6),))
+
+    gate = Gate(bundle, exits, measure, lowest)
+    step = 0
+    while not budget.done:
+        step += 1
+        t = len(budget.tokens)  # the output index of the token this step predicts
+        gate.reset(threshold_at(lam, tau, t, cfg.max_new_tokens))
+        logits, depth, event = exit_forward(
+            bundle,
+            exits,
+            cache,
+            budget.tokens[-1],
+            len(prompt_ids) + t - 1,
+            gate,
+            fill=fill,
+            step=step,
+        )
+        yield event
+        yield LayerExit(
+            step,
+            t,
+            depth,
+            n_layers,
+            tuple(gate.offered),
+            tuple(gate.scores),
+            round(gate.threshold, 6),
+            "confidence",
+        )
+        token = int(logits.argmax())
+        prob = round(float(torch.softmax(logits, -1)[token]), 6)
+        origin = "exit" if depth < n_layers else "target"
+        taken = budget.take([token])
+        yield Commit(step, tuple(taken), (origin,) * len(taken), (prob,) * len(taken))
