@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             bundle, args.prompt, args.method, args.max_new_tokens, chat=args.chat, **params
         )
         check, scores = None, None
-        if args.check_lossless and METHODS[args.method].lossless:
+        if args.check_lossless and METHODS[args.method].claims_lossless(params):
             check = check_lossless(bundle, result)
         elif args.check_lossless:  # a lossy method makes no claim: say how close it came instead
             reference = greedy_reference(bundle, result.prompt_ids, result.max_new_tokens)

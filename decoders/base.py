@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import Event
-from .params import SAMPLING_PARAMS, Param
+from .params import RELAX_PARAMS, SAMPLING_PARAMS, Param
 from .sampling import Sampler
 
 
@@ -21,7 +21,13 @@ class DecodeConfig:
 
     def sampler(self) -> Sampler:
         p = self.params
-        return Sampler(p.get("temperature", 0.0), p.get("top_p", 1.0), p.get("seed", 0))
+        return Sampler(
+            p.get("temperature", 0.0),
+            p.get("top_p", 1.0),
+            p.get("seed", 0),
+            p.get("beta", 1),
+            p.get("tolerance", 0.0),
+        )
 
 
 class Budget:
@@ -75,10 +81,12 @@ class Method:
     # Named parameter sets one click away (the defaults are each method at its best on this
     # machine; "paper" = the settings its paper reports). Values override the defaults.
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Draft-and-verify methods whose greedy verification takes SpecDec's relaxed rule (beta, tolerance)
+    relaxable: bool = False
 
     def preset(self, name: str) -> dict[str, Any]:
         """The full parameter values of a preset ("defaults" = the schema's defaults)."""
-        values = {p.name: p.default for p in self.params}
+        values = {p.name: p.default for p in self.knobs}
         if name == "defaults":
             return values
         if name not in self.presets:
@@ -88,13 +96,29 @@ class Method:
 
     @property
     def schema(self) -> tuple[Param, ...]:
-        return self.params + (SAMPLING_PARAMS if self.sampling else ())
+        return (
+            self.params
+            + (RELAX_PARAMS if self.relaxable else ())
+            + (SAMPLING_PARAMS if self.sampling else ())
+        )
+
+    @property
+    def knobs(self) -> tuple[Param, ...]:
+        """The method's own parameters and, where it has them, the relaxed-verification ones
+        (what the UI draws as the method's controls; sampling has its own)."""
+        return self.params + (RELAX_PARAMS if self.relaxable else ())
+
+    def claims_lossless(self, params: Mapping[str, Any]) -> bool:
+        """Whether a run with these parameters must equal autoregressive greedy: a lossless
+        method, unless relaxed verification (β > 1) is on."""
+        return self.lossless and int(params.get("beta", 1)) <= 1
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "title": self.title,
             "lossless": self.lossless,
+            "relaxable": self.relaxable,
             "summary": self.summary,
             "params": [p.describe() for p in self.schema],
             "presets": {name: dict(values) for name, values in self.presets.items()},

@@ -180,7 +180,9 @@ def our_method(bundle: ModelBundle, spec: str, record: bool = True) -> Contestan
         res = generate(bundle, prompt_ids, name, max_new_tokens, record=record, **params)
         return Outcome(res.token_ids, res.stats["wall_s"], res.stats)
 
-    return Contestant(spec + ("" if record else " [trace off]"), run, lossy=not method.lossless)
+    return Contestant(
+        spec + ("" if record else " [trace off]"), run, lossy=not method.claims_lossless(params)
+    )
 
 
 def hf_peer(bundle: ModelBundle, spec: str) -> Contestant:
@@ -323,6 +325,13 @@ def summarize(
         accepted = sum(o.stats["accepted_drafts"] for o in c.outcomes)
         row["tokens_per_target_forward"] = round(tokens / forwards, 3) if forwards else None
         row["mean_acceptance_length"] = round(1 + accepted / verify, 3) if verify else None
+        weighed = [
+            (o.stats["layers_per_token"], len(o.tokens) - 1)
+            for o in c.outcomes
+            if o.stats.get("layers_per_token") is not None
+        ]
+        n = sum(w for _, w in weighed)
+        row["layers_per_token"] = round(sum(v * w for v, w in weighed) / n, 4) if n else None
     return row
 
 
@@ -363,17 +372,19 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
             "",
             "Quality against greedy (lossy methods; means over prompts): token agreement, ROUGE-L, "
             "NLL under the target (nats/token), self-consistency (share of tokens that are the "
-            "target's own argmax in the output's context), and target forwards per token:",
+            "target's own argmax in the output's context), target forwards per token, and the "
+            "target's decoder layers run per token as a share of its depth:",
             "",
-            "| method | agreement | ROUGE-L | NLL | self-consistency | forwards / token | speedup |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| method | agreement | ROUGE-L | NLL | self-consistency | forwards / token "
+            "| layers / token | speedup |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in scored:
             q, tpf = r["quality"], r.get("tokens_per_target_forward")
             lines.append(
                 f"| {r['contestant']} | {q['agreement']:.3f} | {q['rouge_l']:.3f} | "
                 f"{q['nll']:.3f} | {q['consistency']:.3f} | {fmt(1 / tpf if tpf else None)} | "
-                f"{fmt(r.get('speedup'))}× |"
+                f"{fmt(r.get('layers_per_token'))} | {fmt(r.get('speedup'))}× |"
             )
     if "trace_overhead" in result:
         lines += [
@@ -417,29 +428,31 @@ def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any], t
 
 
 def quality_figure(rows: list[dict[str, Any]], meta: dict[str, Any]):
-    """Lossy methods' quality against compute: target forwards per token, and wall-clock speedup
-    (our autoregressive is the point at 1 forward/token, 1×, quality 1)."""
+    """Lossy methods' quality against compute, three ways: target forwards per token (parallel
+    decoding saves forwards), decoder layers per token (early exit saves layers) and wall-clock
+    speedup (our autoregressive is the point at 1, 1, 1× with quality 1)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(
         rows=1,
-        cols=2,
-        subplot_titles=("against target forwards per token", "against wall-clock speedup"),
+        cols=3,
+        subplot_titles=("forwards per token", "layers per token", "wall-clock speedup"),
         shared_yaxes=True,
     )
     measures = {"agreement": "#6a1b9a", "rouge_l": "#00838f", "consistency": "#ef6c00"}
     for name, colour in measures.items():
         for col, x in (
             (1, [1 / r["tokens_per_target_forward"] for r in rows]),
-            (2, [r.get("speedup", 1.0) for r in rows]),
+            (2, [r.get("layers_per_token") for r in rows]),
+            (3, [r.get("speedup", 1.0) for r in rows]),
         ):
             fig.add_trace(
                 go.Scatter(
                     x=x,
                     y=[r["quality"][name] for r in rows],
                     mode="markers+text",
-                    text=[r["contestant"].replace("mask_predict:", "") for r in rows],
+                    text=[_point_label(r["contestant"]) for r in rows],
                     textposition="top center",
                     marker={"color": colour, "size": 9},
                     name=name,
@@ -451,12 +464,20 @@ def quality_figure(rows: list[dict[str, Any]], meta: dict[str, Any]):
             )
     fig.update_yaxes(title_text="quality against greedy (1 = identical)", range=[0, 1.05], col=1)
     fig.update_xaxes(title_text="target forwards per token", col=1)
-    fig.update_xaxes(title_text="speedup (× tokens/s, same run)", col=2)
+    fig.update_xaxes(title_text="decoder layers per token (share)", col=2)
+    fig.update_xaxes(title_text="speedup (× tokens/s, same run)", col=3)
     fig.update_layout(
         title=f"Lossy methods: quality against compute — {meta['model']}, {meta['dataset']}",
         template="plotly_white",
     )
     return fig
+
+
+def _point_label(contestant: str) -> str:
+    """A short label for a point: the settings, without the method where one family is plotted."""
+    for prefix in ("mask_predict:", "calm:", "hash_ee:"):
+        contestant = contestant.replace(prefix, "")
+    return contestant
 
 
 def main(argv: list[str] | None = None) -> int:

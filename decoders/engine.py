@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import DecodeConfig, Method
-from .errors import InvalidInput, UnknownMethod
+from .errors import InvalidInput, InvalidParameter, UnknownMethod
 from .events import Commit, Done, Event, trace_to_dict
 from .models import ModelBundle
 from .params import validate_params
@@ -80,6 +80,11 @@ def check_request(
     """The checks that need no model: method, parameters, budget, prompt text."""
     m = get_method(method)
     values = validate_params(m.schema, params or {}, m.name)
+    if values.get("beta", 1) > 1 and values.get("temperature", 0.0) > 0:
+        raise InvalidParameter(
+            f"relaxed verification (beta = {values['beta']}) applies to greedy verification; "
+            "sampling keeps the exact rejection rule: set beta = 1 or temperature = 0"
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise InvalidInput(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_CAP:

@@ -71,7 +71,9 @@ class Draft(Event):
 class Verify(Event):
     """Indices of accepted draft nodes, and the token the target supplied after them.
     `target_probs[i]`: the target's probability of draft node i's token given its ancestors
-    (what the verifier weighed it with); empty in traces from before it was recorded."""
+    (what the verifier weighed it with); empty in traces from before it was recorded.
+    `relaxed`: the accepted nodes that only relaxed verification (SpecDec's top-β, tolerance τ)
+    accepted: the exact rule would have rejected them."""
 
     type: ClassVar[str] = "Verify"
     step: int
@@ -79,6 +81,7 @@ class Verify(Event):
     correction: int | None
     rule: str
     target_probs: tuple[float, ...] = ()
+    relaxed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

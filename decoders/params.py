@@ -88,6 +88,30 @@ SAMPLING_PARAMS: tuple[Param, ...] = (
 )
 
 
+# Relaxed verification (SpecDec, Xia et al. 2023), for every draft-and-verify method: β = 1 is the
+# exact rule (lossless); β > 1 also keeps a draft token among the target's top β within τ of its
+# best log-probability (lossy, greedy only).
+RELAX_PARAMS: tuple[Param, ...] = (
+    Param(
+        "beta",
+        int,
+        1,
+        "relaxed verification: also accept a draft token among the target's top β "
+        "(1 = the exact rule, lossless; > 1 is lossy, greedy only)",
+        1,
+        10,
+    ),
+    Param(
+        "tolerance",
+        float,
+        1.0,
+        "τ: ... when its log-probability is within τ of the top token's (used when β > 1)",
+        0.0,
+        20.0,
+    ),
+)
+
+
 def validate_params(
     schema: Sequence[Param], given: Mapping[str, Any], method: str
 ) -> dict[str, Any]:

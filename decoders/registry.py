@@ -37,6 +37,7 @@ METHODS: dict[str, Method] = {
             params=prompt_lookup.PARAMS,
             presets={"paper": {"max_ngram": 3, "num_draft": 10, "match": "earliest"}},
             summary="Drafts by copying what followed the last matching n-gram; one forward verifies.",
+            relaxable=True,
         ),
         Method(
             name="speculative",
@@ -47,6 +48,7 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"gamma": 4, "schedule": "fixed"}},
             check=drafters.check_draft,
             summary="A cheap drafter proposes γ tokens; the target accepts a prefix in one forward.",
+            relaxable=True,
         ),
         Method(
             name="token_tree",
@@ -66,6 +68,7 @@ METHODS: dict[str, Method] = {
             },
             check=token_tree.check,
             summary="Drafts a tree of alternatives; one forward with a tree mask verifies every branch.",
+            relaxable=True,
         ),
         Method(
             name="self_speculative",
@@ -76,6 +79,7 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"threshold": 0.6, "adaptive": True, "max_draft": 12}},
             check=self_speculative.check,
             summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
+            relaxable=True,
         ),
         Method(
             name="kangaroo",
@@ -86,6 +90,7 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"eta": 0.6, "gamma": 6}},
             check=kangaroo.check,
             summary="The first ℓ layers and a small trained adapter draft; the remaining layers verify.",
+            relaxable=True,
         ),
         Method(
             name="jacobi",
@@ -112,6 +117,7 @@ METHODS: dict[str, Method] = {
                 }
             },
             summary="Jacobi trajectories fill an n-gram pool; matching n-grams are verified in the same forward.",
+            relaxable=True,
         ),
         Method(
             name="medusa",
@@ -122,6 +128,7 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"nodes": 63, "top_k": 10, "choices": ""}},
             check=medusa.check,
             summary="Heads on the target's last features guess the next tokens; their tree is verified in the forward that feeds them.",
+            relaxable=True,
         ),
         Method(
             name="blockwise",
@@ -132,6 +139,7 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"k": 4}},
             check=blockwise.check,
             summary="Each head guesses one token further ahead; their top picks are verified as one chain.",
+            relaxable=True,
         ),
         Method(
             name="space",
@@ -143,6 +151,7 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"k": 0, "groups": 0}},
             check=space.check,
             summary="Mask tokens guess the next k tokens; one forward verifies last step's guesses and makes the next ones.",
+            relaxable=True,
         ),
         Method(
             name="mask_predict",

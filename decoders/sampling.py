@@ -7,15 +7,33 @@ from dataclasses import dataclass, field
 import torch
 
 
+@dataclass(frozen=True)
+class Relax:
+    """SpecDec's top-β acceptance with tolerance τ (log-probability, i.e. logit, distance)."""
+
+    beta: int = 1
+    tolerance: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.beta > 1
+
+
 @dataclass
 class Sampler:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    beta: int = 1  # relaxed verification (SpecDec): top-β acceptance; 1 = the exact rule
+    tolerance: float = 0.0  # ... within τ of the top log-probability
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.generator = torch.Generator(device="cpu").manual_seed(self.seed)
+
+    @property
+    def relax(self) -> Relax | None:
+        """The relaxed acceptance rule for greedy verification, None for the exact one."""
+        return Relax(self.beta, self.tolerance) if self.beta > 1 else None
 
     @property
     def greedy(self) -> bool:

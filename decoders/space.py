@@ -29,13 +29,13 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import AttentionMask, Commit, Draft, Event, MaskGroups, Prefill, Verify
+from .events import AttentionMask, Commit, Draft, Event, MaskGroups, Prefill
 from .mask_model import forward_masked, load_adapter
 from .models import ModelBundle
 from .params import Param
 from .runtime import crop_cache, new_cache
 from .sampling import Sampler
-from .steps import _visible, commit
+from .steps import _visible, commit, verify_event
 from .tree import chain
 from .verify import greedy_chain, sample_deterministic_chain, speculative_chain
 
@@ -158,9 +158,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield out.event
         verdict = _verify(cands, q_cands, out.logits[real], sampler)
         if cands:
-            yield Verify(
-                step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs
-            )
+            yield verify_event(step, verdict)
         a = len(verdict.accepted)
         crop_cache(cache, in_cache + a + 1)  # x and the accepted guesses stay; the masks go
         groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]
@@ -197,7 +195,7 @@ def _verify(
     cands: Sequence[int], q_rows: Sequence[torch.Tensor], logits: torch.Tensor, sampler: Sampler
 ):
     if sampler.greedy:
-        return greedy_chain(cands, logits)
+        return greedy_chain(cands, logits, sampler.relax)
     q = torch.stack(list(q_rows)) if q_rows else logits[:0]
     return speculative_chain(cands, q, logits, sampler)
 

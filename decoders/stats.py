@@ -4,6 +4,10 @@
 - mean acceptance length = 1 + accepted drafts / verify steps
 - acceptance rate per draft position j = steps that accepted a draft at depth j / steps that drafted one
 - acceptance histogram[j] = verify steps that accepted exactly j drafts
+- layers per token = target decoder layers run per input after the prefill (target and verify
+  passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
+  prefill's): 1 for autoregressive decoding, below 1 where tokens exit early (a draft's own
+  layers are not counted)
 """
 
 from __future__ import annotations
@@ -31,11 +35,17 @@ class StatsAccumulator:
         self.proposed_at: Counter[int] = Counter()
         self.accepted_at: Counter[int] = Counter()
         self.origins: Counter[str] = Counter()
+        self.depth = 0  # the model's layers (the prefill runs them all)
+        self.layer_inputs = 0  # Σ layers × inputs over target and verify passes
 
     def add(self, event: Event) -> None:
         if isinstance(event, Forward):
             self.forwards[event.kind] += 1
             self.ms[event.kind] += event.wall_ms
+            if event.kind == "prefill":
+                self.depth = max(self.depth, event.layers)
+            elif event.kind in ("target", "verify"):
+                self.layer_inputs += event.layers * event.n_input_tokens
         elif isinstance(event, Commit):
             self.new_tokens += len(event.tokens)
             self.origins.update(event.origins)
@@ -77,6 +87,11 @@ class StatsAccumulator:
                 self.histogram[j] for j in range(max(self.histogram, default=-1) + 1)
             ],
             "origins": dict(self.origins),
+            "layers_per_token": (
+                round(self.layer_inputs / (self.new_tokens - 1) / self.depth, 4)
+                if self.depth and self.new_tokens > 1
+                else None
+            ),
             "wall_s": round(wall, 4),
             "tokens_per_s": _ratio(self.new_tokens, wall),
             "time_ms": {k: round(v, 2) for k, v in self.ms.items()},

@@ -113,14 +113,14 @@ def settle_chain(
     the accepted drafts, and the Commit. Returns the verdict."""
     in_cache = len(context) - 1
     if sampler.greedy:
-        verdict = greedy_chain(draft, logits)
+        verdict = greedy_chain(draft, logits, sampler.relax)
     elif q_rows is None:
         verdict = sample_deterministic_chain(draft, logits, sampler)
     else:
         q = torch.stack(list(q_rows)) if q_rows else logits[:0]
         verdict = speculative_chain(draft, q, logits, sampler)
     if draft:
-        yield Verify(step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs)
+        yield verify_event(step, verdict)
     crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
     yield commit(step, verdict, budget, context)
     return verdict
@@ -194,17 +194,28 @@ def verify_tree(
     yield out.event
     rows = torch.cat([out.logits[:1], out.logits[offset:]]) if extra else out.logits
     if sampler.greedy:
-        verdict = greedy_tree(tokens, parents, rows)
+        verdict = greedy_tree(tokens, parents, rows, sampler.relax)
     else:
         verdict = sample_tree(tokens, parents, rows, sampler)
     if tokens:
-        yield Verify(step, verdict.accepted, verdict.correction, verdict.rule, verdict.target_probs)
+        yield verify_event(step, verdict)
     kept = [0, *(offset + i for i in verdict.accepted)]
     keep_cache(cache, in_cache, kept)  # x and the accepted path stay; the rest of the KV goes
     if wants:
         drafter.observe(out.features[kept])
     yield commit(step, verdict, budget, context)
     return verdict, out.logits
+
+
+def verify_event(step: int, verdict: Verdict) -> Verify:
+    return Verify(
+        step,
+        verdict.accepted,
+        verdict.correction,
+        verdict.rule,
+        verdict.target_probs,
+        verdict.relaxed,
+    )
 
 
 def _visible(mask: torch.Tensor, in_cache: int) -> tuple[tuple[int, ...], ...]:

@@ -5,7 +5,7 @@ the root (the last committed token) and every node in one forward, so `logits` h
 input: `logits[0]` predicts the root's children, `logits[1 + i]` predicts node i's children (for a
 chain: `logits[i]` predicts draft position i, and `logits[len(draft)]` is the bonus row).
 
-Four rules, all pure functions of (draft, logits, sampler):
+Four rules, all pure functions of (draft, logits, sampler), and one relaxation:
 - greedy_chain / greedy_tree: the longest draft path that matches the target's argmax, then the
   target's own token. Token for token what autoregressive greedy would have produced.
 - speculative_chain: Leviathan et al. 2022 / Chen et al. 2023. Draft token d drawn from q is kept
@@ -16,6 +16,10 @@ Four rules, all pure functions of (draft, logits, sampler):
   is the target's distribution with the children already rejected removed and renormalised; if
   none is kept the token is drawn from that residual (SpecInfer's multi-draft rule for point-mass
   drafts). Each token still follows p exactly.
+- relaxed (SpecDec, Xia et al. 2023), an option of the greedy rules: where the draft's token is
+  not the target's argmax, it is still kept when it is among the target's top β and its
+  log-probability is within τ of the top one's. Lossy: the output is no longer greedy's; β = 1 is
+  the exact rule. The nodes kept only by the relaxation are marked (`Verdict.relaxed`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .sampling import Sampler
+from .sampling import Relax, Sampler
 from .tree import chain
 
 
@@ -38,6 +42,7 @@ class Verdict:
     correction: int  # the target's token after the accepted path (a bonus when it ends at a leaf)
     rule: str
     target_probs: tuple[float, ...] = ()  # the target's probability of every draft node
+    relaxed: tuple[int, ...] = ()  # accepted nodes the exact rule would have rejected
 
 
 def _row(parents: Sequence[int], node: int) -> int:
@@ -68,6 +73,7 @@ def _verdict(
     last: int,
     probs: torch.Tensor,
     rule: str,
+    relaxed: Sequence[int] = (),
 ) -> Verdict:
     """Commit the accepted path, then `last` (drawn from the row after the path's end)."""
     end = path[-1] if path else -1
@@ -77,12 +83,15 @@ def _verdict(
     return Verdict(
         accepted=tuple(path),
         tokens=tuple(committed),
-        origins=("draft",) * len(path)
-        + ("bonus" if at_leaf else "correction" if tokens else "target",),
+        origins=(
+            *("relaxed" if i in relaxed else "draft" for i in path),
+            "bonus" if at_leaf else "correction" if tokens else "target",
+        ),
         probs=tuple(round(float(probs[r, t]), 6) for r, t in zip(rows, committed, strict=True)),
         correction=last,
         rule=rule,
         target_probs=_node_probs(tokens, parents, probs),
+        relaxed=tuple(relaxed),
     )
 
 
@@ -94,29 +103,56 @@ def _check(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) 
 # --- greedy ------------------------------------------------------------------------------------------
 
 
-def greedy_tree(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> Verdict:
-    """Follow the target's argmax down the tree as far as the draft has that child."""
+def greedy_tree(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    logits: torch.Tensor,
+    relax: Relax | None = None,
+) -> Verdict:
+    """Follow the target's argmax down the tree as far as the draft has that child (with `relax`:
+    or, failing that, a child the relaxed rule allows)."""
     _check(tokens, parents, logits)
     predicted = logits.argmax(dim=-1).tolist()
+    logp = torch.log_softmax(logits.float(), dim=-1) if relax else None
     kids = _children(parents)
     path: list[int] = []
+    relaxed: list[int] = []
     node = -1
     while True:
-        want = predicted[_row(parents, node)]
+        row = _row(parents, node)
+        want = predicted[row]
         match = next((c for c in kids.get(node, ()) if tokens[c] == want), None)
+        if match is None and logp is not None:
+            match = _relaxed_child(kids.get(node, ()), tokens, logp[row], relax)
+            relaxed += [] if match is None else [match]
         if match is None:
             break
         path.append(match)
         node = match
     probs = torch.softmax(logits.float(), dim=-1)
-    return _verdict(path, tokens, parents, want, probs, "greedy-tree")
+    rule = f"relaxed-top-{relax.beta}" if relax else "greedy-tree"
+    return _verdict(path, tokens, parents, want, probs, rule, relaxed)
 
 
-def greedy_chain(draft: Sequence[int], logits: torch.Tensor) -> Verdict:
+def _relaxed_child(
+    children: Sequence[int], tokens: Sequence[int], logp: torch.Tensor, relax: Relax
+) -> int | None:
+    """The most likely child whose token is among the target's top β and within τ of its best."""
+    top = torch.topk(logp, relax.beta)
+    allowed = {
+        int(t): float(v)
+        for t, v in zip(top.indices, top.values, strict=True)
+        if float(top.values[0] - v) <= relax.tolerance
+    }
+    fits = [c for c in children if tokens[c] in allowed]
+    return max(fits, key=lambda c: allowed[tokens[c]], default=None)
+
+
+def greedy_chain(draft: Sequence[int], logits: torch.Tensor, relax: Relax | None = None) -> Verdict:
     """Longest prefix of the draft that matches the target's argmax, then the target's own token.
     Exactly what autoregressive greedy would have produced, one forward instead of n + 1."""
-    v = greedy_tree(draft, chain(len(draft)), logits)
-    return replace(v, rule="greedy-chain")
+    v = greedy_tree(draft, chain(len(draft)), logits, relax)
+    return v if relax else replace(v, rule="greedy-chain")
 
 
 # --- sampling ----------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def test_cancelling_a_stream_ends_its_decode_thread(embedded):
     demo = build_demo()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_port=None, quiet=True)
     try:
-        controls = [p.default for m in METHODS.values() for p in m.params]
+        controls = [p.default for m in METHODS.values() for p in m.knobs]
         job = Client(url, verbose=False).submit(
             "tiny-random",
             "Tell me a long story.",
@@ -638,7 +638,7 @@ def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
         raise IndexError("index 2 is out of bounds")
 
     monkeypatch.setattr(ui.run_tab, "method_panel", broken)
-    controls = [p.default for m in METHODS.values() for p in m.params]
+    controls = [p.default for m in METHODS.values() for p in m.knobs]
     updates = list(
         handlers["on_run"]("tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, *controls)
     )

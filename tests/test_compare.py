@@ -144,7 +144,11 @@ def test_the_headline_names_the_fastest_and_counts_identical_outputs():
 def test_an_unknown_preset_leaves_the_specs_alone():
     assert preset_value("quick look") == "\n".join(PRESETS["quick look"])
     assert isinstance(preset_value(None), type(gr.skip()))
-    assert not any("early exit" in name for name in PRESETS)
+    for name in (
+        "early exit: CALM's threshold and HASH EE",
+        "relaxed verification: SpecDec's β and τ",
+    ):
+        assert all(parse_spec(spec) for spec in PRESETS[name])  # every spec is a real method
 
 
 def test_warm_up_runs_each_distinct_spec_once_without_detail(monkeypatch):
@@ -189,7 +193,7 @@ def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, t
     greedy = generate(tiny, PROMPT, max_new_tokens=16).token_ids
     assert final.traces[REFERENCE].token_ids == greedy
     lossy = [r for r in final.rows if r["lossy"]]
-    assert [r["name"] for r in lossy] == ["mask_predict"]
+    assert [r["name"] for r in lossy] == ["mask_predict", "calm", "hash_ee"]
     for r in final.rows:
         if r["lossy"]:  # never a tick, even if it happened to match
             assert r["lossless"].startswith("≈ lossy: ") and "✓" not in r["lossless"]

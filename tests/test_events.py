@@ -15,6 +15,7 @@ from decoders.events import (
     Forward,
     HeadProposals,
     JacobiIteration,
+    LayerExit,
     LookaheadWindow,
     MaskGroups,
     MaskPredictStep,
@@ -49,6 +50,11 @@ SAMPLES = [
     TopK(0, 0, (5, 6), (0.7, 0.2)),
     Commit(1, (5, 9), ("draft", "correction"), (0.5, 0.9)),
     Commit(7, (4, 5), ("target", "mask"), (0.9, 0.5)),
+    Verify(8, (0, 1), 3, "relaxed-top-3", (0.9, 0.1), (1,)),
+    Commit(8, (4, 5, 3), ("draft", "relaxed", "correction"), (0.9, 0.1, 0.8)),
+    LayerExit(9, 14, 21, 30, (18, 21), (0.4, 0.995), 0.99, "confidence"),
+    LayerExit(10, 15, 27, 30, (), (), 0.0, "hash"),
+    Commit(9, (4,), ("exit",), (0.97,)),
     Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),
 ]
 

@@ -386,7 +386,8 @@ def test_a_model_without_adapters_is_told_how_to_train_one():
 
 def test_registry_entry():
     m = METHODS["kangaroo"]
-    assert m.preset("paper") == {"exit_layer": "auto", "eta": 0.6, "gamma": 6}
+    exact = {"beta": 1, "tolerance": 1.0}  # relaxed verification off: a preset resets it
+    assert m.preset("paper") == {"exit_layer": "auto", "eta": 0.6, "gamma": 6, **exact}
     assert m.preset("defaults") == m.preset("paper")
     assert m.lossless and m.sampling
 

@@ -67,6 +67,8 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "jacobi",
         "lookahead",
         "mask_predict",  # lossy: the headline races the others and reports it apart
+        "calm",  # lossy too: early exit
+        "hash_ee",
     ),
     "the papers' settings": tuple(
         paper_spec(name) for name, m in METHODS.items() if "paper" in m.presets
@@ -90,6 +92,24 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "kangaroo:exit_layer=2",
         "speculative:draft=self:2",
         "medusa",
+    ),
+    # Doing less per token instead of more tokens per forward: CALM's confidence threshold and
+    # fill (the true computation shows what state propagation changes) against HASH EE's depth.
+    "early exit: CALM's threshold and HASH EE": (
+        "calm",
+        "calm:threshold=0.9",
+        "calm:confidence=saturation:threshold=0.995",
+        "calm:fill=compute",
+        "hash_ee",
+        "hash_ee:min_depth=0.6",
+    ),
+    # SpecDec's relaxed acceptance on the EAGLE drafter: β = 1 is exact, larger β and τ keep
+    # more drafts and drift from greedy.
+    "relaxed verification: SpecDec's β and τ": (
+        "speculative:draft=eagle",
+        "speculative:draft=eagle:beta=2:tolerance=1",
+        "speculative:draft=eagle:beta=4:tolerance=2",
+        "speculative:draft=eagle:beta=8:tolerance=4",
     ),
     "quick look": ("prompt_lookup", "speculative", "lookahead"),
 }
@@ -130,7 +150,7 @@ def parse_spec(spec: str) -> Spec:
             raise InvalidInput(
                 f"{sorted(sampling)[0]!r} is a sampling setting; Compare runs greedy (lossless)"
             )
-        values = validate_params(m.params, {k.strip(): v.strip() for k, v in raw.items()}, name)
+        values = validate_params(m.knobs, {k.strip(): v.strip() for k, v in raw.items()}, name)
         check_draft(values)
     except DecodingLabError as exc:
         message = str(exc).removeprefix(f"method spec {label!r}: ")
@@ -348,7 +368,7 @@ def _row(
         if check.exact_dtype
         else f"{bundle.dtype} on {bundle.device}: near-ties can flip between batch shapes"
     )
-    lossy = not METHODS[spec.method].lossless
+    lossy = not METHODS[spec.method].claims_lossless(spec.params)
     if is_ref:
         lossless = "reference"
     elif lossy:  # never a tick, even when it happened to match

@@ -130,8 +130,8 @@ def parse_link(query: Mapping[str, str], default_method: str) -> Link:
             link.errors.append(f"preset={preset!r} is not a preset of {method}; known: {known}")
     if "params" in q:
         given |= attempt(lambda: _link_params(q["params"], m)) or {}
-    by_name = {p.name: p for p in m.params}
-    others = {p.name: n for n, other in METHODS.items() for p in other.params if n != method}
+    by_name = {p.name: p for p in m.knobs}
+    others = {p.name: n for n, other in METHODS.items() for p in other.knobs if n != method}
     for key, raw in q.items():
         if key in LINK_FORM_FIELDS or key in SAMPLING_BY_NAME:
             continue
@@ -173,7 +173,7 @@ def _link_params(raw: str, m: Any) -> dict[str, Any]:
         raise InvalidInput(
             f"params must be a JSON object of {m.name}'s parameters, got {type(values).__name__}"
         )
-    names = {p.name for p in m.params}
+    names = {p.name for p in m.knobs}
     unknown = sorted(set(values) - names)
     if unknown:
         raise InvalidInput(

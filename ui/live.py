@@ -80,7 +80,7 @@ def lossless_info(
     if method == "autoregressive":
         return {"status": "reference"}
     reference = cached_reference(bundle, tuple(prompt_ids), max_new_tokens)
-    if not get_method(method).lossless:
+    if not get_method(method).claims_lossless(params):
         return lossy_info(bundle, prompt_ids, reference, tokens)
     check = compare_tokens(reference, tokens, bundle.exact)
     info: dict[str, Any] = {

@@ -256,8 +256,8 @@ class RunTab:
             out[self.prompt] = meta["prompt"]
         if meta["max_new_tokens"] <= UI_MAX_NEW_TOKENS:
             out[self.max_new] = meta["max_new_tokens"]
-        by_name = {p.name: p for p in (*METHODS[method].params, *SAMPLING_PARAMS)}
-        targets = {p.name: self.controls[(method, p.name)] for p in METHODS[method].params}
+        by_name = {p.name: p for p in (*METHODS[method].knobs, *SAMPLING_PARAMS)}
+        targets = {p.name: self.controls[(method, p.name)] for p in METHODS[method].knobs}
         targets |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
         for name, raw in (meta.get("params") or {}).items():
             if name in by_name and name in targets:
@@ -314,7 +314,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
                 controls: dict[tuple[str, str], gr.components.Component] = {}
                 for name, m in METHODS.items():
                     with gr.Group(visible=name == DEFAULT_METHOD) as groups[name]:
-                        for p in m.params:
+                        for p in m.knobs:
                             controls[(name, p.name)] = _control(p, name)
                 with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
                     temperature, top_p, seed = (_control(p, "sampling") for p in SAMPLING_PARAMS)

@@ -24,6 +24,7 @@ from decoders.events import (
     ForwardKind,
     HeadProposals,
     JacobiIteration,
+    LayerExit,
     LookaheadWindow,
     MaskGroups,
     MaskPredictStep,
@@ -55,6 +56,7 @@ EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "assets" / "example_trace.
 
 
 ORIGINS = frozenset(typing.get_args(Origin))
+EXIT_RULES = ("confidence", "hash")
 FORWARD_KINDS = frozenset(typing.get_args(ForwardKind))
 MAX_LAYERS = 1024
 MAX_VOCAB = 10_000_000
@@ -167,6 +169,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     n_committed = 0
     committed_before: dict[int, int] = {}  # step -> tokens committed by the earlier steps
     drafted: dict[int, list[int]] = {}  # step -> the parents of the draft nodes proposed
+    exited: set[int] = set()  # steps with a LayerExit
     for i, e in enumerate(events):
         where = f"event {i} ({e.type})"
         if isinstance(e, Done):
@@ -330,6 +333,28 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 f"{where}: position must be the {committed_before[step]} tokens committed before "
                 f"step {step}, got {e.position!r}",
             )
+        elif isinstance(e, LayerExit):
+            need(
+                whole(e.n_layers, 1, MAX_LAYERS)
+                and ("n_layers" not in meta or e.n_layers == n_layers)
+                and whole(e.layer, 1, e.n_layers),
+                f"{where}: layer must be in 1..n_layers, the model's {n_layers} layers",
+            )
+            need(
+                list(e.layers) == sorted(set(e.layers))
+                and all(whole(ell, 1, e.n_layers - 1) for ell in e.layers)
+                and len(e.confidences) == len(e.layers),
+                f"{where}: layers must rise within 1..{n_layers - 1}, one confidence each",
+            )
+            probs_ok((*e.confidences, e.threshold), where)
+            need(e.rule in EXIT_RULES, f"{where}: rule must be one of {', '.join(EXIT_RULES)}")
+            need(step not in exited, f"{where}: step {step} exits twice")
+            exited.add(step)
+            need(
+                e.position == committed_before[step],
+                f"{where}: position must be the {committed_before[step]} tokens committed before "
+                f"step {step}, got {e.position!r}",
+            )
         elif isinstance(e, MaskPredictStep):
             tokens_ok(e.tokens, f"{where}.tokens")
             probs_ok(e.probs, where)
@@ -459,7 +484,9 @@ def recheck_lossless(trace: Trace) -> dict[str, Any]:
             "note": f"not checked: longer than {model}'s context of {bundle.context_length} tokens",
         }
     reference = cached_reference(bundle, tuple(meta["prompt_ids"]), budget)
-    if meta["method"] in METHODS and not METHODS[meta["method"]].lossless:
+    if meta["method"] in METHODS and not METHODS[meta["method"]].claims_lossless(
+        meta.get("params") or {}
+    ):
         return {**lossy_info(bundle, meta["prompt_ids"], reference, tokens), "rechecked": True}
     check = compare_tokens(reference, tokens, bundle.exact)
     return {

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 
 from decoders.events import Event
 
+from .exit_view import exit_confidence, exit_heatmap, hash_layers
 from .figures import draft_panel, topk_panel
 from .kangaroo_view import kangaroo_confidence, kangaroo_layers
 from .lookahead_views import (
@@ -40,6 +41,8 @@ PANELS: dict[str, Panel] = {
     "blockwise": blockwise_chain,
     "space": relay,
     "mask_predict": refinement,
+    "calm": exit_heatmap,
+    "hash_ee": exit_heatmap,
 }
 
 
@@ -59,6 +62,8 @@ EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
     "space": (attention_mask,),  # the layout's real mask: every group hidden from later rows
     "mask_predict": (attention_mask,),  # masks see all before them; kept tokens see no mask
+    "calm": (exit_confidence,),  # this step's token: its confidence at each exit against λ_t
+    "hash_ee": (hash_layers,),  # the hash for the tokens on screen
 }
 MAX_EXTRA_PANELS = 4
 

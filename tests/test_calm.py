@@ -1,0 +1,436 @@
+"""Early exit (decoders/exits.py, calm.py, hash_ee.py) and SpecDec's relaxed verification.
+
+- With thresholds that never exit (λ = 1; HASH EE with min_depth = 1) each method is autoregressive
+  greedy token for token, on tiny-random (placeholder exits) and on the embedded model (trained);
+- state propagation writes exactly the cache entries the skipped layers own, from the exited
+  state; the "compute" fill reproduces the full model's cache;
+- exits, thresholds, the hash, the trace checks, the views, the trainer;
+- relaxed verification: β = 1 is the exact rule, β > 1 keeps top-β drafts within τ and marks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from conftest import PROMPTS, one_thread
+from decoders import METHODS, InvalidParameter, generate
+from decoders.calm import threshold_at
+from decoders.events import Commit, Forward, LayerExit, Verify
+from decoders.exits import exit_forward, exit_logits, load_exits, propagate
+from decoders.hash_ee import hash_layers
+from decoders.runtime import forward, new_cache
+from decoders.sampling import Relax
+from decoders.verify import greedy_chain, greedy_tree
+
+NEVER = [
+    ("calm", {"threshold": 1.0, "min_depth": 0.0}),
+    ("calm", {"threshold": 1.0, "min_depth": 0.0, "confidence": "saturation"}),
+    ("calm", {"threshold": 1.0, "min_depth": 0.0, "confidence": "classifier"}),
+    ("calm", {"threshold": 1.0, "tau": 4.0, "fill": "compute"}),
+    ("hash_ee", {"min_depth": 1.0}),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    with one_thread():
+        yield
+
+
+def greedy(bundle, prompt, n, chat=False):
+    return generate(bundle, prompt, "autoregressive", n, chat=chat, record=False)
+
+
+def exits_of(res) -> list[LayerExit]:
+    return [e for e in res.events if isinstance(e, LayerExit)]
+
+
+# --- never exiting = greedy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "params"), NEVER)
+@pytest.mark.parametrize("prompt", PROMPTS[:4])
+def test_thresholds_that_never_exit_are_greedy(tiny, method, params, prompt):
+    res = generate(tiny, prompt, method, 24, chat=False, **params)
+    ref = greedy(tiny, prompt, 24)
+    assert res.token_ids == ref.token_ids and res.finish_reason == ref.finish_reason
+    exits = exits_of(res)
+    assert len(exits) == len(res.token_ids) - 1  # every token after the prefill's
+    assert all(e.layer == e.n_layers == tiny.n_layers for e in exits)
+    assert res.stats["layers_per_token"] == 1.0
+    assert {o for e in res.events if isinstance(e, Commit) for o in e.origins} == {"target"}
+
+
+@pytest.mark.parametrize(("method", "params"), NEVER[:1] + NEVER[-1:])
+@pytest.mark.parametrize("budget", [1, 2, 7])
+def test_the_budget_ends_them_like_greedy(tiny, method, params, budget):
+    res = generate(tiny, PROMPTS[0], method, budget, chat=False, **params)
+    ref = greedy(tiny, PROMPTS[0], budget)
+    assert res.token_ids == ref.token_ids and res.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("method", "params"), [*NEVER[:1], NEVER[-1], ("calm", {"threshold": 0.0})]
+)
+def test_an_eos_stops_them_where_it_is_written(tiny, method, params):
+    """The run ends at the first end token it writes, exited or not, and keeps it."""
+    free = generate(tiny, PROMPTS[1], method, 20, chat=False, **params).token_ids
+    eos = free[6]
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
+    res = generate(bundle, PROMPTS[1], method, 20, chat=False, **params)
+    assert res.finish_reason == "eos" and res.token_ids == free[: free.index(eos) + 1]
+
+
+# --- exiting -----------------------------------------------------------------------------------------
+
+
+def test_a_zero_threshold_exits_every_token_at_the_first_open_exit(tiny):
+    res = generate(tiny, PROMPTS[0], "calm", 16, chat=False, threshold=0.0, min_depth=0.0)
+    exits = exits_of(res)
+    first = load_exits(tiny).exit_layers[0]
+    assert all(e.layer == first and e.layers == (first,) for e in exits)
+    origins = [o for e in res.events if isinstance(e, Commit) for o in e.origins]
+    assert origins == ["target"] + ["exit"] * 15
+    forwards = [e for e in res.events if isinstance(e, Forward) and e.kind == "target"]
+    assert all(f.layers == first for f in forwards)
+    assert res.stats["layers_per_token"] == pytest.approx(first / tiny.n_layers)
+
+
+def test_the_compute_fill_exits_the_same_way_but_runs_every_layer(tiny):
+    kw = dict(chat=False, threshold=0.0, min_depth=0.0)
+    cheap = generate(tiny, PROMPTS[2], "calm", 16, **kw)
+    true = generate(tiny, PROMPTS[2], "calm", 16, fill="compute", **kw)
+    assert cheap.stats["layers_per_token"] == pytest.approx(1 / tiny.n_layers)
+    assert true.stats["layers_per_token"] == 1.0  # the skipped layers ran, for the cache only
+    assert all(e.layer == 1 for e in exits_of(true))  # the token still comes from the exit
+
+
+def test_min_depth_keeps_the_shallow_exits_closed(tiny):
+    res = generate(tiny, PROMPTS[0], "calm", 12, chat=False, threshold=0.0, min_depth=0.5)
+    assert all(min(e.layers) >= 2 and e.layer == 2 for e in exits_of(res))
+
+
+def test_the_threshold_decays_as_calm_writes_it():
+    assert threshold_at(0.9, 0.0, 10, 64) == pytest.approx(0.9)
+    assert threshold_at(0.9, 4.0, 0, 64) == pytest.approx(0.9)
+    late = threshold_at(0.9, 4.0, 64, 64)
+    assert late == pytest.approx(0.9 * (0.9 + 0.1 * torch.exp(torch.tensor(-4.0)).item()))
+
+
+def test_each_token_records_its_threshold_and_confidences(tiny):
+    res = generate(tiny, PROMPTS[3], "calm", 20, chat=False, threshold=0.5, tau=4.0, min_depth=0)
+    for e in exits_of(res):
+        assert e.threshold == pytest.approx(threshold_at(0.5, 4.0, e.position, 20), abs=1e-6)
+        assert len(e.confidences) == len(e.layers) and all(0 <= c <= 1 for c in e.confidences)
+        passed = [c > e.threshold for c in e.confidences]
+        # it leaves at the first exit above the threshold, or runs the full model
+        assert passed.count(True) <= 1 and (e.layer < e.n_layers) == any(passed)
+        if any(passed):
+            assert e.layer == e.layers[passed.index(True)] == e.layers[-1]
+
+
+def test_an_exited_token_is_the_argmax_of_its_exit(tiny):
+    """Replay the run's first exited token: the exit's argmax on the state after ℓ layers."""
+    res = generate(tiny, PROMPTS[0], "calm", 3, chat=False, threshold=0.0, min_depth=0.0)
+    exits = load_exits(tiny)
+    prompt = tiny.encode(PROMPTS[0], chat=False)
+    first = res.token_ids[0]
+    out = forward(tiny, new_cache(tiny), [*prompt, first], step=0, kind="prefill", hidden_at=(1,))
+    logits, _ = exit_logits(tiny, exits, 0, out.hidden[1][-1:])
+    assert res.token_ids[1] == int(logits[-1].argmax())
+
+
+# --- the cache of skipped layers -----------------------------------------------------------------
+
+
+def forced_exit(bundle, ell: int, fill: str):
+    """Prefill PROMPTS[0], then feed one token that exits after `ell` layers; return the cache and
+    the exited state (h after ell layers), the token and its position."""
+    exits = load_exits(bundle)
+    ids = bundle.encode(PROMPTS[0], chat=False)
+    cache = new_cache(bundle)
+    forward(bundle, cache, ids[:-1], step=0, kind="prefill")
+    seen = {}
+
+    def stop(i, layer, h, below):
+        if layer == ell:
+            seen["h"] = h
+            return exit_logits(bundle, exits, i, h)[0]
+        return None
+
+    _, depth, event = exit_forward(
+        bundle, exits, cache, ids[-1], len(ids) - 1, stop, fill=fill, step=1
+    )
+    assert depth == ell and event.layers == (ell if fill == "propagate" else bundle.n_layers)
+    return cache, seen["h"], ids
+
+
+def test_propagation_fills_exactly_the_skipped_layers_entries(tiny):
+    ell = 2
+    cache, h, ids = forced_exit(tiny, ell, "propagate")
+    full = new_cache(tiny)
+    forward(tiny, full, ids, step=0, kind="prefill")
+    n = len(ids)
+    for i, (mine, theirs) in enumerate(zip(cache.layers, full.layers, strict=True)):
+        assert mine.keys.shape == theirs.keys.shape and mine.keys.shape[-2] == n
+        # every earlier position is untouched, and the layers the token ran are the model's own
+        upto = n if i < ell else n - 1
+        torch.testing.assert_close(mine.keys[..., :upto, :], theirs.keys[..., :upto, :])
+        torch.testing.assert_close(mine.values[..., :upto, :], theirs.values[..., :upto, :])
+    # the skipped layers' entries are their k/v projections of the exited state
+    expect = new_cache(tiny)
+    inner = tiny.model.model
+    pos = torch.tensor([[n - 1]])
+    rope = inner.rotary_emb(h.view(1, 1, -1), position_ids=pos)
+    propagate(tiny, expect, h.view(1, 1, -1), rope, range(ell, tiny.n_layers))
+    for i in range(ell, tiny.n_layers):
+        torch.testing.assert_close(cache.layers[i].keys[..., -1:, :], expect.layers[i].keys)
+        torch.testing.assert_close(cache.layers[i].values[..., -1:, :], expect.layers[i].values)
+        assert not torch.allclose(
+            cache.layers[i].keys[..., -1:, :], full.layers[i].keys[..., -1:, :]
+        )
+
+
+def test_the_compute_fill_reproduces_the_full_models_cache(tiny):
+    cache, _, ids = forced_exit(tiny, 1, "compute")
+    full = new_cache(tiny)
+    forward(tiny, full, ids, step=0, kind="prefill")
+    for mine, theirs in zip(cache.layers, full.layers, strict=True):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+
+
+# --- HASH EE -----------------------------------------------------------------------------------------
+
+
+def test_the_hash_sends_frequent_tokens_to_shallow_exits_in_equal_mass_buckets(tiny):
+    exits = load_exits(tiny)
+    table = hash_layers(exits, tiny.n_layers, 0.0)
+    counts = exits.token_counts.float()
+    layers = [*exits.exit_layers, tiny.n_layers]
+    assert set(table.tolist()) <= set(layers)
+    order = torch.argsort(counts, descending=True, stable=True)
+    assert table[order].tolist() == sorted(table[order].tolist())  # more frequent: not deeper
+    assert all(table[t] == tiny.n_layers for t in (counts == 0).nonzero().flatten().tolist())
+    mass = {ell: float(counts[table == ell].sum()) for ell in layers}
+    share = 1 / len(layers)
+    assert all(abs(m / counts.sum() - share) < share for m in mass.values())
+
+
+def test_hash_ee_exits_each_input_token_at_its_hashed_layer(tiny):
+    res = generate(tiny, PROMPTS[0], "hash_ee", 20, chat=False, min_depth=0.0)
+    table = hash_layers(load_exits(tiny), tiny.n_layers, 0.0)
+    out = res.token_ids
+    for e in exits_of(res):
+        assert e.rule == "hash" and e.layers == () and e.layer == int(table[out[e.position - 1]])
+    origins = [o for e in res.events if isinstance(e, Commit) for o in e.origins]
+    assert origins[1:] == ["exit" if e.layer < e.n_layers else "target" for e in exits_of(res)]
+
+
+# --- parameters, registry --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "message"),
+    [
+        ("calm", {"threshold": 1.5}, r"threshold.*\[0.0, 1.0\]"),
+        ("calm", {"confidence": "entropy"}, r"confidence.*softmax, saturation, classifier"),
+        ("calm", {"fill": "copy"}, r"fill.*propagate, compute"),
+        ("calm", {"temperature": 0.5}, r"unknown parameter 'temperature'"),
+        ("hash_ee", {"min_depth": -0.1}, r"min_depth"),
+        ("calm", {"beta": 2}, r"unknown parameter 'beta'"),
+    ],
+)
+def test_bad_parameters_are_refused_by_name(tiny, method, params, message):
+    with pytest.raises(InvalidParameter, match=message):
+        generate(tiny, PROMPTS[0], method, 4, **params)
+
+
+def test_they_are_lossy_and_say_so():
+    for name in ("calm", "hash_ee"):
+        m = METHODS[name]
+        assert not m.lossless and not m.claims_lossless({}) and not m.relaxable
+        assert "paper" in m.presets
+
+
+def test_a_model_without_exits_is_told_how_to_train_them(tiny, monkeypatch):
+    import decoders.exits
+
+    monkeypatch.setattr(decoders.exits, "adapters_path", lambda model_id: ASSETS_NONE)
+    with pytest.raises(InvalidParameter, match=r"python -m decoders\.train exits"):
+        generate(dataclasses.replace(tiny, model_id="tiny-random-x"), PROMPTS[0], "calm", 4)
+
+
+ASSETS_NONE = __import__("pathlib").Path("/nonexistent/exits.safetensors")
+
+
+# --- trace checks and views ------------------------------------------------------------------------
+
+
+def live_trace(method: str, **params):
+    from ui.live import run_live
+
+    *_, last = run_live("tiny-random", PROMPTS[0], method, 12, params, check_lossless=True)
+    return last.trace
+
+
+def test_a_lossy_run_gets_a_lossy_badge_never_identical():
+    trace = live_trace("calm", threshold=0.0, min_depth=0.0)
+    badge = trace.meta["lossless"]
+    assert badge["status"] == "lossy" and 0 <= badge["agreement"] <= 1 and "rouge_l" in badge
+    assert "nll" in badge and "nll_greedy" in badge
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda e: e.update(layer=99), "layer must be in 1..n_layers"),
+        (lambda e: e.update(n_layers=7), "layer must be in 1..n_layers"),
+        (lambda e: e.update(layers=[3, 1], confidences=[0.1, 0.2]), "layers must rise"),
+        (lambda e: e.update(confidences=[]), "one confidence each"),
+        (lambda e: e.update(confidences=[1.5] * len(e["layers"])), r"probabilities must be in"),
+        (lambda e: e.update(rule="magic"), "rule must be one of confidence, hash"),
+        (lambda e: e.update(position=999), "position must be the"),
+    ],
+)
+def test_a_corrupt_layer_exit_is_refused_with_a_message(change, message):
+    from decoders.errors import TraceError
+    from ui.traces import read_trace
+
+    data = json.loads(live_trace("calm", threshold=0.0, min_depth=0.0).to_json())
+    first = next(e for e in data["events"] if e["type"] == "LayerExit")
+    change(first)
+    with pytest.raises(TraceError, match=message):
+        read_trace(json.dumps(data))
+
+
+def test_two_exits_in_one_step_are_refused():
+    from decoders.errors import TraceError
+    from ui.traces import read_trace
+
+    data = json.loads(live_trace("hash_ee", min_depth=0.0).to_json())
+    i, first = next((i, e) for i, e in enumerate(data["events"]) if e["type"] == "LayerExit")
+    data["events"].insert(i, dict(first))
+    with pytest.raises(TraceError, match="exits twice"):
+        read_trace(json.dumps(data))
+
+
+def test_the_views_draw_where_tokens_left_and_why(tiny):
+    from visualizer.exit_view import exit_confidence, exit_heatmap
+    from visualizer.exit_view import hash_layers as hash_table
+    from visualizer.panels import extra_panels, method_panel
+
+    res = generate(tiny, PROMPTS[0], "calm", 16, chat=False, threshold=0.3, min_depth=0.0)
+    texts = {t: tiny.token_text(t) for t in res.token_ids}
+    heat = exit_heatmap(res.events, texts, 5)
+    marks = next(t for t in heat.data if t.name == "left the model here")
+    now = next(e for e in exits_of(res) if e.step == 5)
+    near = [e for e in exits_of(res) if e.position <= now.position + 8]  # the window around it
+    assert list(marks.x) == [e.position for e in near] and heat.data[0].type == "heatmap"
+    assert list(marks.y) == [f"ℓ {e.layer}" if e.layer < 4 else "4 (full)" for e in near]
+    conf = exit_confidence(res.events, texts, 5)
+    assert list(conf.data[0].y) == list(now.confidences)
+    assert any(s.y0 == pytest.approx(now.threshold) for s in conf.layout.shapes)  # the λ_t line
+    assert method_panel("calm", res.events, texts, 5).layout.title.text == heat.layout.title.text
+    assert [f.layout.title.text for f in extra_panels("calm", res.events, texts, 5)] == [
+        conf.layout.title.text
+    ]
+
+    hashed = generate(tiny, PROMPTS[0], "hash_ee", 16, chat=False, min_depth=0.0)
+    table = hash_table(hashed.events, texts, 3)
+    inputs, layers, _ = table.data[0].cells.values
+    assert len(inputs) == len(set(hashed.token_ids[:15])) and all(layers)
+    # views of another method's trace say so instead of drawing nothing
+    other = generate(tiny, PROMPTS[0], "autoregressive", 4, chat=False)
+    message = exit_heatmap(other.events, texts, 1).layout.annotations[0].text
+    assert "not a calm or hash_ee run" in message.replace("<br>", " ")
+
+
+# --- relaxed verification --------------------------------------------------------------------------
+
+
+def rows(*best: list[float]) -> torch.Tensor:
+    """Logit rows over a 6-token vocabulary."""
+    return torch.tensor([list(r) for r in best])
+
+
+def test_beta_one_is_the_exact_rule():
+    logits = rows([0, 5, 4.5, 0, 0, 0], [0, 0, 0, 5, 0, 0], [1, 0, 0, 0, 0, 0])
+    exact = greedy_chain([2, 3], logits)
+    same = greedy_chain([2, 3], logits, Relax(1, 10.0) or None)
+    assert exact == same and exact.accepted == () and exact.correction == 1
+
+
+def test_a_top_beta_draft_within_tolerance_is_kept_and_marked():
+    logits = rows([0, 5, 4.5, 0, 0, 0], [0, 0, 0, 5, 0, 0], [1, 0, 0, 0, 0, 0])
+    v = greedy_chain([2, 3], logits, Relax(2, 1.0))
+    assert v.accepted == (0, 1) and v.relaxed == (0,) and v.tokens == (2, 3, 0)
+    assert v.origins == ("relaxed", "draft", "bonus") and v.rule == "relaxed-top-2"
+    # outside τ, or outside the top β: rejected as by the exact rule
+    assert greedy_chain([2, 3], logits, Relax(2, 0.4)).accepted == ()
+    assert greedy_chain([4, 3], logits, Relax(5, 0.1)).accepted == ()
+
+
+def test_in_a_tree_the_exact_child_wins_then_the_likeliest_allowed_one():
+    logits = rows([0, 5, 4.8, 4.9, 0, 0], [0] * 6, [0] * 6, [0] * 6)
+    exact_first = greedy_tree([2, 1, 3], [-1, -1, -1], logits, Relax(3, 1.0))
+    assert exact_first.accepted == (1,) and exact_first.relaxed == ()
+    likeliest = greedy_tree([2, 3, 4], [-1, -1, -1], logits, Relax(3, 1.0))
+    assert likeliest.accepted == (1,) and likeliest.relaxed == (1,)
+
+
+@pytest.mark.parametrize("method", ["prompt_lookup", "speculative", "token_tree", "kangaroo"])
+def test_relaxed_runs_mark_what_the_exact_rule_would_have_rejected(tiny, method):
+    res = generate(tiny, PROMPTS[5], method, 40, chat=False, beta=8, tolerance=20.0)
+    relaxed = sum(len(e.relaxed) for e in res.events if isinstance(e, Verify))
+    marked = sum(o == "relaxed" for e in res.events if isinstance(e, Commit) for o in e.origins)
+    assert relaxed == marked  # (a relaxed node past the budget is not committed: none here)
+    exact = generate(tiny, PROMPTS[5], method, 40, chat=False, beta=1)
+    assert exact.token_ids == greedy(tiny, PROMPTS[5], 40).token_ids
+    if relaxed:
+        assert res.token_ids != exact.token_ids
+
+
+def test_relaxed_verification_is_greedy_only_and_claims_nothing(tiny):
+    with pytest.raises(InvalidParameter, match=r"relaxed verification .* greedy"):
+        generate(tiny, PROMPTS[0], "speculative", 4, beta=2, temperature=0.7)
+    m = METHODS["speculative"]
+    assert m.claims_lossless({"beta": 1}) and not m.claims_lossless({"beta": 3})
+    relaxable = {n for n, m in METHODS.items() if m.relaxable}
+    assert relaxable == {
+        "prompt_lookup",
+        "speculative",
+        "token_tree",
+        "self_speculative",
+        "kangaroo",
+        "lookahead",
+        "medusa",
+        "blockwise",
+        "space",
+    }
+
+
+# --- the embedded model ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "params"), [NEVER[0], NEVER[3], NEVER[4]])
+def test_the_embedded_model_never_exiting_is_greedy(embedded, method, params):
+    for prompt, chat in ((PROMPTS[0], False), (PROMPTS[1], True)):
+        res = generate(embedded, prompt, method, 24, chat=chat, **params)
+        assert res.token_ids == greedy(embedded, prompt, 24, chat).token_ids
+
+
+@pytest.mark.slow
+def test_the_embedded_models_trained_exits_exit_and_stay_close(embedded):
+    res = generate(embedded, PROMPTS[5], "calm", 48, chat=False, threshold=0.9, min_depth=0.6)
+    exits = exits_of(res)
+    assert any(e.layer < e.n_layers for e in exits)  # the trained exits are used
+    assert res.stats["layers_per_token"] < 1.0
+    ref = greedy(embedded, PROMPTS[5], 48).token_ids
+    same = sum(a == b for a, b in zip(res.token_ids, ref, strict=False))
+    assert same >= 8  # the first tokens at least: a broken exit writes nonsense from token 2

@@ -1,0 +1,216 @@
+"""Early exit's views (CALM, HASH EE): where each token left the model.
+
+- `exit_heatmap`: output tokens × exit layers. A cell is the confidence a token reached at that
+  exit (CALM; blank where no exit was offered), the ◆ marks where it left (the top row, L, is the
+  full model), and the current step's column is outlined;
+- `exit_confidence`: one token's confidence at each exit on the way up against the threshold
+  (CALM): the first bar above the line is where it left;
+- `hash_layers`: HASH EE's token → layer table for the input tokens on screen.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from decoders.events import Commit, Event, LayerExit
+
+from .figures import SUBTITLE_CHARS, _base_layout, _empty
+from .lookahead_views import _tok
+from .text import escape, short_token, visible, wrap
+
+WINDOW = 32  # tokens a heatmap shows around the current step (a phone's width of columns)
+EXIT_MARK = "#37474f"
+
+
+def _exits(events: Sequence[Event]) -> list[LayerExit]:
+    return sorted((e for e in events if isinstance(e, LayerExit)), key=lambda e: e.position)
+
+
+def _outputs(events: Sequence[Event]) -> list[int]:
+    return [t for e in events if isinstance(e, Commit) for t in e.tokens]
+
+
+def _none(title: str, events: Sequence[Event], step: int) -> go.Figure:
+    if step == 0 and _exits(events):
+        return _empty(title, "step 0 is the prefill: the first token comes from the full model")
+    return _empty(title, "this trace has no layer exits (not a calm or hash_ee run)")
+
+
+def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    title = "Where each token left the model"
+    exits = _exits(events)
+    if not exits:
+        return _none(title, events, step)
+    n_layers = exits[0].n_layers
+    now = next((e for e in exits if e.step == step), None)
+    centre = now.position if now is not None else exits[-1].position
+    shown = [e for e in exits if centre - WINDOW + 8 <= e.position <= centre + 8][-WINDOW:]
+    outputs = _outputs(events)
+    rows = sorted({ell for e in shown for ell in e.layers} | {e.layer for e in shown})
+    y = [f"ℓ {ell}" if ell < n_layers else f"{ell} (full)" for ell in rows]
+    x = [e.position for e in shown]
+    z: list[list[float | None]] = [[None] * len(shown) for _ in rows]
+    hover = [[""] * len(shown) for _ in rows]
+    for c, e in enumerate(shown):
+        tok = outputs[e.position] if e.position < len(outputs) else None
+        conf = dict(zip(e.layers, e.confidences, strict=True))
+        for r, ell in enumerate(rows):
+            where = "left here" if ell == e.layer else ("passed" if ell < e.layer else "not run")
+            if ell in conf:
+                z[r][c] = conf[ell]
+                hover[r][c] = (
+                    f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: confidence "
+                    f"{conf[ell]:.3f} vs λ {e.threshold:.3f}<br>{where}"
+                )
+            else:
+                hover[r][c] = f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: {where}"
+    fig = go.Figure()
+    if any(v is not None for row in z for v in row):
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=x,
+                y=y,
+                zmin=0.0,
+                zmax=1.0,
+                colorscale="Blues",
+                colorbar=dict(title=dict(text="confidence"), thickness=10, len=0.8),
+                text=hover,
+                hoverinfo="text",
+                xgap=1,
+                ygap=1,
+                name="confidence",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[y[rows.index(e.layer)] for e in shown],
+            mode="markers",
+            marker=dict(symbol="diamond", size=9, color=EXIT_MARK),
+            name="left the model here",
+            text=[
+                f"token {e.position}: "
+                f"{_tok(texts, outputs[e.position] if e.position < len(outputs) else None)}"
+                f"<br>left after layer {e.layer} of {n_layers}"
+                for e in shown
+            ],
+            hoverinfo="text",
+        )
+    )
+    if now is not None:
+        fig.add_vrect(
+            x0=now.position - 0.5,
+            x1=now.position + 0.5,
+            line=dict(color="#ef6c00", width=2),
+            fillcolor="rgba(0,0,0,0)",
+        )
+    fig.update_xaxes(
+        title_text="output token",
+        tickmode="array",
+        tickvals=x,
+        ticktext=[
+            short_token(texts.get(outputs[p], "?"), 5) if p < len(outputs) else "?" for p in x
+        ],
+        tickangle=-60,
+    )
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=y, title_text="exit")
+    early = sum(e.layer < e.n_layers for e in exits)
+    depth = sum(e.layer for e in exits) / (len(exits) * n_layers)
+    rule = exits[0].rule
+    note = (
+        f"{early} of {len(exits)} tokens left early; {depth:.0%} of the layers ran on average"
+        + ("; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)")
+    )
+    return _base_layout(
+        fig, title, height=min(520, 200 + 26 * len(rows)), subtitle=wrap(note, SUBTITLE_CHARS)
+    )
+
+
+def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    title = f"Step {step}: confidence at each exit"
+    exits = _exits(events)
+    now = next((e for e in exits if e.step == step), None)
+    if now is None:
+        return _none(title, events, step)
+    if not now.layers:
+        reason = (
+            "no exit was offered below this token's layer"
+            if now.rule == "confidence"
+            else "HASH EE weighs no confidence: the input token's hash chose the layer"
+        )
+        return _empty(title, reason)
+    outputs = _outputs(events)
+    tok = outputs[now.position] if now.position < len(outputs) else None
+    colours = [
+        "#ef6c00" if ell == now.layer else ("#90caf9" if c <= now.threshold else "#1e88e5")
+        for ell, c in zip(now.layers, now.confidences, strict=True)
+    ]
+    fig = go.Figure(
+        go.Bar(
+            x=[f"ℓ {ell}" for ell in now.layers],
+            y=list(now.confidences),
+            marker_color=colours,
+            text=[f"{c:.2f}" for c in now.confidences],
+            textposition="outside",
+            hovertext=[
+                f"layer {ell}: confidence {c:.3f}<br>"
+                + ("left here" if ell == now.layer else "below λ: went on")
+                for ell, c in zip(now.layers, now.confidences, strict=True)
+            ],
+            hoverinfo="text",
+            name="confidence",
+        )
+    )
+    fig.add_hline(
+        y=now.threshold,
+        line_dash="dash",
+        line_color="#c62828",
+        annotation_text=f"λ_t = {now.threshold:.3f}",
+    )
+    fig.update_yaxes(range=[0, 1.12], title_text="confidence")
+    fig.update_xaxes(title_text="exit layer")
+    where = (
+        f"left after layer {now.layer} of {now.n_layers}"
+        if now.layer < now.n_layers
+        else "no exit passed λ_t: the full model wrote it"
+    )
+    note = f"token {now.position} {escape(visible(texts.get(tok, '?')))!s}: {where}"
+    return _base_layout(fig, title, height=300, subtitle=wrap(note, SUBTITLE_CHARS))
+
+
+def hash_layers(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    title = "HASH EE: token → exit layer"
+    exits = [e for e in _exits(events) if e.rule == "hash"]
+    if not exits:
+        return _empty(title, "this trace has no hashed exits (not a hash_ee run)")
+    outputs = _outputs(events)
+    seen: dict[int, int] = {}
+    count: Counter[int] = Counter()
+    for e in exits:  # the input of output token t is output token t - 1
+        if 0 < e.position <= len(outputs):
+            x = outputs[e.position - 1]
+            seen[x] = e.layer
+            count[x] += 1
+    order = sorted(seen, key=lambda t: (seen[t], -count[t]))
+    n_layers = exits[0].n_layers
+    layer_text = [f"{seen[t]}" + (" (full)" if seen[t] == n_layers else "") for t in order]
+    fig = go.Figure(
+        go.Table(
+            header=dict(values=["input token", "exits after layer", "times on screen"]),
+            cells=dict(
+                values=[
+                    [escape(visible(texts.get(t, "?"))) for t in order],
+                    layer_text,
+                    [count[t] for t in order],
+                ]
+            ),
+        )
+    )
+    note = f"{len(order)} distinct input tokens; frequent tokens hash to shallow exits"
+    return _base_layout(
+        fig, title, height=min(520, 160 + 24 * len(order)), subtitle=wrap(note, SUBTITLE_CHARS)
+    )
