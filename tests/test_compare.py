@@ -395,3 +395,51 @@ def test_a_bad_spec_in_the_page_is_a_message(server, page):
         timeout=60_000
     )
     assert page.locator("#cmp-headline").inner_text().strip() == ""
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_early_exit_preset_draws_its_quality_chart_on_a_phone(server, phone_page):
+    page = phone_page
+    page.goto(server)
+    page.get_by_role("tab", name="Compare").click()
+    name = "early exit: CALM's threshold and HASH EE"
+    page.locator("#cmp-preset input").click()
+    page.get_by_role("option", name=name).click()
+    expect(page.locator("#cmp-specs textarea")).to_have_value("\n".join(PRESETS[name]))
+    page.locator("#cmp-prompt textarea").fill(PROMPT)
+    budget = page.locator("#cmp-max-new input[type=number]")
+    budget.fill("12")
+    budget.press("Enter")
+    page.locator("#cmp-btn").click()
+    page.locator("#cmp-status").get_by_text("✅ Done.").wait_for(timeout=240_000)
+    page.locator("#cmp-quality .js-plotly-plot").wait_for(timeout=30_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ARTIFACTS / "compare-early-exit-phone.png"), full_page=True)
+    rows = [r for r in ([c for c in r if c] for r in page.evaluate(TABLE_CELLS)) if r]
+    assert [r[0] for r in rows] == [REFERENCE, *PRESETS[name]]
+    assert all(r[-1].startswith("≈ lossy") for r in rows[1:]), rows  # never a tick
+    assert layout_problems(page, "#cmp-quality") == []
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+
+
+def test_the_quality_chart_joins_each_lossy_family_and_places_the_reference():
+    from visualizer import quality_chart
+
+    rows = [
+        {"method": REFERENCE, "name": REFERENCE, "speedup": 1.0, "lossy": False},
+        {"method": "prompt_lookup", "name": "prompt_lookup", "speedup": 1.4, "lossy": False},
+        {"method": "calm", "name": "calm", "speedup": 0.9, "lossy": True, "agreement": 0.7,
+         "rouge_l": 0.8, "layers_per_token": 0.95},
+        {"method": "calm:threshold=0.9", "name": "calm", "speedup": 1.2, "lossy": True,
+         "agreement": 0.3, "rouge_l": 0.5, "layers_per_token": 0.8},
+    ]  # fmt: skip
+    fig = quality_chart(rows)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {REFERENCE, "calm"}  # exact rows other than the reference: not drawn
+    assert list(by_name["calm"].x) == [0.9, 1.2] and list(by_name["calm"].y) == [0.7, 0.3]
+    assert (
+        by_name["calm"].mode == "lines+markers" and "95% of the layers" in by_name["calm"].text[0]
+    )
+    assert list(by_name[REFERENCE].y) == [1.0]
+    assert "no lossy method" in quality_chart(rows[:2]).layout.annotations[0].text

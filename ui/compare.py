@@ -369,10 +369,10 @@ def _row(
         else f"{bundle.dtype} on {bundle.device}: near-ties can flip between batch shapes"
     )
     lossy = not METHODS[spec.method].claims_lossless(spec.params)
+    q = quality.compare(reference.token_ids, trace.token_ids) if lossy and not is_ref else None
     if is_ref:
         lossless = "reference"
-    elif lossy:  # never a tick, even when it happened to match
-        q = quality.compare(reference.token_ids, trace.token_ids)
+    elif q is not None:  # lossy: never a tick, even when it happened to match
         lossless = f"≈ lossy: {100 * q.agreement:.0f} % agree" + (
             "" if q.first_difference is None else f", differs at token {q.first_difference}"
         )
@@ -395,6 +395,10 @@ def _row(
         "first_divergence": None if identical else first,
         "lossless": lossless,
         "caveat": caveat,
+        # quality against greedy (exact rows: 1 when identical) and compute, for the quality chart
+        "agreement": q.agreement if q is not None else float(identical),
+        "rouge_l": q.rouge_l if q is not None else float(identical),
+        "layers_per_token": s.get("layers_per_token"),
     }
 
 

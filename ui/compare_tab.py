@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from decoders import DecodingLabError
-from visualizer import race_chart, speedup_chart, token_spans_html
+from visualizer import quality_chart, race_chart, speedup_chart, token_spans_html
 
 from .common import budget_slider, gpu, message, model_picker
 from .compare import (
@@ -55,10 +55,19 @@ class CompareTab:
     chart: Any
     race: Any
     texts: Any
+    quality: Any
 
     @property
     def views(self) -> list[Any]:
-        return [self.status, self.headline, self.table, self.chart, self.race, self.texts]
+        return [
+            self.status,
+            self.headline,
+            self.table,
+            self.chart,
+            self.quality,
+            self.race,
+            self.texts,
+        ]
 
     def cleared(self, status: str) -> dict:
         return {
@@ -68,6 +77,7 @@ class CompareTab:
             self.chart: None,
             self.race: None,
             self.texts: "",
+            self.quality: gr.Plot(value=None, visible=False),
         }
 
     def shown(self, result: Comparison, status: str) -> dict:
@@ -78,6 +88,11 @@ class CompareTab:
             self.chart: speedup_chart(result.rows),
             self.race: race_chart(race_runs(result)),
             self.texts: texts_html(result),
+            # drawn when a lossy method ran: its quality against its speed
+            self.quality: gr.Plot(
+                value=quality_chart(result.rows) if any(r["lossy"] for r in result.rows) else None,
+                visible=any(r["lossy"] for r in result.rows),
+            ),
         }
 
 
@@ -158,6 +173,12 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 elem_id="cmp-table",  # cells stay on one line; a narrow screen scrolls the table
             )
             chart = gr.Plot(label="Speedup", elem_id="cmp-plot", show_label=False)
+            quality = gr.Plot(
+                label="Quality against speed",
+                elem_id="cmp-quality",
+                show_label=False,
+                visible=False,
+            )
             race = gr.Plot(label="Race", elem_id="cmp-race", show_label=False)
             texts = gr.HTML(elem_id="cmp-texts")
 
@@ -175,6 +196,7 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
         chart,
         race,
         texts,
+        quality,
     )
 
     def on_preset(name: str) -> dict:

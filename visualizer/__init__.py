@@ -1,6 +1,6 @@
 """Pure drawing functions: trace events in, Plotly figures or HTML out. No torch, no gradio."""
 
-from .compare_views import race_chart, speedup_chart
+from .compare_views import quality_chart, race_chart, speedup_chart
 from .figures import (
     acceptance_by_position,
     acceptance_histogram,
@@ -24,6 +24,7 @@ __all__ = [
     "lossless_badge_html",
     "method_panel",
     "metrics_html",
+    "quality_chart",
     "race_chart",
     "speedup_chart",
     "token_spans_html",

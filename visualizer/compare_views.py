@@ -180,3 +180,50 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
     fig = _layout(fig, "Race: tokens committed against time", 400 + 22 * len(runs), top=64)
     fig.update_layout(hovermode="closest")
     return fig
+
+
+def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Lossy methods' quality against speed: agreement with greedy (y) against speedup (x), one
+    point per row that ran, each family of settings (calm:…, hash_ee:…) joined as its curve.
+    Exact rows sit at agreement 1; autoregressive, the reference, is the grey point at (1, 1).
+    Hover: ROUGE-L and the decoder layers run per token."""
+    lossy = [r for r in rows if r.get("lossy")]
+    if not lossy:
+        return _empty("Quality against speed", "no lossy method ran: every output is greedy's")
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("lossy") or r.get("name") == "autoregressive":
+            families.setdefault(str(r.get("name", r["method"])), []).append(r)
+    fig = go.Figure()
+    for i, (name, members) in enumerate(families.items()):
+        members = sorted(members, key=lambda r: float(r["speedup"]))
+        is_ref = name == "autoregressive"
+        fig.add_trace(
+            go.Scatter(
+                x=[float(r["speedup"]) for r in members],
+                y=[float(r.get("agreement", 1.0)) for r in members],
+                mode="markers" if is_ref else "lines+markers",
+                name=name,
+                marker=dict(
+                    size=11,
+                    color=REFERENCE_COLOUR if is_ref else PALETTE[i % len(PALETTE)],
+                ),
+                text=[
+                    f"{r['method']}<br>{float(r['speedup']):.2f}× · agreement "
+                    f"{float(r.get('agreement', 1.0)):.0%} · ROUGE-L "
+                    f"{float(r.get('rouge_l', 1.0)):.2f}"
+                    + (
+                        ""
+                        if r.get("layers_per_token") is None
+                        else f" · {float(r['layers_per_token']):.0%} of the layers"
+                    )
+                    for r in members
+                ],
+                hoverinfo="text",
+            )
+        )
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#607d8b")
+    fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b")
+    fig.update_xaxes(title_text="speedup over autoregressive (×)", rangemode="tozero")
+    fig.update_yaxes(title_text="token agreement with greedy", range=[0, 1.08])
+    return _layout(fig, "Quality against speed (lossy runs)", 360, top=70)
