@@ -434,3 +434,24 @@ def test_the_embedded_models_trained_exits_exit_and_stay_close(embedded):
     ref = greedy(embedded, PROMPTS[5], 48).token_ids
     same = sum(a == b for a, b in zip(res.token_ids, ref, strict=False))
     assert same >= 8  # the first tokens at least: a broken exit writes nonsense from token 2
+
+
+def test_the_draft_views_mark_what_only_the_relaxation_accepted(tiny):
+    from visualizer.figures import draft_panel
+    from visualizer.tokens import COLOURS
+    from visualizer.tree_view import token_tree
+
+    for method, view in (("speculative", draft_panel), ("token_tree", token_tree)):
+        res = generate(tiny, PROMPTS[5], method, 40, chat=False, beta=10, tolerance=20.0)
+        texts = {t: tiny.token_text(t) for t in res.token_ids}
+        steps = [e.step for e in res.events if isinstance(e, Verify) and e.relaxed]
+        assert steps, method  # β = 10 within 20 nats keeps some of tiny-random's drafts
+        fig = view(res.events, texts, steps[0])
+        colours = [
+            c
+            for t in fig.data
+            for c in (
+                t.marker.color if isinstance(t.marker.color, tuple | list) else [t.marker.color]
+            )
+        ]
+        assert COLOURS["relaxed"] in colours, method

@@ -295,13 +295,26 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
             f"Draft at step {step}", f"no draft at step {step}: a plain target step", height=220
         )
     n_acc = len(verify.accepted) if verify else 0
+    relaxed = set(verify.relaxed) if verify else set()
     fig = go.Figure()
     draft_colours = [
-        COLOURS["draft"] if i < n_acc else COLOURS["rejected"] if i == n_acc else COLOURS["pending"]
+        COLOURS["relaxed"]
+        if i in relaxed
+        else COLOURS["draft"]
+        if i < n_acc
+        else COLOURS["rejected"]
+        if i == n_acc
+        else COLOURS["pending"]
         for i in range(len(draft.tokens))
     ]
     status = [
-        "accepted" if i < n_acc else "rejected" if i == n_acc else "not checked (after a rejection)"
+        "accepted by relaxed verification only (the exact rule would reject it)"
+        if i in relaxed
+        else "accepted"
+        if i < n_acc
+        else "rejected"
+        if i == n_acc
+        else "not checked (after a rejection)"
         for i in range(len(draft.tokens))
     ]
     fig.add_trace(

@@ -24,6 +24,7 @@ MAX_MASKS = 8
 
 RELAY_STATUS: dict[str, tuple[str, str]] = {
     "accepted": (COLOURS["draft"], "guess accepted"),
+    "relaxed": (COLOURS["relaxed"], LABELS["relaxed"]),
     "rejected": (COLOURS["rejected"], "guess rejected (the target's token replaces it)"),
     "not checked": (COLOURS["pending"], "not checked (an earlier guess was rejected)"),
     "target": (COLOURS["correction"], "the target's own token (correction)"),
@@ -71,7 +72,13 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
         for i, (t, origin) in enumerate(
             zip(commit.tokens, commit.origins, strict=False) if commit is not None else ()
         ):
-            st = "accepted" if origin == "draft" else "bonus" if origin == "bonus" else "target"
+            st = (
+                "accepted"
+                if origin == "draft"
+                else origin
+                if origin in ("relaxed", "bonus")
+                else "target"
+            )
             zr[i], tr[i] = code[st], short_token(texts.get(t, "?"), 6)
             hr[i] = f"{_tok(texts, t)}<br>committed: {RELAY_STATUS[st][1]}"
         y_labels.append("committed")

@@ -23,6 +23,7 @@ PATH_COLOUR = "#1b5e20"
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (COLOURS key, legend label)
     "root": ("target", "root (last committed token)"),
     "accepted": ("draft", LABELS["draft"]),
+    "relaxed": ("relaxed", LABELS["relaxed"]),
     "rejected": ("rejected", LABELS["rejected"]),
     "not checked": ("pending", "not checked (an ancestor was rejected)"),
     "correction": ("correction", LABELS["correction"]),
@@ -127,10 +128,11 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         return _empty(title, f"malformed draft: {n} tokens but {len(draft.parents)} parents")
     accepted = [a for a in verify.accepted if 0 <= a < n]
     accepted_set = set(accepted)
+    relaxed = set(getattr(verify, "relaxed", ()))
     status: list[str] = []
     for i, p in enumerate(draft.parents):
         if i in accepted_set:
-            status.append("accepted")
+            status.append("relaxed" if i in relaxed else "accepted")
         elif p == -1 or p in accepted_set:
             status.append("rejected")  # compared with the target's choice and lost
         else:
@@ -211,7 +213,7 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         for slot, idx, tok, _, dp, tp in rows:
             text = texts.get(tok, "?") if tok is not None else "?"
             note = ""
-            if st == "accepted" and accepted.index(idx) >= committed_upto:
+            if st in ("accepted", "relaxed") and accepted.index(idx) >= committed_upto:
                 note = " (not committed: the length budget or EOS came first)"
             hover.append(
                 f"{token_hover(text, tok)}"
