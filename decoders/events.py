@@ -19,7 +19,8 @@ from .errors import TraceError
 SCHEMA_VERSION = 1
 TRACE_FORMAT = "decoding-lab-trace"
 
-ForwardKind = Literal["prefill", "target", "draft", "verify"]
+# "sync": FREE's synchronized pass (held-back tokens and the current one through the deep layers)
+ForwardKind = Literal["prefill", "target", "draft", "verify", "sync"]
 # Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
 # "mask": filled by a mask and never verified (a lossy method's token); "exit": predicted at an early
 # exit, never verified by the full model (lossy); "relaxed": a draft that relaxed verification
@@ -261,6 +262,21 @@ class LayerExit(Event):
 
 
 @dataclass(frozen=True)
+class CatchUp(Event):
+    """FREE's synchronized parallel pass at a step: the held-back tokens at output indices
+    `positions` (they left at the shallow exit) ran the deep layers in one forward together with
+    this step's token, which filled their deep keys and values. `agreed[i]`: whether the deep
+    model would have written the same token as the shallow exit did; `threshold`: the shallow
+    exit's threshold after this step's samples (the Beta-mixture estimate when adaptive)."""
+
+    type: ClassVar[str] = "CatchUp"
+    step: int
+    positions: tuple[int, ...]
+    agreed: tuple[bool, ...]
+    threshold: float
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -288,6 +304,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         MaskGroups,
         MaskPredictStep,
         LayerExit,
+        CatchUp,
         Done,
     )
 }

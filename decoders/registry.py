@@ -7,6 +7,7 @@ from . import (
     blockwise,
     calm,
     drafters,
+    free,
     hash_ee,
     jacobi,
     kangaroo,
@@ -178,6 +179,19 @@ METHODS: dict[str, Method] = {
             sampling=False,
             check=calm.check,
             summary="Each token leaves at the first trained exit whose confidence passes a threshold; skipped layers get propagated states. Lossy.",
+        ),
+        Method(
+            name="free",
+            title="FREE (shallow exit + synchronized catch-up; lossy)",
+            decode=free.decode,
+            params=free.PARAMS,
+            # Bae et al. 2023: a shallow model of about a fifth of the layers, λ from the
+            # Beta-mixture estimate
+            presets={"paper": {"exit_layer": "shallow", "adaptive": True}},
+            lossless=False,
+            sampling=False,
+            check=free.check,
+            summary="Confident tokens leave at one shallow exit and are held back; the next deep token takes them through the deep layers in one parallel pass. Lossy.",
         ),
         Method(
             name="hash_ee",

@@ -1,6 +1,6 @@
 """Metrics folded from the event stream, with the serving engines' definitions (see docs/ARCHITECTURE.md).
 
-- tokens per target forward = new tokens / target forward passes (prefill, target and verify passes)
+- tokens per target forward = new tokens / target forward passes (prefill, target, verify and sync passes)
 - mean acceptance length = 1 + accepted drafts / verify steps
 - acceptance rate per draft position j = steps that accepted a draft at depth j / steps that drafted one
 - acceptance histogram[j] = verify steps that accepted exactly j drafts
@@ -19,7 +19,7 @@ from typing import Any
 from .events import Commit, Draft, Event, Forward, Verify
 from .tree import depths
 
-TARGET_KINDS = ("prefill", "target", "verify")
+TARGET_KINDS = ("prefill", "target", "verify", "sync")
 
 
 class StatsAccumulator:
@@ -44,7 +44,7 @@ class StatsAccumulator:
             self.ms[event.kind] += event.wall_ms
             if event.kind == "prefill":
                 self.depth = max(self.depth, event.layers)
-            elif event.kind in ("target", "verify"):
+            elif event.kind in ("target", "verify", "sync"):
                 self.layer_inputs += event.layers * event.n_input_tokens
         elif isinstance(event, Commit):
             self.new_tokens += len(event.tokens)

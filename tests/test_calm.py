@@ -19,7 +19,7 @@ import torch
 from conftest import PROMPTS, one_thread
 from decoders import METHODS, InvalidParameter, generate
 from decoders.calm import threshold_at
-from decoders.events import Commit, Forward, LayerExit, Verify
+from decoders.events import CatchUp, Commit, Forward, LayerExit, Verify
 from decoders.exits import exit_forward, exit_logits, load_exits, propagate
 from decoders.hash_ee import hash_layers
 from decoders.runtime import forward, new_cache
@@ -32,6 +32,7 @@ NEVER = [
     ("calm", {"threshold": 1.0, "min_depth": 0.0, "confidence": "classifier"}),
     ("calm", {"threshold": 1.0, "tau": 4.0, "fill": "compute"}),
     ("hash_ee", {"min_depth": 1.0}),
+    ("free", {"exit_layer": "2", "threshold": 1.0}),
 ]
 
 
@@ -65,7 +66,7 @@ def test_thresholds_that_never_exit_are_greedy(tiny, method, params, prompt):
     assert {o for e in res.events if isinstance(e, Commit) for o in e.origins} == {"target"}
 
 
-@pytest.mark.parametrize(("method", "params"), NEVER[:1] + NEVER[-1:])
+@pytest.mark.parametrize(("method", "params"), [NEVER[0], *NEVER[-2:]])
 @pytest.mark.parametrize("budget", [1, 2, 7])
 def test_the_budget_ends_them_like_greedy(tiny, method, params, budget):
     res = generate(tiny, PROMPTS[0], method, budget, chat=False, **params)
@@ -74,7 +75,7 @@ def test_the_budget_ends_them_like_greedy(tiny, method, params, budget):
 
 
 @pytest.mark.parametrize(
-    ("method", "params"), [*NEVER[:1], NEVER[-1], ("calm", {"threshold": 0.0})]
+    ("method", "params"), [NEVER[0], *NEVER[-2:], ("calm", {"threshold": 0.0})]
 )
 def test_an_eos_stops_them_where_it_is_written(tiny, method, params):
     """The run ends at the first end token it writes, exited or not, and keeps it."""
@@ -251,7 +252,7 @@ def test_bad_parameters_are_refused_by_name(tiny, method, params, message):
 
 
 def test_they_are_lossy_and_say_so():
-    for name in ("calm", "hash_ee"):
+    for name in ("calm", "hash_ee", "free"):
         m = METHODS[name]
         assert not m.lossless and not m.claims_lossless({}) and not m.relaxable
         assert "paper" in m.presets
@@ -418,7 +419,9 @@ def test_relaxed_verification_is_greedy_only_and_claims_nothing(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "params"), [NEVER[0], NEVER[3], NEVER[4]])
+@pytest.mark.parametrize(
+    ("method", "params"), [NEVER[0], NEVER[3], NEVER[4], ("free", {"threshold": 1.0})]
+)
 def test_the_embedded_model_never_exiting_is_greedy(embedded, method, params):
     for prompt, chat in ((PROMPTS[0], False), (PROMPTS[1], True)):
         res = generate(embedded, prompt, method, 24, chat=chat, **params)
@@ -455,3 +458,120 @@ def test_the_draft_views_mark_what_only_the_relaxation_accepted(tiny):
             )
         ]
         assert COLOURS["relaxed"] in colours, method
+
+
+# --- FREE ------------------------------------------------------------------------------------------
+
+
+def test_free_with_a_threshold_that_never_exits_is_greedy(tiny):
+    for prompt in PROMPTS[:3]:
+        res = generate(tiny, prompt, "free", 20, chat=False, exit_layer="2", threshold=1.0)
+        assert res.token_ids == greedy(tiny, prompt, 20).token_ids
+        assert not [e for e in res.events if isinstance(e, CatchUp)]
+        assert res.stats["layers_per_token"] == 1.0
+
+
+def free_run(tiny, **kw):
+    """A FREE run where about half the tokens exit (tiny-random's confidences are tiny)."""
+    probe = generate(tiny, PROMPTS[0], "free", 30, chat=False, exit_layer="2", threshold=0.0)
+    confs = sorted(e.confidences[0] for e in exits_of(probe))
+    params = dict(exit_layer="2", threshold=confs[len(confs) // 2], adaptive=False) | kw
+    return generate(tiny, PROMPTS[0], "free", 30, chat=False, **params)
+
+
+def test_free_holds_back_exited_tokens_until_the_next_deep_token_takes_them_along(tiny):
+    res = free_run(tiny)
+    held: list[int] = []
+    caught = {e.step: e for e in res.events if isinstance(e, CatchUp)}
+    syncs = {e.step: e for e in res.events if isinstance(e, Forward) and e.kind == "sync"}
+    assert caught and syncs
+    for e in exits_of(res):
+        if e.layer == 2:
+            held.append(e.position)
+            assert e.step not in syncs
+        else:
+            assert e.layer == tiny.n_layers and e.step in syncs
+            assert syncs[e.step].n_input_tokens == len(held) + 1  # one parallel pass
+            assert syncs[e.step].layers == tiny.n_layers - 2
+            if held:
+                assert list(caught[e.step].positions) == held
+            held = []
+
+
+def test_the_parallel_catch_up_gives_the_deep_states_of_one_by_one(tiny):
+    """Three tokens through layers 1..ℓ, then layers ℓ+1..L for all three in one pass: the deep
+    keys, values and logits equal those of running each token's deep layers on its own."""
+    from decoders.runtime import forward_from, forward_shallow
+
+    ids = tiny.encode(PROMPTS[1], chat=False)
+    feed = ids[-3:]
+    ell = 2
+
+    def prefilled():
+        cache = new_cache(tiny)
+        forward(tiny, cache, ids[:-3], step=0, kind="prefill")
+        return cache
+
+    together = prefilled()
+    states = [
+        forward_shallow(tiny, together, [t], ell, step=1, kind="target").hidden[ell] for t in feed
+    ]
+    bulk = forward_from(tiny, together, torch.cat(states), ell, step=1, kind="sync")
+    alone = prefilled()
+    rows = []
+    for t in feed:
+        h = forward_shallow(tiny, alone, [t], ell, step=1, kind="target").hidden[ell]
+        rows.append(forward_from(tiny, alone, h, ell, step=1, kind="sync").logits[-1])
+    torch.testing.assert_close(bulk.logits, torch.stack(rows), rtol=1e-4, atol=1e-4)
+    for a, b in zip(together.layers, alone.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
+
+
+def test_the_beta_mixture_threshold_sits_between_the_classes():
+    from decoders.free import MIN_SAMPLES, bmm_threshold
+
+    with torch.random.fork_rng():  # seeded, and the global generator left as it was
+        torch.manual_seed(0)
+        right = torch.distributions.Beta(8.0, 1.5).sample((200,)).tolist()
+        wrong = torch.distributions.Beta(1.5, 6.0).sample((200,)).tolist()
+    samples = [(c, True) for c in right] + [(c, False) for c in wrong]
+    lam = bmm_threshold(samples, 0.9, 0.5)
+    assert 0.3 < lam < 0.9
+    assert bmm_threshold(samples, 0.99, 0.5) > lam  # a stricter ζ, a higher λ
+    few = [(0.9, True)] * (MIN_SAMPLES - 1) + [(0.1, False)] * 10
+    assert bmm_threshold(few, 0.9, 0.42) == 0.42  # too few of a class: the starting λ
+
+
+def test_free_adapts_its_threshold_from_what_the_catch_ups_showed(tiny):
+    res = free_run(tiny, adaptive=True, zeta=0.6)
+    start = exits_of(res)[0].threshold
+    thresholds = [e.threshold for e in res.events if isinstance(e, CatchUp)]
+    assert thresholds  # and each pass reports the λ the next tokens are weighed against
+    later = [e.threshold for e in exits_of(res)]
+    assert all(t in (start, *thresholds) for t in later)
+
+
+def test_free_refuses_an_exit_layer_without_an_adapter(tiny):
+    with pytest.raises(InvalidParameter, match=r"no trained exit at layer 4.*1, 2, 3"):
+        generate(tiny, PROMPTS[0], "free", 4, exit_layer="4")
+    with pytest.raises(InvalidParameter, match=r"'auto', 'shallow' or a layer number"):
+        generate(tiny, PROMPTS[0], "free", 4, exit_layer="deep")
+    from decoders.free import resolve_exit_layer
+
+    assert resolve_exit_layer(tiny, "auto") == 3 and resolve_exit_layer(tiny, "shallow") == 1
+
+
+def test_free_views_draw_the_catch_ups(tiny):
+    from visualizer.exit_view import catch_ups
+    from visualizer.figures import forward_timeline
+
+    res = free_run(tiny)
+    texts = {t: tiny.token_text(t) for t in res.token_ids}
+    step = next(e.step for e in res.events if isinstance(e, CatchUp))
+    fig = catch_ups(res.events, texts, step)
+    caught = [e for e in res.events if isinstance(e, CatchUp)]
+    total = sum(fig.data[0].y) + sum(fig.data[1].y)
+    assert total == sum(len(e.positions) for e in caught)
+    lanes = {y for t in forward_timeline(res.events).data for y in t.y}
+    assert "sync" in lanes

@@ -193,7 +193,7 @@ def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, t
     greedy = generate(tiny, PROMPT, max_new_tokens=16).token_ids
     assert final.traces[REFERENCE].token_ids == greedy
     lossy = [r for r in final.rows if r["lossy"]]
-    assert [r["name"] for r in lossy] == ["mask_predict", "calm", "hash_ee"]
+    assert [r["name"] for r in lossy] == ["mask_predict", "calm", "free", "hash_ee"]
     for r in final.rows:
         if r["lossy"]:  # never a tick, even if it happened to match
             assert r["lossless"].startswith("≈ lossy: ") and "✓" not in r["lossless"]

@@ -153,6 +153,7 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("mask_predict", {}),
     ("calm", {"threshold": 0.5, "min_depth": 0.0}),  # exits on the placeholder exits
     ("hash_ee", {"min_depth": 0.0}),
+    ("free", {"exit_layer": "2", "threshold": 0.0016}),  # about half the tokens held back
     ("speculative", {"draft": "eagle", "beta": 4, "tolerance": 3.0}),  # relaxed verification
 ]  # every method, two of them token trees drafting with the EAGLE head
 

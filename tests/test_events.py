@@ -7,6 +7,7 @@ from decoders.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     AttentionMask,
+    CatchUp,
     Commit,
     CopySource,
     Done,
@@ -55,6 +56,7 @@ SAMPLES = [
     LayerExit(9, 14, 21, 30, (18, 21), (0.4, 0.995), 0.99, "confidence"),
     LayerExit(10, 15, 27, 30, (), (), 0.0, "hash"),
     Commit(9, (4,), ("exit",), (0.97,)),
+    CatchUp(11, (14, 15), (True, False), 0.85),
     Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),
 ]
 

@@ -68,6 +68,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "lookahead",
         "mask_predict",  # lossy: the headline races the others and reports it apart
         "calm",  # lossy too: early exit
+        "free",
         "hash_ee",
     ),
     "the papers' settings": tuple(
@@ -100,6 +101,8 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "calm:threshold=0.9",
         "calm:confidence=saturation:threshold=0.995",
         "calm:fill=compute",
+        "free",
+        "free:threshold=0.6",
         "hash_ee",
         "hash_ee:min_depth=0.6",
     ),

@@ -15,6 +15,7 @@ from decoders.engine import MAX_PROMPT_CHARS
 from decoders.errors import DecodingLabError, TraceError
 from decoders.events import (
     AttentionMask,
+    CatchUp,
     Commit,
     CopySource,
     Done,
@@ -170,6 +171,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     committed_before: dict[int, int] = {}  # step -> tokens committed by the earlier steps
     drafted: dict[int, list[int]] = {}  # step -> the parents of the draft nodes proposed
     exited: set[int] = set()  # steps with a LayerExit
+    caught: set[int] = set()  # steps with a CatchUp
     for i, e in enumerate(events):
         where = f"event {i} ({e.type})"
         if isinstance(e, Done):
@@ -355,6 +357,16 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 f"{where}: position must be the {committed_before[step]} tokens committed before "
                 f"step {step}, got {e.position!r}",
             )
+        elif isinstance(e, CatchUp):
+            need(
+                len(e.positions) == len(e.agreed) > 0
+                and list(e.positions) == sorted(set(e.positions))
+                and all(whole(x, 0, committed_before[step] - 1) for x in e.positions),
+                f"{where}: positions must be earlier output tokens, rising, one agreed flag each",
+            )
+            probs_ok((e.threshold,), where)
+            need(step not in caught, f"{where}: step {step} catches up twice")
+            caught.add(step)
         elif isinstance(e, MaskPredictStep):
             tokens_ok(e.tokens, f"{where}.tokens")
             probs_ok(e.probs, where)

@@ -5,7 +5,9 @@
   full model), and the current step's column is outlined;
 - `exit_confidence`: one token's confidence at each exit on the way up against the threshold
   (CALM): the first bar above the line is where it left;
-- `hash_layers`: HASH EE's token → layer table for the input tokens on screen.
+- `hash_layers`: HASH EE's token → layer table for the input tokens on screen;
+- `catch_ups`: FREE's synchronized passes: the held-back tokens each caught up, whether the deep
+  model agreed with them, and the threshold as it adapted.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Event, LayerExit
+from decoders.events import CatchUp, Commit, Event, LayerExit
 
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .lookahead_views import _tok
@@ -214,3 +216,57 @@ def hash_layers(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     return _base_layout(
         fig, title, height=min(520, 160 + 24 * len(order)), subtitle=wrap(note, SUBTITLE_CHARS)
     )
+
+
+def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """FREE's synchronized passes: for each step that ran the deep layers, the held-back tokens it
+    caught up (the deep model agreed with the shallow token, or not), and the shallow exit's
+    threshold λ as it adapted."""
+    title = "FREE: held-back tokens caught up"
+    passes = sorted((e for e in events if isinstance(e, CatchUp)), key=lambda e: e.step)
+    if not passes:
+        if any(isinstance(e, LayerExit) for e in events):
+            return _empty(title, "no token was held back yet: every token ran the deep layers")
+        return _empty(title, "this trace has no catch-up passes (not a free run)")
+    x = [e.step for e in passes]
+    agree = [sum(e.agreed) for e in passes]
+    differ = [len(e.agreed) - sum(e.agreed) for e in passes]
+    hover = [
+        f"step {e.step}: caught up tokens {', '.join(map(str, e.positions[:12]))}"
+        + ("…" if len(e.positions) > 12 else "")
+        + f"<br>deep agreed on {sum(e.agreed)} of {len(e.agreed)} · λ after: {e.threshold:.3f}"
+        for e in passes
+    ]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(x=x, y=agree, name="deep model agreed", marker_color="#a5d6a7", hovertext=hover)
+    )
+    fig.add_trace(
+        go.Bar(x=x, y=differ, name="deep model differed", marker_color="#ef9a9a", hovertext=hover)
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[e.threshold for e in passes],
+            mode="lines+markers",
+            name="λ after the pass",
+            yaxis="y2",
+            line=dict(color="#c62828", dash="dash"),
+            hoverinfo="skip",
+        )
+    )
+    now = next((e for e in passes if e.step == step), None)
+    if now is not None:
+        fig.add_vline(x=step, line=dict(color="#ef6c00", width=2))
+    fig.update_layout(
+        barmode="stack",
+        yaxis2=dict(overlaying="y", side="right", range=[0, 1.05], title="λ", showgrid=False),
+    )
+    fig.update_xaxes(title_text="step (a deep pass)")
+    fig.update_yaxes(title_text="tokens caught up", rangemode="tozero")
+    total = sum(len(e.positions) for e in passes)
+    note = (
+        f"{total} held-back tokens caught up in {len(passes)} passes; the deep model agreed on "
+        f"{sum(agree)}"
+    )
+    return _base_layout(fig, title, height=300, subtitle=wrap(note, SUBTITLE_CHARS))

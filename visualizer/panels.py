@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from decoders.events import Event
 
-from .exit_view import exit_confidence, exit_heatmap, hash_layers
+from .exit_view import catch_ups, exit_confidence, exit_heatmap, hash_layers
 from .figures import draft_panel, topk_panel
 from .kangaroo_view import kangaroo_confidence, kangaroo_layers
 from .lookahead_views import (
@@ -43,6 +43,7 @@ PANELS: dict[str, Panel] = {
     "mask_predict": refinement,
     "calm": exit_heatmap,
     "hash_ee": exit_heatmap,
+    "free": exit_heatmap,
 }
 
 
@@ -64,6 +65,7 @@ EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "mask_predict": (attention_mask,),  # masks see all before them; kept tokens see no mask
     "calm": (exit_confidence,),  # this step's token: its confidence at each exit against λ_t
     "hash_ee": (hash_layers,),  # the hash for the tokens on screen
+    "free": (catch_ups,),  # the held-back tokens and their synchronized passes
 }
 MAX_EXTRA_PANELS = 4
 
