@@ -26,7 +26,7 @@ class DecodeConfig:
             p.get("top_p", 1.0),
             p.get("seed", 0),
             p.get("beta", 1),
-            p.get("tolerance", 0.0),
+            p.get("tolerance", 1.0),
         )
 
 

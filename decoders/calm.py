@@ -15,7 +15,9 @@ never checked by the full model.
         the skipped layers' keys and values for x: state propagation (h_ℓ through each skipped
         layer's k/v projections) or, as an option, the true computation
 
-With λ = 1 (and τ = 0) no confidence passes, and CALM is autoregressive greedy token for token.
+With λ = 1 and τ = 0 no confidence passes, and CALM is autoregressive greedy token for token (with
+τ > 0, λ_t falls below λ after the first token). The decay is the issue's form, 0.9λ + 0.1λ·e^…,
+so that λ_t never exceeds λ; the paper writes 0.9λ + 0.1·e^….
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ PARAMS = (
         float,
         0.99,
         "λ: a token exits where its confidence passes λ_t = 0.9λ + 0.1λ·exp(−τt/N); "
-        "λ = 1 never exits (autoregressive greedy)",
+        "λ = 1 and τ = 0 never exit (autoregressive greedy)",
         0.0,
         1.0,
     ),

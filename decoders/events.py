@@ -19,8 +19,9 @@ from .errors import TraceError
 SCHEMA_VERSION = 1
 TRACE_FORMAT = "decoding-lab-trace"
 
-# "sync": FREE's synchronized pass (held-back tokens and the current one through the deep layers)
-ForwardKind = Literal["prefill", "target", "draft", "verify", "sync"]
+# "shallow": FREE's pass through the layers below its exit (every token); "sync": its synchronized
+# pass (held-back tokens and the current one through the deep layers)
+ForwardKind = Literal["prefill", "target", "draft", "verify", "shallow", "sync"]
 # Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
 # "mask": filled by a mask and never verified (a lossy method's token); "exit": predicted at an early
 # exit, never verified by the full model (lossy); "relaxed": a draft that relaxed verification

@@ -24,7 +24,7 @@ class Sampler:
     top_p: float = 1.0
     seed: int = 0
     beta: int = 1  # relaxed verification (SpecDec): top-β acceptance; 1 = the exact rule
-    tolerance: float = 0.0  # ... within τ of the top log-probability
+    tolerance: float = 1.0  # ... within τ of the top log-probability (RELAX_PARAMS' default)
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

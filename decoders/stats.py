@@ -1,11 +1,12 @@
 """Metrics folded from the event stream, with the serving engines' definitions (see docs/ARCHITECTURE.md).
 
-- tokens per target forward = new tokens / target forward passes (prefill, target, verify and sync passes)
+- tokens per target forward = new tokens / target forward passes (prefill, target, verify and sync passes; FREE's shallow passes are
+  counted as layers, not as forwards: its sync pass completes them)
 - mean acceptance length = 1 + accepted drafts / verify steps
 - acceptance rate per draft position j = steps that accepted a draft at depth j / steps that drafted one
 - acceptance histogram[j] = verify steps that accepted exactly j drafts
-- layers per token = target decoder layers run per input after the prefill (target and verify
-  passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
+- layers per token = target decoder layers run per input after the prefill (target, verify and
+  FREE's shallow and sync passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
   prefill's): 1 for autoregressive decoding, below 1 where tokens exit early (a draft's own
   layers are not counted)
 """
@@ -44,7 +45,7 @@ class StatsAccumulator:
             self.ms[event.kind] += event.wall_ms
             if event.kind == "prefill":
                 self.depth = max(self.depth, event.layers)
-            elif event.kind in ("target", "verify", "sync"):
+            elif event.kind in ("target", "verify", "shallow", "sync"):
                 self.layer_inputs += event.layers * event.n_input_tokens
         elif isinstance(event, Commit):
             self.new_tokens += len(event.tokens)

@@ -348,7 +348,7 @@ def test_the_views_draw_where_tokens_left_and_why(tiny):
     # views of another method's trace say so instead of drawing nothing
     other = generate(tiny, PROMPTS[0], "autoregressive", 4, chat=False)
     message = exit_heatmap(other.events, texts, 1).layout.annotations[0].text
-    assert "not a calm or hash_ee run" in message.replace("<br>", " ")
+    assert "not a calm, free or hash_ee run" in message.replace("<br>", " ")
 
 
 # --- relaxed verification --------------------------------------------------------------------------
@@ -575,3 +575,36 @@ def test_free_views_draw_the_catch_ups(tiny):
     assert total == sum(len(e.positions) for e in caught)
     lanes = {y for t in forward_timeline(res.events).data for y in t.y}
     assert "sync" in lanes
+
+
+def test_a_trace_whose_relaxed_nodes_were_not_accepted_is_refused(tiny):
+    from decoders.errors import TraceError
+    from ui.live import run_live
+    from ui.traces import read_trace
+
+    params = {"beta": 10, "tolerance": 20.0}
+    *_, last = run_live("tiny-random", PROMPTS[5], "speculative", 24, params, check_lossless=False)
+    data = json.loads(last.trace.to_json())
+    verify = next(e for e in data["events"] if e["type"] == "Verify")
+    verify["relaxed"] = [len(verify["accepted"])]  # a node past the accepted path
+    with pytest.raises(TraceError, match="relaxed nodes must be among the accepted"):
+        read_trace(json.dumps(data))
+
+
+def test_a_catch_up_of_a_token_that_never_left_early_is_refused(tiny):
+    from decoders.errors import TraceError
+    from ui.live import run_live
+    from ui.traces import read_trace
+
+    params = {"exit_layer": "2", "threshold": 0.0016}
+    *_, last = run_live("tiny-random", PROMPTS[0], "free", 30, params, check_lossless=False)
+    data = json.loads(last.trace.to_json())
+    read_trace(json.dumps(data))  # as recorded: fine
+    full = {e["position"] for e in data["events"] if e["type"] == "LayerExit" and e["layer"] == 4}
+    catch = [e for e in data["events"] if e["type"] == "CatchUp"][-1]  # a late one
+    earlier = [p for p in sorted(full) if p < catch["positions"][0]]
+    assert earlier
+    catch["positions"] = sorted([earlier[0], *catch["positions"]])
+    catch["agreed"] = [True, *catch["agreed"]]
+    with pytest.raises(TraceError, match="tokens that left at an early exit"):
+        read_trace(json.dumps(data))

@@ -145,7 +145,7 @@ def test_an_unknown_preset_leaves_the_specs_alone():
     assert preset_value("quick look") == "\n".join(PRESETS["quick look"])
     assert isinstance(preset_value(None), type(gr.skip()))
     for name in (
-        "early exit: CALM's threshold and HASH EE",
+        "early exit: CALM, FREE and HASH EE",
         "relaxed verification: SpecDec's β and τ",
     ):
         assert all(parse_spec(spec) for spec in PRESETS[name])  # every spec is a real method
@@ -403,7 +403,7 @@ def test_the_early_exit_preset_draws_its_quality_chart_on_a_phone(server, phone_
     page = phone_page
     page.goto(server)
     page.get_by_role("tab", name="Compare").click()
-    name = "early exit: CALM's threshold and HASH EE"
+    name = "early exit: CALM, FREE and HASH EE"
     page.locator("#cmp-preset input").click()
     page.get_by_role("option", name=name).click()
     expect(page.locator("#cmp-specs textarea")).to_have_value("\n".join(PRESETS[name]))

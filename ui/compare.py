@@ -96,7 +96,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
     ),
     # Doing less per token instead of more tokens per forward: CALM's confidence threshold and
     # fill (the true computation shows what state propagation changes) against HASH EE's depth.
-    "early exit: CALM's threshold and HASH EE": (
+    "early exit: CALM, FREE and HASH EE": (
         "calm",
         "calm:threshold=0.9",
         "calm:confidence=saturation:threshold=0.995",

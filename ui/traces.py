@@ -172,6 +172,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     drafted: dict[int, list[int]] = {}  # step -> the parents of the draft nodes proposed
     exited: set[int] = set()  # steps with a LayerExit
     caught: set[int] = set()  # steps with a CatchUp
+    left_early: set[int] = set()  # output positions whose LayerExit left before the last layer
     for i, e in enumerate(events):
         where = f"event {i} ({e.type})"
         if isinstance(e, Done):
@@ -238,6 +239,10 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             if e.correction is not None:
                 tokens_ok([e.correction], f"{where}.correction")
             probs_ok(e.target_probs, where)
+            need(
+                set(e.relaxed) <= set(e.accepted),
+                f"{where}: relaxed nodes must be among the accepted ones",
+            )
         elif isinstance(e, Forward):
             need(
                 e.kind in FORWARD_KINDS,
@@ -352,6 +357,8 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             need(e.rule in EXIT_RULES, f"{where}: rule must be one of {', '.join(EXIT_RULES)}")
             need(step not in exited, f"{where}: step {step} exits twice")
             exited.add(step)
+            if e.layer < e.n_layers:
+                left_early.add(e.position)
             need(
                 e.position == committed_before[step],
                 f"{where}: position must be the {committed_before[step]} tokens committed before "
@@ -363,6 +370,10 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 and list(e.positions) == sorted(set(e.positions))
                 and all(whole(x, 0, committed_before[step] - 1) for x in e.positions),
                 f"{where}: positions must be earlier output tokens, rising, one agreed flag each",
+            )
+            need(
+                set(e.positions) <= left_early,
+                f"{where}: positions must be tokens that left at an early exit",
             )
             probs_ok((e.threshold,), where)
             need(step not in caught, f"{where}: step {step} catches up twice")

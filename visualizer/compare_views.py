@@ -184,8 +184,8 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
 
 def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     """Lossy methods' quality against speed: agreement with greedy (y) against speedup (x), one
-    point per row that ran, each family of settings (calm:…, hash_ee:…) joined as its curve.
-    Exact rows sit at agreement 1; autoregressive, the reference, is the grey point at (1, 1).
+    point per lossy row, each family of settings (calm:…, hash_ee:…) joined as its curve;
+    autoregressive, the reference, is the grey point at (1, 1) (exact rows are not drawn).
     Hover: ROUGE-L and the decoder layers run per token."""
     lossy = [r for r in rows if r.get("lossy")]
     if not lossy:

@@ -1,4 +1,4 @@
-"""Early exit's views (CALM, HASH EE): where each token left the model.
+"""Early exit's views (CALM, FREE, HASH EE): where each token left the model.
 
 - `exit_heatmap`: output tokens × exit layers. A cell is the confidence a token reached at that
   exit (CALM; blank where no exit was offered), the ◆ marks where it left (the top row, L, is the
@@ -38,7 +38,7 @@ def _outputs(events: Sequence[Event]) -> list[int]:
 def _none(title: str, events: Sequence[Event], step: int) -> go.Figure:
     if step == 0 and _exits(events):
         return _empty(title, "step 0 is the prefill: the first token comes from the full model")
-    return _empty(title, "this trace has no layer exits (not a calm or hash_ee run)")
+    return _empty(title, "this trace has no layer exits (not a calm, free or hash_ee run)")
 
 
 def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:

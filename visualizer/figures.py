@@ -12,12 +12,13 @@ from decoders.events import Commit, Event, Forward, TopK
 
 from .text import cut, short_token, token_hover, wrap
 
-LANES = ("target", "verify", "sync", "draft")  # prefill is drawn in the target lane
+LANES = ("target", "verify", "shallow", "sync", "draft")  # prefill is drawn in the target lane
 LANE_COLOURS = {
     "prefill": "#546e7a",
     "target": "#78909c",
     "verify": "#2e7d32",
     "draft": "#66bb6a",
+    "shallow": "#b0bec5",  # FREE: the layers below the exit, every token
     "sync": "#f9a825",  # FREE's catch-up pass: held-back tokens through the deep layers
 }
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)

@@ -5,7 +5,7 @@
     kangaroo   Kangaroo adapters, a sweep over ℓ      -> assets/kangaroo/<model>-l<ℓ>.safetensors
     medusa     Medusa heads (also used by blockwise)  -> assets/medusa/<model>.safetensors
     space      SPACE's mask adapter (frozen base)     -> assets/space/<model>.safetensors
-    exits      early-exit adapters (calm, hash_ee)    -> assets/exits/<model>.safetensors
+    exits      early-exit adapters (calm, free, hash_ee)    -> assets/exits/<model>.safetensors
 
 Shared pieces: `corpus` (the data), `states` (the target's hidden states over it, computed once),
 `loop` (AdamW, a warm-up + cosine schedule, tqdm, resumable checkpoints, held-out metrics).
@@ -20,5 +20,5 @@ ARTIFACTS = {
     "kangaroo": "Kangaroo adapters, one per exit layer ℓ (kangaroo)",
     "medusa": "Medusa heads (medusa, blockwise)",
     "space": "SPACE mask embedding + mask-row LoRA on a frozen base (space)",
-    "exits": "early-exit adapters and classifiers, one per exit layer (calm, hash_ee)",
+    "exits": "early-exit adapters and classifiers, one per exit layer (calm, free, hash_ee)",
 }
