@@ -45,6 +45,7 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
     commit = _at(events, Commit, step)
     cands = list(groups.candidates)
     accepted = len(verify.accepted) if verify is not None else 0
+    relaxed = set(verify.relaxed) if verify is not None else set()
     rows = [list(g[:MAX_MASKS]) for g in groups.groups[:MAX_GROUPS]]
     probs = [list(p[:MAX_MASKS]) for p in groups.probs[:MAX_GROUPS]]
     k = max((len(r) for r in rows), default=0)
@@ -62,6 +63,7 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
         zr, tr, hr = blank()
         for i, c in enumerate(cands):
             st = "accepted" if i < accepted else "rejected" if i == accepted else "not checked"
+            st = "relaxed" if i in relaxed else st
             zr[i], tr[i] = code[st], short_token(texts.get(c, "?"), 6)
             hr[i] = f"{_tok(texts, c)}<br>c{i + 1}: {RELAY_STATUS[st][1]}"
         y_labels.append("guesses")
