@@ -399,6 +399,9 @@ def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any], t
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, **result}, indent=2))
     (out_dir / "table.md").write_text(table + "\n")
+    points = quality_points(result, meta)
+    if points["points"]:  # the curves the Run tab draws a lossy run against (assets/quality/)
+        (out_dir / "quality_points.json").write_text(json.dumps(points, indent=2) + "\n")
     try:
         import plotly.graph_objects as go
     except ImportError:  # a bare GPU box may run the benchmark without the app's dependencies
@@ -425,6 +428,27 @@ def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any], t
     scored = [r for r in rows if "quality" in r]
     if len(scored) > 1:
         quality_figure(scored, meta).write_html(out_dir / "quality.html", include_plotlyjs="cdn")
+
+
+def quality_points(result: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """Each scored row as a point of its family's quality-against-compute curve, with what the
+    run measured it on: the app draws a lossy run's own point on these (assets/quality/)."""
+    keys = ("model", "dataset", "n_prompts", "max_new_tokens", "device", "torch")
+    return {
+        **{k: meta.get(k) for k in keys},
+        "points": [
+            {
+                "spec": r["contestant"],
+                "method": r["contestant"].split(":")[0],
+                "agreement": r["quality"]["agreement"],
+                "rouge_l": r["quality"]["rouge_l"],
+                "layers_per_token": r.get("layers_per_token"),
+                "speedup": r.get("speedup"),
+            }
+            for r in result["rows"]
+            if "quality" in r
+        ],
+    }
 
 
 def quality_figure(rows: list[dict[str, Any]], meta: dict[str, Any]):

@@ -608,3 +608,27 @@ def test_a_catch_up_of_a_token_that_never_left_early_is_refused(tiny):
     catch["agreed"] = [True, *catch["agreed"]]
     with pytest.raises(TraceError, match="tokens that left at an early exit"):
         read_trace(json.dumps(data))
+
+
+def test_an_early_exit_run_is_drawn_as_a_point_on_its_benchmarked_curve(monkeypatch, tmp_path):
+    import ui.common
+    from ui.run_tab import result_panel
+
+    trace = live_trace("calm", threshold=0.0, min_depth=0.0)
+    points = [
+        {"spec": "calm", "method": "calm", "agreement": 0.8, "layers_per_token": 0.97},
+        {"spec": "calm:threshold=0.9", "method": "calm", "agreement": 0.4, "layers_per_token": 0.9},
+        {"spec": "hash_ee", "method": "hash_ee", "agreement": 0.1, "layers_per_token": 0.95},
+    ]
+    (tmp_path / "tiny-random.json").write_text(json.dumps({"points": points}))
+    monkeypatch.setattr(ui.common, "QUALITY", tmp_path)
+    fig = result_panel(trace)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["calm (benchmark)"].x) == [0.9, 0.97]  # the curve, in order of compute
+    star = by_name["this run"]
+    assert list(star.y) == [trace.meta["lossless"]["agreement"]]
+    assert list(star.x) == [trace.stats["layers_per_token"]]
+    (tmp_path / "tiny-random.json").write_text("{not json")
+    assert "this run" in {t.name for t in result_panel(trace).data}  # a bad file: the point alone
+    other = live_trace("prompt_lookup")
+    assert result_panel(other).layout.title.text == "Acceptance"

@@ -11,6 +11,9 @@ from .links import UI_MAX_NEW_TOKENS
 from .models import ALLOW_ANY_MODEL
 
 EXPLAINERS = Path(__file__).resolve().parents[1] / "assets" / "explainers"
+# The benchmark's quality-against-compute points per model (decoders/bench.py writes
+# quality_points.json; the shipped ones are copied here with the command in README.md).
+QUALITY = Path(__file__).resolve().parents[1] / "assets" / "quality"
 
 try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for the duration of a call.
     import spaces
@@ -25,6 +28,20 @@ except ImportError:  # anywhere else, a no-op
 def explainer(method: str) -> str:
     path = EXPLAINERS / f"{method}.md"
     return path.read_text() if path.is_file() else f"*No explainer yet for `{method}`.*"
+
+
+def quality_points(model_id: str) -> list[dict]:
+    """The benchmarked quality points for a model, [] when none ship (or the file is unreadable:
+    the panel then draws the run's point alone)."""
+    import json
+
+    from decoders.models import slug
+
+    try:
+        path = QUALITY / f"{slug(model_id)}.json"
+        return list(json.loads(path.read_text())["points"]) if path.is_file() else []
+    except (ValueError, KeyError, TypeError, OSError):
+        return []
 
 
 def message(text: str) -> str:

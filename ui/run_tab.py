@@ -28,13 +28,22 @@ from visualizer import (
     forward_timeline,
     method_panel,
     metrics_html,
+    quality_point,
     token_spans_html,
     tokens_per_step,
 )
 from visualizer.panels import MAX_EXTRA_PANELS
 from visualizer.tokens import display_text
 
-from .common import budget_slider, explainer, gpu, internal_error, message, model_picker
+from .common import (
+    budget_slider,
+    explainer,
+    gpu,
+    internal_error,
+    message,
+    model_picker,
+    quality_points,
+)
 from .links import UI_MAX_NEW_TOKENS, parse_link, parse_param
 from .live import Trace, run_live, stopped
 from .models import model_choices
@@ -114,6 +123,21 @@ def _describe(trace: Trace) -> str:
     return f"{meta.get('method')} on {meta.get('model')}, {len(trace.token_ids)} tokens"
 
 
+EXIT_METHODS = ("calm", "free", "hash_ee")  # lossy by leaving early: a quality-vs-layers point
+
+
+def result_panel(trace: Trace):
+    """The panel beside the metrics: an early-exit run as a point on its method's benchmarked
+    quality-against-compute curve; every other run, its acceptance."""
+    method = trace.meta.get("method")
+    if method not in EXIT_METHODS:
+        return acceptance_panel(trace.stats)
+    badge = trace.meta.get("lossless") or {}
+    agreement = badge.get("agreement") if badge.get("status") == "lossy" else None
+    points = quality_points(str(trace.meta.get("model", "")))
+    return quality_point(points, method, agreement, trace.stats.get("layers_per_token"))
+
+
 @dataclass
 class RunTab:
     """The tab's components, kept by name so handlers can say what they update."""
@@ -178,7 +202,7 @@ class RunTab:
         return {
             **self.step_views(trace, None),
             self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
-            self.hist: acceptance_panel(trace.stats),
+            self.hist: result_panel(trace),
             self.step: gr.Slider(
                 minimum=0,
                 maximum=max(trace.last_step, 1),

@@ -1,6 +1,7 @@
 """Pure drawing functions: trace events in, Plotly figures or HTML out. No torch, no gradio."""
 
 from .compare_views import quality_chart, race_chart, speedup_chart
+from .exit_view import quality_point
 from .figures import (
     acceptance_by_position,
     acceptance_histogram,
@@ -25,6 +26,7 @@ __all__ = [
     "method_panel",
     "metrics_html",
     "quality_chart",
+    "quality_point",
     "race_chart",
     "speedup_chart",
     "token_spans_html",

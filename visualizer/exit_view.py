@@ -270,3 +270,68 @@ def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         f"{sum(agree)}"
     )
     return _base_layout(fig, title, height=300, subtitle=wrap(note, SUBTITLE_CHARS))
+
+
+def quality_point(
+    points: Sequence[Mapping], method: str, agreement: float | None, layers: float | None
+) -> go.Figure:
+    """A lossy run against its family's measured curve: agreement with greedy (y) against the
+    decoder layers run per token (x), one point per benchmarked setting of `method` (and the
+    other early-exit methods, fainter), and this run as a star. `points`: the benchmark's
+    `quality_points.json` rows (spec, method, agreement, layers_per_token, speedup)."""
+    title = "This run on the quality-against-compute curve"
+    usable = [p for p in points if p.get("layers_per_token") is not None]
+    if not usable and agreement is None:
+        return _empty(title, "no benchmark curve for this model, and no agreement yet")
+    fig = go.Figure()
+    families: dict[str, list[Mapping]] = {}
+    for p in usable:
+        families.setdefault(str(p["method"]), []).append(p)
+    for name, rows in sorted(families.items(), key=lambda kv: kv[0] != method):
+        rows = sorted(rows, key=lambda p: p["layers_per_token"])
+        mine = name == method
+        fig.add_trace(
+            go.Scatter(
+                x=[p["layers_per_token"] for p in rows],
+                y=[p["agreement"] for p in rows],
+                mode="lines+markers",
+                name=f"{name} (benchmark)",
+                opacity=1.0 if mine else 0.35,
+                line=dict(width=2 if mine else 1),
+                text=[
+                    f"{escape(str(p['spec']))}<br>agreement {p['agreement']:.0%} · "
+                    f"{p['layers_per_token']:.0%} of the layers"
+                    + ("" if p.get("speedup") is None else f" · {p['speedup']:.2f}×")
+                    for p in rows
+                ],
+                hoverinfo="text",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[1.0],
+            y=[1.0],
+            mode="markers",
+            name="autoregressive",
+            marker=dict(color="#78909c", size=10),
+            hoverinfo="name",
+        )
+    )
+    if agreement is not None and layers is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[layers],
+                y=[agreement],
+                mode="markers",
+                name="this run",
+                marker=dict(symbol="star", size=16, color="#ef6c00", line=dict(width=1)),
+                text=[f"this run: agreement {agreement:.0%} · {layers:.0%} of the layers"],
+                hoverinfo="text",
+            )
+        )
+        note = f"this run: {agreement:.0%} agree with greedy at {layers:.0%} of the layers"
+    else:
+        note = "this run's point appears once its agreement with greedy is checked"
+    fig.update_xaxes(title_text="decoder layers per token (share)")
+    fig.update_yaxes(title_text="agreement with greedy", range=[0, 1.05])
+    return _base_layout(fig, title, height=340, subtitle=wrap(note, SUBTITLE_CHARS))
