@@ -30,11 +30,12 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import CatchUp, Commit, Event, LayerExit, Prefill
+from .events import CatchUp, Commit, Event, LayerExit
 from .exits import exit_logits, load_exits
 from .models import ModelBundle
 from .params import Param
-from .runtime import forward, forward_from, forward_shallow, new_cache
+from .runtime import forward_from, forward_shallow, new_cache
+from .steps import start
 
 PARAMS = (
     Param(
@@ -143,12 +144,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = int(out.logits[-1].argmax())
-    prob = round(float(torch.softmax(out.logits[-1], -1)[first]), 6)
-    yield Commit(0, tuple(budget.take([first])), ("target",), (prob,))
+    yield from start(bundle, cache, prompt_ids, cfg.sampler(), budget)  # prefill, first token
 
     held: list[tuple[int, torch.Tensor, int, float]] = []  # (output index, h_ℓ, token, confidence)
     samples: list[tuple[float, bool]] = []

@@ -26,11 +26,12 @@ from typing import Any
 import torch
 
 from .base import Budget, DecodeConfig
-from .events import Commit, Event, LayerExit, Prefill
+from .events import Commit, Event, LayerExit
 from .exits import FILLS, ExitAdapters, exit_forward, exit_logits, load_exits
 from .models import ModelBundle
 from .params import Param
-from .runtime import forward, new_cache
+from .runtime import new_cache
+from .steps import start
 
 PARAMS = (
     # Default from a sweep on assets/tuning_prompts.jsonl (CPU, 64 tokens, the shipped adapters):
@@ -99,12 +100,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
 
-    yield Prefill(tuple(prompt_ids))
-    out = forward(bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1)
-    yield out.event
-    first = int(out.logits[-1].argmax())
-    prob = float(torch.softmax(out.logits[-1], -1)[first])
-    yield Commit(0, tuple(budget.take([first])), ("target",), (round(prob, 6),))
+    yield from start(bundle, cache, prompt_ids, cfg.sampler(), budget)  # prefill, first token
 
     step = 0
     while not budget.done:
