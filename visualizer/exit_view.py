@@ -226,7 +226,7 @@ def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     passes = sorted((e for e in events if isinstance(e, CatchUp)), key=lambda e: e.step)
     if not passes:
         if any(isinstance(e, LayerExit) for e in events):
-            return _empty(title, "no token was held back yet: every token ran the deep layers")
+            return _empty(title, "no held-back tokens yet")
         return _empty(title, "this trace has no catch-up passes (not a free run)")
     x = [e.step for e in passes]
     agree = [sum(e.agreed) for e in passes]
@@ -279,7 +279,7 @@ def quality_point(
     decoder layers run per token (x), one point per benchmarked setting of `method` (and the
     other early-exit methods, fainter), and this run as a star. `points`: the benchmark's
     `quality_points.json` rows (spec, method, agreement, layers_per_token, speedup)."""
-    title = "This run on the quality-against-compute curve"
+    title = "This run on its benchmarked curve"
     usable = [p for p in points if p.get("layers_per_token") is not None]
     if not usable and agreement is None:
         return _empty(title, "no benchmark curve for this model, and no agreement yet")
