@@ -226,7 +226,7 @@ def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     passes = sorted((e for e in events if isinstance(e, CatchUp)), key=lambda e: e.step)
     if not passes:
         if any(isinstance(e, LayerExit) for e in events):
-            return _empty(title, "no held-back tokens yet")
+            return _empty(title, "no token held back in this run")
         return _empty(title, "this trace has no catch-up passes (not a free run)")
     x = [e.step for e in passes]
     agree = [sum(e.agreed) for e in passes]
