@@ -82,7 +82,10 @@ def test_errors_are_one_line_without_traceback(args, message):
 
 @pytest.mark.slow
 def test_embedded_model_text_output():
-    p = cli("--prompt", "Say hello.", "--max-new-tokens", "8", "--check-lossless")
+    # Not "Say hello.": its second token is a near-tie (" there" vs "!" within 0.0003 logits),
+    # which oneDNN's reduction order flipped once between two greedy runs; this prompt's first 8
+    # tokens all lead by more than 0.1.
+    p = cli("--prompt", "Write a haiku about the sea.", "--max-new-tokens", "8", "--check-lossless")
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip()
     assert "lossless: ✓" in p.stderr
