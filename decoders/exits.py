@@ -64,7 +64,12 @@ class ExitAdapters(nn.Module):
         counts = torch.zeros(config.vocab_size) if token_counts is None else token_counts
         counts = counts.long()  # integer: saved exactly (floating buffers are saved as float16)
         self.register_buffer("token_counts", counts)
+        self._set_layers(layers)
+
+    def _set_layers(self, layers) -> None:
+        """Plain-Python copies of the `layers` buffer: the decode loop reads them every token."""
         self._exit_layers = tuple(int(x) for x in layers)
+        self.index = {ell: i for i, ell in enumerate(self._exit_layers)}  # layer ℓ -> exit i
 
     @property
     def exit_layers(self) -> tuple[int, ...]:
@@ -72,7 +77,7 @@ class ExitAdapters(nn.Module):
 
     def load_state_dict(self, state, strict: bool = True, assign: bool = False):
         out = super().load_state_dict(state, strict=strict, assign=assign)
-        self._exit_layers = tuple(int(x) for x in self.layers.tolist())
+        self._set_layers(self.layers.tolist())
         return out
 
     def features(self, i: int, h: torch.Tensor, final_norm: nn.Module) -> torch.Tensor:
@@ -160,7 +165,7 @@ def exit_forward(
     start = time.perf_counter()
     h = inner.embed_tokens(ids)
     rope = inner.rotary_emb(h, position_ids=pos)
-    index = {ell: i for i, ell in enumerate(exits.exit_layers)}
+    index = exits.index
     logits, depth = None, n_layers
     for ell, layer in enumerate(inner.layers, start=1):
         below = h

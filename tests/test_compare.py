@@ -325,23 +325,28 @@ TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table [role=row]')].m
   row => [...row.querySelectorAll('[role=gridcell]')].map(cell => cell.innerText.trim()))"""
 
 
+def compare_preset(page, preset: str, budget: int, timeout_ms: int = 180_000) -> None:
+    """On the Compare tab: pick a preset, set the prompt and the budget, run, wait for Done."""
+    page.locator("#cmp-preset input").click()
+    page.get_by_role("option", name=preset).click()
+    expect(page.locator("#cmp-specs textarea")).to_have_value(
+        "\n".join(PRESETS[preset]), timeout=30_000
+    )
+    page.locator("#cmp-prompt textarea").fill(PROMPT)
+    box = page.locator("#cmp-max-new input[type=number]")
+    box.fill(str(budget))
+    box.press("Enter")
+    page.locator("#cmp-btn").click()
+    page.locator("#cmp-status").get_by_text("✅ Done.").wait_for(timeout=timeout_ms)
+
+
 def run_compare_in_the_page(page, server, name: str) -> list[list[str]]:
     page.goto(server)
     page.get_by_role("tab", name="Compare").click()
     expect(page.locator("#cmp-specs textarea")).to_have_value(
         "\n".join(PRESETS[DEFAULT_PRESET]), timeout=30_000
     )
-    page.locator("#cmp-preset input").click()
-    page.get_by_role("option", name="quick look").click()
-    expect(page.locator("#cmp-specs textarea")).to_have_value(
-        "\n".join(PRESETS["quick look"]), timeout=30_000
-    )
-    page.locator("#cmp-prompt textarea").fill(PROMPT)
-    budget = page.locator("#cmp-max-new input[type=number]")
-    budget.fill("16")
-    budget.press("Enter")
-    page.locator("#cmp-btn").click()
-    page.locator("#cmp-status").get_by_text("✅ Done.").wait_for(timeout=180_000)
+    compare_preset(page, "quick look", 16)
     for plot in ("#cmp-plot", "#cmp-race"):
         page.locator(f"{plot} .js-plotly-plot").wait_for(timeout=30_000)
     page.wait_for_timeout(500)  # let Plotly finish laying out its labels
@@ -404,15 +409,7 @@ def test_the_early_exit_preset_draws_its_quality_chart_on_a_phone(server, phone_
     page.goto(server)
     page.get_by_role("tab", name="Compare").click()
     name = "early exit: CALM, FREE and HASH EE"
-    page.locator("#cmp-preset input").click()
-    page.get_by_role("option", name=name).click()
-    expect(page.locator("#cmp-specs textarea")).to_have_value("\n".join(PRESETS[name]))
-    page.locator("#cmp-prompt textarea").fill(PROMPT)
-    budget = page.locator("#cmp-max-new input[type=number]")
-    budget.fill("12")
-    budget.press("Enter")
-    page.locator("#cmp-btn").click()
-    page.locator("#cmp-status").get_by_text("✅ Done.").wait_for(timeout=240_000)
+    compare_preset(page, name, 12, timeout_ms=240_000)
     page.locator("#cmp-quality .js-plotly-plot").wait_for(timeout=30_000)
     page.wait_for_timeout(500)
     page.screenshot(path=str(ARTIFACTS / "compare-early-exit-phone.png"), full_page=True)

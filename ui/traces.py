@@ -156,6 +156,14 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     def probs_ok(probs: tuple[float, ...], where: str) -> None:
         need(all(0.0 <= p <= 1.0 for p in probs), f"{where}: probabilities must be in [0, 1]")
 
+    def position_ok(position: int, step: int, where: str) -> None:
+        """An output position an event names: the tokens the earlier steps committed."""
+        need(
+            position == committed_before[step],
+            f"{where}: position must be the {committed_before[step]} tokens committed before "
+            f"step {step}, got {position!r}",
+        )
+
     prompt_ids = meta.get("prompt_ids")
     tokens_ok(prompt_ids, "prompt_ids")
     need(bool(prompt_ids), "trace field 'prompt_ids' is empty")
@@ -335,11 +343,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 tokens_ok(row, f"{where}.heads")
             probs_ok(tuple(p for row in e.probs for p in row), where)
             # Head 1 guesses the first position after what the earlier steps committed.
-            need(
-                e.position == committed_before[step],
-                f"{where}: position must be the {committed_before[step]} tokens committed before "
-                f"step {step}, got {e.position!r}",
-            )
+            position_ok(e.position, step, where)
         elif isinstance(e, LayerExit):
             need(
                 whole(e.n_layers, 1, MAX_LAYERS)
@@ -359,11 +363,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
             exited.add(step)
             if e.layer < e.n_layers:
                 left_early.add(e.position)
-            need(
-                e.position == committed_before[step],
-                f"{where}: position must be the {committed_before[step]} tokens committed before "
-                f"step {step}, got {e.position!r}",
-            )
+            position_ok(e.position, step, where)
         elif isinstance(e, CatchUp):
             need(
                 len(e.positions) == len(e.agreed) > 0
@@ -394,11 +394,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 whole(e.iteration, 0, MAX_DRAFT_NODES),
                 f"{where}: iteration must be a whole number in 0..{MAX_DRAFT_NODES}",
             )
-            need(
-                e.position == committed_before[step],
-                f"{where}: position must be the {committed_before[step]} tokens committed before "
-                f"step {step}, got {e.position!r}",
-            )
+            position_ok(e.position, step, where)
         elif isinstance(e, MaskGroups):
             tokens_ok(e.candidates, f"{where}.candidates")
             tokens_ok(e.guesses, f"{where}.guesses")
@@ -419,11 +415,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
                 whole(e.handed, -1, max(0, len(e.groups) - 1)),
                 f"{where}: handed must name one of the {len(e.groups)} groups",
             )
-            need(
-                e.position == committed_before[step],
-                f"{where}: position must be the {committed_before[step]} tokens committed before "
-                f"step {step}, got {e.position!r}",
-            )
+            position_ok(e.position, step, where)
         elif isinstance(e, CopySource):
             # The copy's source must lie in the context the model saw at that step.
             longest = len(prompt_ids) + meta["max_new_tokens"]
