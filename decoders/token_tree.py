@@ -35,7 +35,7 @@ from .events import Draft, Event, Forward
 from .models import ModelBundle
 from .params import Param
 from .prompt_lookup import lookup
-from .runtime import new_cache
+from .runtime import input_cost, new_cache
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
 from .steps import start, verify_tree
@@ -58,7 +58,16 @@ PARAMS = (
     Param(
         "top_k", int, 3, "dynamic: nodes expanded per depth, and children per expanded node", 1, 8
     ),
-    Param("nodes", int, 12, "dynamic: draft nodes kept for verification", 1, MAX_NODES),
+    Param("nodes", int, 12, "dynamic: draft nodes kept for verification (at most)", 1, MAX_NODES),
+    Param(
+        "size",
+        str,
+        "cost",
+        "dynamic: cost = verify only the nodes worth their price on this machine (a node joins "
+        "while its path probability beats what one more input costs a forward here, measured "
+        "once per model) and stop growing when no deeper node could; fixed = always `nodes`",
+        choices=("cost", "fixed"),
+    ),
     Param(
         "choices",
         str,
@@ -160,19 +169,48 @@ class Grower:
         return self.sampler.distribution(logits)
 
 
-def grow_dynamic(grower: Grower, x: int, depth: int, top_k: int, keep: int) -> TreeDraft:
-    """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally."""
+def grow_dynamic(
+    grower: Grower, x: int, depth: int, top_k: int, keep: int, cost: float | None = None
+) -> TreeDraft:
+    """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally.
+
+    cost (size=cost): what one more verified input costs, as a fraction of a one-token forward.
+    Then only the nodes worth it are kept (`worth`), and growth stops once no frontier node
+    is: a child's score never exceeds its parent's, so nothing deeper would be kept either."""
     tree = TreeDraft()
     frontier = _children(tree, -1, grower.root(x), top_k)
     for _ in range(depth - 1):
         best = sorted(frontier, key=lambda n: -tree.score[n])[:top_k]
+        if cost is not None and tree.score[best[0]] <= cost * _value(tree.score, cost, keep):
+            break
         dists = grower.expand(tree, best)
         frontier = [
             c for n, dist in zip(best, dists, strict=True) for c in _children(tree, n, dist, top_k)
         ]
     # A child's score never exceeds its parent's, so the top `keep` (ties: older first) is a tree.
     kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))[:keep]
+    if cost is not None:
+        kept = kept[: worth([tree.score[n] for n in kept], cost)]
     return _subtree(tree, sorted(kept))
+
+
+def worth(scores: Sequence[float], cost: float) -> int:
+    """How many of `scores` (descending path probabilities) to verify for the most tokens per
+    unit of time: E[tokens] ≈ 1 + Σ scores over a forward costing 1 + cost per input, so a node
+    pays while its score beats cost × the current tokens per unit (1 + S) / (1 + cost·n)."""
+    n, total = 0, 0.0
+    for s in scores:
+        if s <= cost * (1.0 + total) / (1.0 + cost * n):
+            break
+        n, total = n + 1, total + s
+    return n
+
+
+def _value(scores: Sequence[float], cost: float, cap: int) -> float:
+    """Tokens per unit of verification time of the best selection among `scores` so far."""
+    top = sorted(scores, reverse=True)[:cap]
+    n = worth(top, cost)
+    return (1.0 + sum(top[:n])) / (1.0 + cost * n)
 
 
 def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: int) -> TreeDraft:
@@ -237,6 +275,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
+    cost = input_cost(bundle) if p["shape"] == "dynamic" and p["size"] == "cost" else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     step = 0
@@ -257,7 +296,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             if choices:
                 tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
             else:
-                tree = grow_dynamic(grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"])
+                tree = grow_dynamic(
+                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost
+                )
             drafter.end()
             yield from grower.events
             if copied:
