@@ -63,6 +63,7 @@ METHODS: dict[str, Method] = {
                     "depth": 6,
                     "top_k": 8,
                     "nodes": 60,
+                    "size": "fixed",
                     "lookup": 0,
                     "trust": 0,
                 }

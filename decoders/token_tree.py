@@ -10,6 +10,10 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
                      likely child of the most likely first token
             dynamic (EAGLE-2): expand the top_k nodes with the highest cumulative draft
                      probability at each depth, then keep the `nodes` most confident nodes overall
+                     size=cost: keep fewer, only the nodes worth verifying on this machine: with
+                     E[tokens] ≈ 1 + Σ path probabilities and a forward costing 1 + c per input,
+                     a node pays while its path probability > c × (tokens per unit so far);
+                     growth stops once no frontier node would pay (nothing deeper can)
         lookup > 0: graft the prompt-lookup continuation (the tokens that followed the first earlier
                      occurrence of the context's suffix) onto the tree as one more branch
                      (SpecInfer merges the trees of several drafters the same way);
@@ -54,19 +58,20 @@ PARAMS = (
         "dynamic = EAGLE-2 (expand the most confident nodes); static = the choice list below",
         choices=("dynamic", "static"),
     ),
-    Param("depth", int, 4, "dynamic: tree depth (draft forwards per step)", 1, 10),
+    Param("depth", int, 6, "dynamic: tree depth (draft forwards per step, at most)", 1, 10),
     Param(
         "top_k", int, 3, "dynamic: nodes expanded per depth, and children per expanded node", 1, 8
     ),
-    Param("nodes", int, 12, "dynamic: draft nodes kept for verification (at most)", 1, MAX_NODES),
+    Param("nodes", int, 24, "dynamic: draft nodes kept for verification (at most)", 1, MAX_NODES),
     Param(
         "size",
         str,
         "cost",
         "dynamic: cost = verify only the nodes worth their price on this machine (a node joins "
         "while its path probability beats what one more input costs a forward here, measured "
-        "once per model) and stop growing when no deeper node could; fixed = always `nodes`",
-        choices=("cost", "fixed"),
+        "once per model) and stop growing when no deeper node could; a number = assume that "
+        "cost per input (a fraction of a one-token forward: 0 keeps every node, as on a GPU); "
+        "fixed = always the `nodes` most confident",
     ),
     Param(
         "choices",
@@ -262,8 +267,27 @@ def _subtree(tree: TreeDraft, nodes: list[int]) -> TreeDraft:
     return out
 
 
+def node_cost(bundle: ModelBundle, size: str) -> float | None:
+    """The per-input verification cost `size` asks for; None = fixed size. Raises on a bad value."""
+    if size == "fixed":
+        return None
+    if size == "cost":
+        return input_cost(bundle)
+    try:
+        cost = float(size)
+    except ValueError:
+        cost = -1.0
+    if not 0.0 <= cost <= 10.0:
+        raise InvalidParameter(
+            f"size {size!r}: expected 'cost', 'fixed' or a cost per input between 0 and 10"
+        )
+    return cost
+
+
 def check(bundle: ModelBundle, params) -> None:
     check_draft(bundle, params)
+    if params["size"] not in ("cost", "fixed"):
+        node_cost(bundle, params["size"])
     if params["shape"] == "static":
         parse_choices(params["choices"])
 
@@ -275,7 +299,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
-    cost = input_cost(bundle) if p["shape"] == "dynamic" and p["size"] == "cost" else None
+    cost = node_cost(bundle, p["size"]) if p["shape"] == "dynamic" else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     step = 0

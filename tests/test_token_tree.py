@@ -25,8 +25,62 @@ from conftest import PROMPTS
 from decoders import InvalidParameter, generate, load_model, stream
 from decoders.events import Commit, Draft, Verify
 from decoders.prompt_lookup import lookup
-from decoders.token_tree import DEFAULT_CHOICES, MAX_NODES, TreeDraft, graft, parse_choices
+from decoders.runtime import input_cost
+from decoders.token_tree import (
+    DEFAULT_CHOICES,
+    MAX_NODES,
+    TreeDraft,
+    graft,
+    parse_choices,
+    worth,
+)
 from decoders.tree import ancestors, depths, feed_mask, tree_mask, tree_positions, with_root
+
+# --- size=cost: which nodes pay for their input ------------------------------------------------------
+
+
+def test_worth_keeps_a_node_while_it_beats_the_cost_of_its_input():
+    # Free inputs (a GPU): every node with any chance pays.
+    assert worth([0.9, 0.5, 0.01, 0.001], 0.0) == 4
+    # 0.1 per input: 0.9 > 0.1*1; 0.5 > 0.1*1.9/1.1 = 0.173; 0.1 < 0.1*2.4/1.2 = 0.2 -> stop.
+    assert worth([0.9, 0.5, 0.1, 0.05], 0.1) == 2
+    # A node exactly at the bar adds nothing: it is left out.
+    assert worth([0.1], 0.1) == 0
+    assert worth([], 0.05) == 0
+    assert worth([0.99, 0.98], 10.0) == 0  # an input dearer than a whole forward: never
+
+    def rate(scores, cost):  # expected tokens per unit of verification time
+        return (1 + sum(scores)) / (1 + cost * len(scores))
+
+    scores = [0.95, 0.7, 0.42, 0.3, 0.2, 0.12, 0.07, 0.03, 0.01]
+    for cost in (0.01, 0.035, 0.1, 0.3):
+        n = worth(scores, cost)
+        best = max(range(len(scores) + 1), key=lambda k: rate(scores[:k], cost))
+        assert n == best, cost  # the greedy rule finds the best prefix
+
+
+def test_the_input_cost_is_measured_once_per_model(tiny):
+    cost = input_cost(tiny)
+    assert 0.0 <= cost < 10.0
+    assert input_cost(tiny) == cost  # cached: the same value for every later run
+
+
+@pytest.mark.parametrize("size", ["big", "-0.1", "11", ""])
+def test_a_bad_size_is_refused(tiny, size):
+    with pytest.raises(InvalidParameter, match="size"):
+        generate(tiny, PROMPTS[0], "token_tree", 4, draft="self:2", size=size)
+
+
+def test_with_no_node_worth_its_input_every_step_is_one_target_token(tiny):
+    res = same_as_greedy(tiny, PROMPTS[2], 12, draft="tiny-random", size="10")
+    assert not any(isinstance(e, Draft | Verify) for e in res.events)
+    assert res.stats["target_forwards"] == 12
+    # Growth stops at the root: per step the draft model catches up on the last token and runs
+    # the root; it never feeds a deeper level (a fixed tree would feed five more).
+    for step, ev in by_step(res).items():
+        drafts = [f for f in ev["forwards"] if f.kind == "draft"]
+        assert len(drafts) <= (2 if step else 1), step
+
 
 # --- parse_choices ------------------------------------------------------------------------------------
 
@@ -132,16 +186,28 @@ def test_tree_mask_rows_are_the_ancestors():
 
 CHAIN3 = "0 0.0 0.0.0"
 SHAPES = {
-    "dynamic-default": {"shape": "dynamic"},
-    "dynamic-depth1": {"shape": "dynamic", "depth": 1, "top_k": 4},
-    "dynamic-nodes1": {"shape": "dynamic", "depth": 5, "top_k": 2, "nodes": 1},
-    "dynamic-wide": {"shape": "dynamic", "depth": 6, "top_k": 4, "nodes": 30},
-    "dynamic-topk1": {"shape": "dynamic", "depth": 3, "top_k": 1, "nodes": 3},
+    "dynamic-default": {"shape": "dynamic"},  # size=cost, measured on this machine
+    "dynamic-fixed": {"shape": "dynamic", "size": "fixed"},
+    "dynamic-depth1": {"shape": "dynamic", "depth": 1, "top_k": 4, "size": "fixed"},
+    "dynamic-nodes1": {"shape": "dynamic", "depth": 5, "top_k": 2, "nodes": 1, "size": "fixed"},
+    "dynamic-wide": {"shape": "dynamic", "depth": 6, "top_k": 4, "nodes": 30, "size": "fixed"},
+    "dynamic-topk1": {"shape": "dynamic", "depth": 3, "top_k": 1, "nodes": 3, "size": "fixed"},
+    "dynamic-cost-free": {"shape": "dynamic", "size": "0"},  # every node pays: the fixed tree
+    "dynamic-cost-some": {"shape": "dynamic", "top_k": 4, "size": "0.08"},
+    "dynamic-cost-none": {"shape": "dynamic", "size": "10"},  # no node pays: plain target steps
     "static-default": {"shape": "static"},
     "static-chain": {"shape": "static", "choices": CHAIN3},
 }
 DRAFTS = ("self:2", "tiny-random", "tiny-random-2")
-DEFAULTS = {"depth": 4, "top_k": 3, "nodes": 12, "choices": DEFAULT_CHOICES}
+DEFAULTS = {"depth": 6, "top_k": 3, "nodes": 24, "size": "cost", "choices": DEFAULT_CHOICES}
+
+
+def path_scores(draft) -> list[float]:
+    """Each node's cumulative draft probability (its path's), from the Draft event."""
+    scores: list[float] = []
+    for prob, parent in zip(draft.probs, draft.parents, strict=True):
+        scores.append(prob * (scores[parent] if parent >= 0 else 1.0))
+    return scores
 
 
 def static_parents(choices: str, depth_cap: int) -> tuple[int, ...]:
@@ -166,7 +232,8 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
         draft, verify = ev.get("draft"), ev.get("verify")
         target_fw = [f for f in ev["forwards"] if f.kind in ("verify", "target")]
         assert len(target_fw) == 1 and target_fw[0].layers == n_layers
-        if cap == 0:
+        sized = p["shape"] == "dynamic" and p["size"] != "fixed"
+        if cap == 0 or (sized and draft is None):  # no room, or no node worth verifying
             assert draft is None and verify is None and target_fw[0].kind == "target"
             assert commit.origins == ("target",) and len(commit.tokens) == 1
             done += 1
@@ -174,6 +241,9 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
         tokens, parents = draft.tokens, draft.parents
         n = len(tokens)
         assert n >= 1 and len(parents) == len(draft.probs) == n
+        if sized and p["size"] != "cost":  # every kept node pays for its input, given the others
+            scores = sorted(path_scores(draft), reverse=True)
+            assert worth(scores, float(p["size"])) == n, scores
         assert all(-1 <= par < i for i, par in enumerate(parents)), parents
         level = depths(parents)
         deepest = max(level) + 1
@@ -195,7 +265,7 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
         assert deepest <= effective_depth
         if self_layers is not None:  # one k-layer draft forward per tree level
             drafts = [f for f in ev["forwards"] if f.kind == "draft"]
-            assert len(drafts) == effective_depth
+            assert len(drafts) == effective_depth or (sized and len(drafts) < effective_depth)
             assert all(f.layers == self_layers for f in drafts)
         assert target_fw[0].kind == "verify" and target_fw[0].n_input_tokens == n + 1
         # The verdict is a path from the root down the tree.
@@ -243,8 +313,10 @@ def test_lossless_on_tiny(tiny, case, shape, draft):
     k = int(draft[5:]) if draft.startswith("self:") else None
     check_tree_steps(res, budget, params, self_layers=k)
     steps = [ev for s, ev in by_step(res).items() if "verify" in ev]
-    assert steps and all(ev["verify"].rule == "greedy-tree" for ev in steps)
-    if draft == "tiny-random":  # the target drafting for itself
+    assert all(ev["verify"].rule == "greedy-tree" for ev in steps)
+    pruned = params.get("size", "cost") not in ("fixed", "0")  # nodes may not pay on a random model
+    assert steps or pruned
+    if draft == "tiny-random" and not pruned:  # the target drafting for itself
         for ev in steps:
             acc, parents = ev["verify"].accepted, ev["draft"].parents
             # The draft's top child is the target's choice, and it always makes the tree.
@@ -433,9 +505,13 @@ def test_the_lookup_branch_is_lossless_and_kept_when_right(tiny, draft, budget):
         prompt_ids = tiny.encode(prompt, chat=False)
         ref = generate(tiny, prompt_ids, "autoregressive", budget)
         for params in (
-            {"shape": "dynamic", "nodes": 4, "trust": 0},
+            {"shape": "dynamic", "nodes": 4, "size": "fixed", "trust": 0},
             {"shape": "static", "choices": CHAIN3, "trust": 0},
-            {"shape": "dynamic", "trust": 1},  # every match is trusted: the drafter is skipped
+            {
+                "shape": "dynamic",
+                "size": "fixed",
+                "trust": 1,
+            },  # every match is trusted: the drafter is skipped
         ):
             res = generate(
                 tiny, prompt_ids, "token_tree", budget, draft=draft, lookup=size, **params
@@ -490,6 +566,7 @@ def test_sampling_follows_the_target_distribution(tiny, draft_id, temperature, s
             draft=draft_id,
             lookup=0,
             trust=0,
+            size="fixed",  # the draft's top 3, whatever they cost
             temperature=temperature,
             seed=seed,
         )
