@@ -158,7 +158,7 @@ def test_commit_cut_short_has_no_extra_node():
 def test_step_without_draft_or_verify_is_an_empty_figure():
     fig = token_tree(BRANCHING, TEXTS, 0)
     assert fig.data == ()
-    assert "no draft at step 0" in fig.layout.annotations[0].text
+    assert "no tree at step 0" in fig.layout.annotations[0].text
     unverified = token_tree(BRANCHING[:5], TEXTS, 1)
     assert unverified.data == ()
     assert "not been verified" in unverified.layout.annotations[0].text

@@ -119,7 +119,8 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
     commit = next((e for e in events if isinstance(e, Commit) and e.step == step), None)
     if draft is None:
-        return _empty(title, f"no draft at step {step}: a plain target step")
+        # No room left in the budget, or (size=cost) no node whose chance paid for its input.
+        return _empty(title, f"no tree at step {step}: a plain target step")
     if verify is None:
         return _empty(title, f"the draft at step {step} has not been verified (yet)")
 
