@@ -401,6 +401,14 @@ def input_cost(
         return _input_costs[key]
 
 
+def pays(score: float, total: float, n: int, cost: float) -> bool:
+    """Is one more draft node with path probability `score` worth its input? A draft of n nodes
+    whose path probabilities sum to `total` yields about 1 + total tokens per verification
+    costing 1 + cost·n (one-token forwards); the node raises that rate exactly when its score
+    beats cost × (1 + total) / (1 + cost·n)."""
+    return score > cost * (1.0 + total) / (1.0 + cost * n)
+
+
 # --- KV-cache rollback ------------------------------------------------------------------------------
 
 

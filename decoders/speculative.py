@@ -9,6 +9,9 @@ tokens one by one, the target checks all of them in ONE forward.
         sampling: keep d_j with prob min(1, p_j(d_j) / q_j(d_j)); on the first rejection draw from
                   norm(max(0, p_j − q_j)); if all are kept, a bonus token from p_{γ+1}
         adaptive γ: all kept -> γ + 2, a rejection -> γ − 1 (transformers' heuristic schedule)
+        cost:       γ is a cap; the draft ends before the first token whose path probability
+                    (the product of the draft's p so far) no longer pays for its input in the
+                    verifying forward on this machine (`runtime.pays`, the token tree's rule)
         stop > 0: the draft also ends after the first token the drafter gives less than `stop`
                   probability: its confidence predicts acceptance (EAGLE-2), so a long γ is spent
                   where the drafter is sure and a short one where it guesses
@@ -30,7 +33,7 @@ from .drafters import make_drafter
 from .events import Draft, DraftStop, Event
 from .models import ModelBundle
 from .params import Param
-from .runtime import new_cache
+from .runtime import input_cost, new_cache, pays
 from .steps import start, verify_chain
 from .tree import chain
 
@@ -48,8 +51,10 @@ PARAMS = (
         "schedule",
         str,
         "adaptive",
-        "fixed γ, or grow on full acceptance / shrink on rejection",
-        choices=("fixed", "adaptive"),
+        "fixed γ; adaptive = grow on full acceptance, shrink on rejection; cost = γ is a cap, "
+        "and the draft ends where its next token's path probability no longer pays for its "
+        "input in the verifying forward on this machine (measured once per model)",
+        choices=("fixed", "adaptive", "cost"),
     ),
     Param(
         "stop",
@@ -71,6 +76,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     drafter = make_drafter(cfg.params["draft"], bundle, cache)
     gamma, adaptive = cfg.params["gamma"], cfg.params["schedule"] == "adaptive"
     stop = cfg.params["stop"]
+    cost = input_cost(bundle) if cfg.params["schedule"] == "cost" else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     step = 0
@@ -84,12 +90,18 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         q_rows: list[torch.Tensor] = []
         confidences: list[float] = []
         reason = "max_draft" if n == gamma else "budget"
-        feed = context[-1]
+        feed, path, total = context[-1], 1.0, 0.0
         for _ in range(n):
             d_out = drafter.forward([feed], step, logits_to_keep=1)
             yield d_out.event
             q = sampler.distribution(d_out.logits[-1])
             feed = sampler.pick(d_out.logits[-1], q)
+            if cost is not None:
+                path *= float(q[feed])
+                if not pays(path, total, len(draft), cost):
+                    reason = "cost"  # drafted, but not worth verifying: the draft ends before it
+                    break
+                total += path
             draft.append(feed)
             q_rows.append(q)
             confidences.append(round(float(q[feed]), 6))  # the drafted token's

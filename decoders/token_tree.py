@@ -39,7 +39,7 @@ from .events import Draft, Event, Forward
 from .models import ModelBundle
 from .params import Param
 from .prompt_lookup import lookup
-from .runtime import input_cost, new_cache
+from .runtime import input_cost, new_cache, pays
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
 from .steps import start, verify_tree
@@ -201,11 +201,10 @@ def grow_dynamic(
 
 def worth(scores: Sequence[float], cost: float) -> int:
     """How many of `scores` (descending path probabilities) to verify for the most tokens per
-    unit of time: E[tokens] ≈ 1 + Σ scores over a forward costing 1 + cost per input, so a node
-    pays while its score beats cost × the current tokens per unit (1 + S) / (1 + cost·n)."""
+    unit of time: nodes join, most probable first, while each `pays` for its input."""
     n, total = 0, 0.0
     for s in scores:
-        if s <= cost * (1.0 + total) / (1.0 + cost * n):
+        if not pays(s, total, n, cost):
             break
         n, total = n + 1, total + s
     return n

@@ -14,7 +14,15 @@ import torch
 from test_prompt_lookup import humaneval
 
 from conftest import PROMPTS, one_thread
-from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
+from decoders import (
+    METHODS,
+    DecodingLabError,
+    InvalidParameter,
+    generate,
+    load_model,
+    runtime,
+    stream,
+)
 from decoders.drafters import auto_draft
 from decoders.eagle import head_path
 from decoders.events import Commit, Done, Draft, DraftStop, Forward, Verify
@@ -460,6 +468,37 @@ def test_the_confidence_stop_is_lossless_and_stops_where_it_says(tiny, draft, st
             assert all(c >= stop for c in s.confidences[:-1])
             assert (s.reason == "confidence") == (bool(s.confidences) and s.confidences[-1] < stop)
         assert any(s.reason == "confidence" for s in stops)
+
+
+# --- schedule=cost: draft while the next token pays for its input -------------------------------------
+
+
+@pytest.mark.parametrize("draft", ["self:2", "tiny-random", "tiny-random-2", "eagle"])
+@pytest.mark.parametrize("cost", [0.0, 0.05, 0.3, 10.0])
+def test_the_cost_schedule_is_lossless_and_keeps_only_paying_tokens(tiny, monkeypatch, draft, cost):
+    # The measured per-input cost, pinned for this model so each case is deterministic.
+    monkeypatch.setitem(runtime._input_costs, id(tiny.model), cost)
+    gamma, budget = 6, 30
+    for prompt in PROMPTS[:3]:
+        res = same_as_greedy(tiny, prompt, budget, draft=draft, gamma=gamma, schedule="cost")
+        done = 0
+        for step, ev in by_step(res).items():
+            cap = min(gamma, budget - done - 1)
+            if step and "draft" in ev:
+                d = ev["draft"]
+                assert 1 <= len(d.tokens) <= cap
+                path, total = 1.0, 0.0
+                for n, q in enumerate(d.probs):  # each kept token paid, given those before it
+                    path *= q
+                    assert runtime.pays(path, total, n, cost) or cost == 0.0, (path, total, n)
+                    total += path
+                if cost == 0.0:  # free inputs: the full cap, as schedule=fixed
+                    assert len(d.tokens) == cap
+            elif step and cap > 0:  # nothing paid: one target token
+                assert cost > 0 and ev["commit"].origins == ("target",)
+            done += len(ev["commit"].tokens)
+        if cost == 10.0:  # an input dearer than a forward: never a draft
+            assert not any(isinstance(e, Draft) for e in res.events)
 
 
 def test_without_a_stop_no_stop_events_are_recorded(tiny):

@@ -66,7 +66,7 @@ MAX_PROMPT_IDS = MAX_PROMPT_CHARS
 # The largest draft any method proposes in one step: lookahead's pool trie, G ≤ 16 candidates of
 # N − 1 ≤ 11 tokens (token_tree: MAX_NODES = 64 grown + a 32-token copied branch).
 MAX_DRAFT_NODES = 16 * 11
-DRAFT_STOP_REASONS = frozenset({"confidence", "max_draft", "eos", "budget"})
+DRAFT_STOP_REASONS = frozenset({"confidence", "max_draft", "eos", "budget", "cost"})
 MAX_HEADS = 16  # Medusa heads' guesses: rows (heads) and columns (ranks) per step
 NGRAM_SIZES = range(2, 13)  # lookahead's N; 0 in traces made before the field existed
 
