@@ -25,13 +25,15 @@ from conftest import PROMPTS
 from decoders import InvalidParameter, generate, load_model, stream
 from decoders.events import Commit, Draft, Verify
 from decoders.prompt_lookup import lookup
-from decoders.runtime import input_cost
+from decoders.runtime import input_cost, pays
 from decoders.token_tree import (
     DEFAULT_CHOICES,
     MAX_NODES,
+    CopyRates,
     TreeDraft,
     graft,
     parse_choices,
+    spelled,
     worth,
 )
 from decoders.tree import ancestors, depths, feed_mask, tree_mask, tree_positions, with_root
@@ -80,6 +82,64 @@ def test_with_no_node_worth_its_input_every_step_is_one_target_token(tiny):
     for step, ev in by_step(res).items():
         drafts = [f for f in ev["forwards"] if f.kind == "draft"]
         assert len(drafts) <= (2 if step else 1), step
+
+
+def test_copies_are_cut_where_they_stop_paying():
+    rates = CopyRates()
+    # Priors: a copy after a 3-token match is right 67 % of the time, each next one 75 %.
+    assert rates.score(3, 0) == pytest.approx(0.67)
+    assert rates.score(3, 2) == pytest.approx(0.67 * 0.75**2)
+    assert rates.score(1, 0) == pytest.approx(0.16) and rates.score(9, 0) == rates.score(3, 0)
+    branch = list(range(100, 116))
+    # Alone (a trusted match): copies join while score > cost * (1 + S) / (1 + cost * n).
+    cut = rates.cut(TreeDraft(), branch, 3, 0.035)
+    expected = worth([rates.score(3, k) for k in range(16)], 0.035)
+    assert len(cut) == expected and 3 <= expected < 16
+    assert cut == branch[: len(cut)]
+    assert rates.cut(TreeDraft(), branch, 3, 0.0) == branch  # free inputs: all of it
+    assert rates.cut(TreeDraft(), branch, 1, 0.5) == []  # a poor match at a dear input: none
+    # What the tree already spells is free, and the drafter's nodes raise the bar for the rest.
+    tree = TreeDraft()
+    a = tree.add(100, -1, 0.9)
+    tree.add(101, a, 0.9)
+    on_tree = rates.cut(tree, branch, 1, 0.035)
+    assert on_tree[:2] == [100, 101]
+    total, count = 0.9 + 0.81, 2
+    for k in range(2, 16):
+        s = rates.score(1, k)
+        if not pays(s, total, count, 0.035):
+            break
+        total, count = total + s, count + 1
+    assert len(on_tree) == k
+
+
+def test_copy_rates_learn_from_the_verdicts():
+    rates = CopyRates()
+    tree = TreeDraft()
+    graft(tree, [7, 8, 9, 10])
+    assert spelled(tree, [7, 8, 9, 10, 11]) == [0, 1, 2, 3]
+    before_first, before_then = rates.score(2, 0), rates.score(2, 1) / rates.score(2, 0)
+    rates.update(tree, [7, 8, 9, 10], 2, accepted=(0, 1, 2, 3))  # all four right
+    assert rates.score(2, 0) > before_first
+    assert rates.score(2, 1) / rates.score(2, 0) > before_then
+    seen = rates.then[1]
+    rates.update(tree, [7, 8, 9, 10], 2, accepted=(0,))  # the 2nd was wrong: the rest unseen
+    assert rates.then[1] == seen + 1
+    first_seen = rates.first[1][1]
+    rates.update(tree, [7, 8], 1, accepted=())  # the first copy was wrong
+    assert rates.first[1][1] == first_seen + 1 and rates.then[1] == seen + 1
+
+
+@pytest.mark.parametrize("draft", ["self:2", "tiny-random"])
+@pytest.mark.parametrize("size", ["0.035", "0.3"])
+def test_the_cut_copied_branch_is_lossless(tiny, draft, size):
+    # Prompts that repeat themselves, so that lookup matches at 1, 2 and 3 tokens.
+    for prompt in (humaneval(0), "the cat sat on the mat. the cat sat on the mat. the cat"):
+        for trust in (0, 3):
+            res = same_as_greedy(
+                tiny, prompt, 40, chat=False, draft=draft, size=size, lookup=16, trust=trust
+            )
+            check_tree_steps(res, 40, {"shape": "dynamic", "size": size, "lookup": 16})
 
 
 # --- parse_choices ------------------------------------------------------------------------------------
@@ -241,7 +301,8 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
         tokens, parents = draft.tokens, draft.parents
         n = len(tokens)
         assert n >= 1 and len(parents) == len(draft.probs) == n
-        if sized and p["size"] != "cost":  # every kept node pays for its input, given the others
+        if sized and p["size"] != "cost" and not p.get("lookup"):
+            # Every kept node pays for its input, given the others (copies are scored apart).
             scores = sorted(path_scores(draft), reverse=True)
             assert worth(scores, float(p["size"])) == n, scores
         assert all(-1 <= par < i for i, par in enumerate(parents)), parents
@@ -251,7 +312,7 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
             kids = [tokens[i] for i in range(n) if parents[i] == node]
             assert len(kids) == len(set(kids)), (node, kids)
         if p["shape"] == "dynamic":
-            assert n <= p["nodes"]
+            assert n <= p["nodes"] + p.get("lookup", 0)
             assert deepest <= min(p["depth"], cap)
             assert all(sum(1 for q in parents if q == node) <= p["top_k"] for node in range(-1, n))
             effective_depth = min(p["depth"], cap)
