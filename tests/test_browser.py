@@ -302,7 +302,7 @@ def test_run_sits_with_the_prompt_above_the_parameters(server, page):
     page.locator("#preset input").click()  # the paper's settings, one click away
     page.locator("[role=option][aria-label=paper]").click()
     page.wait_for_function(
-        "document.querySelector('#token_tree-depth input[type=number]')?.value === '6'",
+        "document.querySelector('#token_tree-nodes input[type=number]')?.value === '60'",
         timeout=30_000,
     )
 
