@@ -728,11 +728,16 @@ def test_eos_inside_a_copied_branch_stops_like_autoregressive(embedded):
 @pytest.mark.parametrize("task", [1, 3])
 def test_the_lookup_branch_on_the_embedded_model(embedded, task):
     prompt_ids = embedded.encode(humaneval(task), chat=True)
-    plain = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=0, trust=0)
-    both = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10, trust=0)
-    trusting = generate(embedded, prompt_ids, "token_tree", 96, draft="eagle", lookup=10, trust=3)
+    # Fixed size: the whole copied chain is grafted (size=cost would cut it where it stops paying).
+    kw = dict(draft="eagle", size="fixed")
+    plain = generate(embedded, prompt_ids, "token_tree", 96, lookup=0, trust=0, **kw)
+    both = generate(embedded, prompt_ids, "token_tree", 96, lookup=10, trust=0, **kw)
+    trusting = generate(embedded, prompt_ids, "token_tree", 96, lookup=10, trust=3, **kw)
+    sized = generate(embedded, prompt_ids, "token_tree", 96)  # the defaults: sized, copies cut
     ref = generate(embedded, prompt_ids, "autoregressive", 96)
     assert plain.token_ids == both.token_ids == trusting.token_ids == ref.token_ids
+    assert sized.token_ids == ref.token_ids
+    assert sized.stats["target_forwards"] < plain.stats["target_forwards"]
     copies = check_lookup_branch(both, prompt_ids, 96, 10)
     trusted = check_lookup_branch(trusting, prompt_ids, 96, 10, trust=3)
     assert sum(trusted.values()) >= 10
@@ -746,7 +751,7 @@ def test_the_lookup_branch_on_the_embedded_model(embedded, task):
 @pytest.mark.slow
 def test_sampling_with_the_lookup_branch_is_reproducible_per_seed(embedded):
     prompt_ids = embedded.encode(humaneval(1), chat=True)
-    kw = dict(draft="self:8", lookup=10, trust=0, temperature=0.5, seed=3)
+    kw = dict(draft="self:8", lookup=10, trust=0, size="fixed", temperature=0.5, seed=3)
     a = generate(embedded, prompt_ids, "token_tree", 40, **kw)
     b = generate(embedded, prompt_ids, "token_tree", 40, **kw)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 40
