@@ -170,8 +170,8 @@ class DraftStop(Event):
     draft's top probability when it drafted token i, weighed against `threshold` (θ at this step);
     `reason`: "confidence" (the last token fell below θ), "max_draft", "eos" (the draft proposed an
     end token), "budget" (max_new_tokens left no room) or "cost" (the next token's path
-    probability did not pay for its input: speculative's schedule=cost; it was not kept); `rate`: the smoothed acceptance rate
-    θ's update has seen before this step."""
+    probability did not pay for its input: speculative's schedule=cost; it was not kept);
+    `rate`: the smoothed acceptance rate θ's update has seen before this step."""
 
     type: ClassVar[str] = "DraftStop"
     step: int

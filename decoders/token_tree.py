@@ -242,15 +242,11 @@ def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: i
 def graft(tree: TreeDraft, branch: Sequence[int]) -> int:
     """Merge a chain into the tree: walk the nodes that already spell its prefix, add the rest
     (point-mass drafts, probability 1). Returns the number of nodes added."""
-    node, added = -1, 0
-    for token in branch:
-        child = next(
-            (c for c, p in enumerate(tree.parents) if p == node and tree.tokens[c] == token), None
-        )
-        if child is None:
-            child, added = tree.add(token, node, 1.0), added + 1
-        node = child
-    return added
+    path = spelled(tree, branch)
+    node = path[-1] if path else -1
+    for token in branch[len(path) :]:
+        node = tree.add(token, node, 1.0)
+    return len(branch) - len(path)
 
 
 def spelled(tree: TreeDraft, branch: Sequence[int]) -> list[int]:
