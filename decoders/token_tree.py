@@ -181,8 +181,9 @@ def grow_dynamic(
     """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally.
 
     cost (size=cost): what one more verified input costs, as a fraction of a one-token forward.
-    Then only the nodes worth it are kept (`worth`), and growth stops once no frontier node
-    is: a child's score never exceeds its parent's, so nothing deeper would be kept either."""
+    Then only the nodes worth it are kept (`worth`; at least the most probable one), and growth
+    stops once no frontier node is: a child's score never exceeds its parent's, so nothing deeper
+    would be kept either."""
     tree = TreeDraft()
     frontier = _children(tree, -1, grower.root(x), top_k)
     for _ in range(depth - 1):
@@ -195,8 +196,8 @@ def grow_dynamic(
         ]
     # A child's score never exceeds its parent's, so the top `keep` (ties: older first) is a tree.
     kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))[:keep]
-    if cost is not None:
-        kept = kept[: worth([tree.score[n] for n in kept], cost)]
+    if cost is not None:  # the best guess is always checked: one input, and a step to show
+        kept = kept[: max(1, worth([tree.score[n] for n in kept], cost))]
     return _subtree(tree, sorted(kept))
 
 

@@ -73,10 +73,12 @@ def test_a_bad_size_is_refused(tiny, size):
         generate(tiny, PROMPTS[0], "token_tree", 4, draft="self:2", size=size)
 
 
-def test_with_no_node_worth_its_input_every_step_is_one_target_token(tiny):
+def test_with_no_node_worth_its_input_only_the_best_guess_is_checked(tiny):
     res = same_as_greedy(tiny, PROMPTS[2], 12, draft="tiny-random", size="10")
-    assert not any(isinstance(e, Draft | Verify) for e in res.events)
-    assert res.stats["target_forwards"] == 12
+    drafts = [e for e in res.events if isinstance(e, Draft)]
+    # Every step verifies the draft's single most probable token, nothing more.
+    assert drafts and all(len(d.tokens) == 1 and d.parents == (-1,) for d in drafts)
+    assert len(drafts) == sum(1 for e in res.events if isinstance(e, Verify))
     # Growth stops at the root: per step the draft model catches up on the last token and runs
     # the root; it never feeds a deeper level (a fixed tree would feed five more).
     for step, ev in by_step(res).items():
@@ -304,7 +306,7 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
         if sized and p["size"] != "cost" and not p.get("lookup"):
             # Every kept node pays for its input, given the others (copies are scored apart).
             scores = sorted(path_scores(draft), reverse=True)
-            assert worth(scores, float(p["size"])) == n, scores
+            assert max(1, worth(scores, float(p["size"]))) == n, scores  # the best is always in
         assert all(-1 <= par < i for i, par in enumerate(parents)), parents
         level = depths(parents)
         deepest = max(level) + 1
@@ -590,7 +592,8 @@ def test_the_lookup_branch_is_lossless_and_kept_when_right(tiny, draft, budget):
 
 @pytest.mark.parametrize("shape", ["dynamic", "static"])
 def test_sampling_is_reproducible_per_seed(tiny, shape):
-    kw = dict(draft="self:2", shape=shape, temperature=1.0, seed=9)
+    # Fixed size: the whole tree every step (sized, tiny-random's unsure drafts shrink to one node).
+    kw = dict(draft="self:2", shape=shape, size="fixed", temperature=1.0, seed=9)
     a = generate(tiny, PROMPTS[2], "token_tree", 12, **kw)
     b = generate(tiny, PROMPTS[2], "token_tree", 12, **kw)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 12
