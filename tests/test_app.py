@@ -442,7 +442,7 @@ def method_traces(tiny) -> dict[str, dict]:
     runs = {
         "jacobi": ("jacobi", {}),
         "lookahead": ("lookahead", {"W": 2, "N": 3, "G": 2}),
-        "token_tree": ("token_tree", {"draft": "self:2"}),
+        "token_tree": ("token_tree", {"draft": "self:2", "size": "fixed"}),
         "self_speculative": ("self_speculative", {}),
         "mask_predict": ("mask_predict", {"m": 4, "T": 2}),
         "space": ("space", {"k": 2, "groups": 2}),
