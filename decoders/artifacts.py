@@ -2,7 +2,7 @@
 how they are saved and loaded, and the draft vocabulary they score.
 
 Each artifact is `assets/<kind>/<model>.safetensors` (float16 weights; they run in the target's
-dtype) with a JSON card beside it: the command that made it, the data, the time, the held-out
+dtype, drafting heads in `bundle.draft_dtype`) with a JSON card beside it: the command that made it, the data, the time, the held-out
 agreement. `python -m decoders.train NAME` writes both.
 
 Drafting heads score a draft vocabulary: the target's most frequent predictions on the training
@@ -67,19 +67,22 @@ def load_artifact(
     build: Callable[[dict[str, torch.Tensor]], M],
     what: str,
     train_hint: str,
+    drafts: bool = False,
 ) -> M:
     """The module saved at `path`, built by `build(state)` for `bundle`'s config, in the target's
     device and dtype, frozen, with `lm_head` = the target's LM head cut to its `vocab` buffer.
-    Cached per (model, file, device, dtype). A missing or ill-fitting file is an InvalidParameter
-    that says how to train one."""
-    key = (bundle.model_id, str(path), str(bundle.device), str(bundle.dtype))
+    `drafts`: the module only proposes tokens the target verifies, so it may run in the cheaper
+    `bundle.draft_dtype` (packing.draft_dtype). Cached per (model, file, device, dtype). A missing
+    or ill-fitting file is an InvalidParameter that says how to train one."""
+    dtype = (bundle.draft_dtype or bundle.dtype) if drafts else bundle.dtype
+    key = (bundle.model_id, str(path), str(bundle.device), str(dtype))
     with _lock:
         if key not in _loaded:
-            _loaded[key] = _load(bundle, path, build, what, train_hint)
+            _loaded[key] = _load(bundle, path, build, what, train_hint, dtype)
         return _loaded[key]  # type: ignore[return-value]
 
 
-def _load(bundle, path: Path, build, what: str, train_hint: str) -> nn.Module:
+def _load(bundle, path: Path, build, what: str, train_hint: str, dtype: torch.dtype) -> nn.Module:
     if not path.is_file():
         raise InvalidParameter(
             f"no trained {what} for {bundle.model_id} (looked for "
@@ -94,17 +97,20 @@ def _load(bundle, path: Path, build, what: str, train_hint: str) -> nn.Module:
         raise InvalidParameter(
             f"{what}: {path.name} does not fit {bundle.model_id} ({e})"
         ) from None
-    module.to(device=bundle.device, dtype=bundle.dtype).eval().requires_grad_(False)
+    module.to(device=bundle.device, dtype=dtype).eval().requires_grad_(False)
     if hasattr(module, "vocab"):  # drafting heads read a draft vocabulary (SPACE: the full head)
-        module.lm_head = vocab_head(bundle, module.vocab)
+        module.lm_head = vocab_head(bundle, module.vocab, dtype)
     if bundle.packed:
         packing.pack_linears(module)
     return module
 
 
-def vocab_head(bundle: ModelBundle, vocab: torch.Tensor) -> nn.Linear:
-    """The target's LM head restricted to the rows of `vocab` (a view for drafting; not saved)."""
+def vocab_head(
+    bundle: ModelBundle, vocab: torch.Tensor, dtype: torch.dtype | None = None
+) -> nn.Linear:
+    """The target's LM head restricted to the rows of `vocab` (a copy for drafting; not saved)."""
     rows = bundle.model.lm_head.weight[vocab.to(bundle.model.lm_head.weight.device)].detach()
+    rows = rows.to(dtype or rows.dtype)
     head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device)
     head.weight = nn.Parameter(rows, requires_grad=False)
     return head

@@ -84,6 +84,7 @@ def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
         lambda state: EagleHead(bundle.model.config, state["vocab"]),
         "EAGLE head",
         f"python -m decoders.train eagle --model {bundle.model_id}",
+        drafts=True,
     )
 
 
@@ -98,6 +99,7 @@ class EagleDrafter(Drafter):
             target, DynamicCache(), 1, "eagle (1 trained layer on the target's features)"
         )
         self.head = head
+        self.dtype = head.fc.weight.dtype  # bundle.draft_dtype: maybe bfloat16 beside float32
         self.embed = target.model.model.embed_tokens
         self.features = torch.empty(0, target.model.config.hidden_size, device=target.device)
         self.filled = 0  # entries in the head's cache built from real target features
@@ -145,15 +147,15 @@ class EagleDrafter(Drafter):
         past = self.cache.get_seq_length()
         pos = torch.arange(past, past + n) if positions is None else torch.as_tensor(positions)
         if mask is None and n > 1:
-            mask = torch.full((n, past + n), torch.finfo(self.bundle.dtype).min)
+            mask = torch.full((n, past + n), torch.finfo(self.dtype).min)
             mask = mask.triu(past + 1).view(1, 1, n, past + n)
         device = self.bundle.device
         ids = torch.as_tensor(tokens, device=device).view(1, -1)
         pred = self.head(
-            self.embed(ids),
-            feats.view(1, n, -1).to(self.bundle.dtype),
+            self.embed(ids).to(self.dtype),
+            feats.view(1, n, -1).to(self.dtype),
             pos.to(device).view(1, -1),
-            None if mask is None else mask.to(device=device, dtype=self.bundle.dtype),
+            None if mask is None else mask.to(device=device, dtype=self.dtype),
             self.cache,
         )[0]
         if n_new == 1 and len(self.step_features) == 0:

@@ -141,6 +141,7 @@ def load_adapter(bundle: ModelBundle, exit_layer: int | None = None) -> Kangaroo
         ),
         f"Kangaroo adapter at layer {exit_layer}",
         f"python -m decoders.train kangaroo --model {bundle.model_id} --exit-layers {exit_layer}",
+        drafts=True,
     )
 
 
@@ -295,7 +296,7 @@ def _adapter_prefill(
     start = time.perf_counter()
     n = h.shape[0]
     positions = torch.arange(n, device=bundle.device).view(1, -1)
-    adapter(h.unsqueeze(0), positions, _causal(bundle, n, 0), adapter_cache)
+    adapter(_as(adapter, h).unsqueeze(0), positions, _causal(adapter, n, 0), adapter_cache)
     return Forward(0, "draft", n, 1, elapsed_ms(bundle, start))
 
 
@@ -316,14 +317,21 @@ def _draft_head(
         past = adapter_cache.get_seq_length()
         assert past == position + 1 - n, "the adapter's cache must end right before its inputs"
         positions = torch.arange(past, past + n, device=bundle.device).view(1, -1)
-        feats = adapter(states.unsqueeze(0), positions, _causal(bundle, n, past), adapter_cache)
+        mask = _causal(adapter, n, past)
+        feats = adapter(_as(adapter, states).unsqueeze(0), positions, mask, adapter_cache)
         return full_logits(bundle, adapter.vocab, adapter.lm_head(feats[0, -1:]))
 
     return head
 
 
-def _causal(bundle: ModelBundle, n: int, past: int) -> torch.Tensor | None:
+def _as(adapter: KangarooAdapter, h: torch.Tensor) -> torch.Tensor:
+    """The target's layer-ℓ states in the adapter's dtype (bfloat16 where drafts may run in it)."""
+    return h.to(adapter.norm.weight.dtype)
+
+
+def _causal(adapter: KangarooAdapter, n: int, past: int) -> torch.Tensor | None:
     """The adapter's mask for n new inputs after `past` cached ones (one input sees everything)."""
     if n == 1:
         return None
-    return tree_mask(chain(n), past, bundle.dtype).to(bundle.device)
+    weight = adapter.norm.weight
+    return tree_mask(chain(n), past, weight.dtype).to(weight.device)

@@ -77,6 +77,7 @@ def load_heads(bundle: ModelBundle, path: Path | None = None) -> MedusaHeads:
         build,
         "Medusa heads",
         f"python -m decoders.train medusa --model {bundle.model_id}",
+        drafts=True,
     )
 
 
@@ -106,7 +107,7 @@ class HeadReader:
         the Forward event that timed them (kind "draft", 0 decoder layers, 1 input: the feature)."""
         assert self.feature is not None, "the heads read the features of a target forward"
         start = time.perf_counter()
-        f = self.feature.to(self.bundle.dtype)
+        f = self.feature.to(self.heads.lm_head.weight.dtype)  # bundle.draft_dtype
         rows = self.heads.lm_head(torch.stack([head(f) for head in self.heads.heads[:n_heads]]))
         # Softmax over the draft vocabulary = the full vocabulary's with -inf outside it.
         probs, index = torch.topk(torch.softmax(rows.float(), dim=-1), top_k, dim=-1)

@@ -46,6 +46,7 @@ class ModelBundle:
     eos_ids: frozenset[int]
     context_length: int
     packed: bool = False  # linear weights prepacked for oneDNN (see packing.py)
+    draft_dtype: torch.dtype | None = None  # trained drafting heads' dtype (None: `dtype`)
 
     @property
     def n_layers(self) -> int:
@@ -152,7 +153,10 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
         packing.pack_linears(model)
     eos = _eos_ids(model, tokenizer)
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed)
+    # Drafting heads may run in bfloat16 (packing.draft_dtype); the tiny test models keep their
+    # dtype: their near-uniform distributions make drafts flip on rounding, machine by machine.
+    drafts = dtype if model_id in TINY_SEEDS else packing.draft_dtype(device, dtype)
+    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

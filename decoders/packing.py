@@ -10,6 +10,11 @@ and the whole forward of eight tokens costs ~1.3× one token instead of ~1.7×.
 Every method, the autoregressive baseline and the transformers peers in the benchmark run on the
 same packed model, so ratios stay fair. Numerics move by ~1e-4 in the logits. `DECODING_LAB_PACK=0`
 turns packing off.
+
+Trained drafting heads (EAGLE, Kangaroo's adapter, Medusa) may run in bfloat16 where the CPU
+multiplies it natively (AMX / AVX512-BF16): a draft only has to be a good guess, the target still
+verifies in float32, so the output cannot change; the head reads half the bytes. `draft_dtype`
+decides; `DECODING_LAB_DRAFT_BF16=0` keeps drafts in float32.
 """
 
 from __future__ import annotations
@@ -20,6 +25,29 @@ import torch
 from torch import nn
 
 BATCH_HINT = 8  # oneDNN picks its weight layout for this many rows: small verification batches
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (not emulated, which would be slower)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags)) and torch.backends.mkldnn.is_available()
+
+
+def draft_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype trained drafting heads run in beside a target in `dtype` on `device`."""
+    if (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and os.environ.get("DECODING_LAB_DRAFT_BF16", "1") != "0"
+        and available()
+        and native_bf16()
+    ):
+        return torch.bfloat16
+    return dtype
 
 
 def available() -> bool:
@@ -64,7 +92,8 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Swap every float32 CPU `nn.Linear` in `model` for a `PackedLinear`; returns how many.
+    """Swap every float32 (or bfloat16) CPU `nn.Linear` in `model` for a `PackedLinear`; returns
+    how many.
     Tied weights stay usable: the embedding keeps its own tensor, the LM head gets a packed copy."""
     swaps = [
         (parent, name, child)
@@ -72,7 +101,7 @@ def pack_linears(model: nn.Module) -> int:
         for name, child in parent.named_children()
         if type(child) is nn.Linear
         and child.weight.device.type == "cpu"
-        and child.weight.dtype == torch.float32
+        and child.weight.dtype in (torch.float32, torch.bfloat16)
     ]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))

@@ -127,6 +127,19 @@ def test_training_windows_cover_every_pair_and_never_cross_documents():
     assert pairs == [(0, 1), (1, 2), (2, 3), (5, 6), (6, 7), (7, 8), (8, 9)]
 
 
+@pytest.mark.parametrize("method", ["speculative", "token_tree"])
+def test_a_bfloat16_head_drafts_and_the_output_stays_greedy(fitted, tiny, method):
+    """Where the CPU multiplies bfloat16 natively the head drafts in it (packing.draft_dtype): the
+    guesses may move, the output may not."""
+    bf16 = dataclasses.replace(tiny, draft_dtype=torch.bfloat16)
+    head = load_head(bf16, fitted[1])
+    assert head.fc.weight.dtype == head.lm_head.weight.dtype == torch.bfloat16
+    assert load_head(tiny, fitted[1]).fc.weight.dtype == torch.float32  # cached apart
+    for prompt in PROMPTS[:3]:
+        res = same_as_greedy(bf16, prompt, method, 32, draft=spec(fitted))
+        assert accepted(res) > 0  # the bfloat16 drafts still land
+
+
 def test_missing_head_is_a_clear_error(tiny, tmp_path):
     with pytest.raises(InvalidParameter, match=r"no trained EAGLE head.*decoders.train eagle"):
         load_head(tiny, tmp_path / "none.safetensors")

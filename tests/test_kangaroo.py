@@ -233,6 +233,17 @@ def test_accepted_drafts_stay_lossless(mirrored, gamma, budget):
         assert res.stats["tokens_per_target_forward"] > 1.5
 
 
+def test_a_bfloat16_adapter_drafts_and_the_output_stays_greedy(mirrored):
+    """The adapter in bfloat16 (as load_artifact gives drafting heads where the CPU has it) reads
+    the target's float32 layer-ℓ states; the shallow states the target reuses stay float32."""
+    bundle, exit_layer, _ = mirrored
+    kangaroo.load_adapter(bundle).to(torch.bfloat16)
+    for prompt in PROMPTS[:3]:
+        res = run(bundle, prompt, 24, exit_layer=str(exit_layer), eta=0.0, gamma=4)
+        check_steps(res, exit_layer, 0.0, 4, 24)
+        assert res.stats["accepted_drafts"] > 0
+
+
 def test_the_shallow_layers_run_once_per_token(mirrored):
     """Every token runs layers 1..ℓ exactly once (drafting, or the verify pass for the last draft
     token) and layers ℓ+1..L once per verify pass: counted in the layers themselves and read back

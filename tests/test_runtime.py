@@ -158,6 +158,26 @@ def test_packed_linear_matches_torch_linear():
     assert set(net.state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # still saveable
 
 
+def test_drafting_heads_run_in_bfloat16_only_beside_float32_on_a_cpu_that_has_it(monkeypatch):
+    from decoders import packing
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(packing, "available", lambda: True)
+    monkeypatch.setattr(packing, "native_bf16", lambda: True)
+    assert packing.draft_dtype(cpu, torch.float32) == torch.bfloat16
+    assert packing.draft_dtype(cpu, torch.float16) == torch.float16  # never below the target
+    assert packing.draft_dtype(cuda, torch.float32) == torch.float32  # a GPU's float32 is a choice
+    monkeypatch.setenv("DECODING_LAB_DRAFT_BF16", "0")
+    assert packing.draft_dtype(cpu, torch.float32) == torch.float32
+    monkeypatch.delenv("DECODING_LAB_DRAFT_BF16")
+    monkeypatch.setattr(packing, "native_bf16", lambda: False)  # emulated bfloat16 is slower
+    assert packing.draft_dtype(cpu, torch.float32) == torch.float32
+
+
+def test_tiny_models_draft_in_their_own_dtype(tiny):
+    assert tiny.draft_dtype == tiny.dtype == torch.float32
+
+
 def test_skipping_every_block_leaves_embedding_norm_and_head(tiny):
     from decoders.runtime import SkipSet
 
