@@ -339,8 +339,10 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
     def fmt(v: Any, spec: str = ".2f") -> str:
         return "—" if v is None else format(v, spec)
 
+    draft_dtype = meta.get("draft_dtype", meta["dtype"])  # results.json files from before it
+    drafts = f", trained drafters in {draft_dtype}" if draft_dtype != meta["dtype"] else ""
     lines = [
-        f"Model {meta['model']} ({meta['device']}, {meta['dtype']}), {meta['dataset']}"
+        f"Model {meta['model']} ({meta['device']}, {meta['dtype']}{drafts}), {meta['dataset']}"
         f"{' / ' + meta['category'] if meta.get('category') else ''}, {meta['n_prompts']} prompts, "
         f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads.",
         "",
@@ -596,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         if bundle.device.type == "cpu"
         else torch.cuda.get_device_name(bundle.device),
         "dtype": str(bundle.dtype).replace("torch.", ""),
+        "draft_dtype": str(bundle.draft_dtype or bundle.dtype).replace("torch.", ""),
         "dataset": args.dataset,
         "category": args.category,
         "n_prompts": len(prompts),

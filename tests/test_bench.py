@@ -42,6 +42,24 @@ def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
     assert lossy and lossy <= set(rows)
     assert (tmp_path / "out" / "speedup.html").stat().st_size > 1000
     assert (tmp_path / "out" / "table.md").read_text().startswith("Model tiny-random")
+    assert data["meta"]["draft_dtype"] == "float32"  # tiny models draft in their own dtype
+
+
+def test_the_table_says_when_drafters_run_in_another_dtype():
+    meta = {
+        "model": "m",
+        "device": "cpu",
+        "dtype": "float32",
+        "dataset": "humaneval",
+        "n_prompts": 1,
+        "max_new_tokens": 8,
+        "torch": "2",
+        "threads": 2,
+    }
+    result = {"rows": [], "groups": {}}
+    assert "(cpu, float32)" in bench.markdown_table(result, meta)  # older results.json
+    meta["draft_dtype"] = "bfloat16"
+    assert "(cpu, float32, trained drafters in bfloat16)" in bench.markdown_table(result, meta)
 
 
 def test_datasets():
