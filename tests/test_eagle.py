@@ -278,11 +278,14 @@ def test_eos_inside_an_accepted_draft_stops_like_autoregressive(fitted, tiny, me
     assert res.finish_reason == "eos" and res.token_ids == free.token_ids[: position + 1]
 
 
-def test_eagle_sampling_follows_the_target_distribution(fitted, tiny):
-    """The second token (the first verified step) at temperature 1 follows the target exactly."""
+@pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16])
+def test_eagle_sampling_follows_the_target_distribution(fitted, tiny, draft_dtype):
+    """The second token (the first verified step) at temperature 1 follows the target exactly,
+    whether the head drafts in float32 or bfloat16 (q is what the head gave, whatever its dtype)."""
+    bundle = dataclasses.replace(tiny, draft_dtype=draft_dtype)
     prompt_ids = tiny.encode(PROMPTS[0], chat=False)
     firsts, seconds, runs = sampled_second_tokens(
-        tiny, prompt_ids, "speculative", range(200), 1.0, draft=spec(fitted), gamma=1
+        bundle, prompt_ids, "speculative", range(200), 1.0, draft=spec(fitted), gamma=1
     )
     p = next_token_probs(tiny, [[*prompt_ids, t] for t in firsts], 1.0)
     u = pit(seconds, p, p, seed=1)
