@@ -2,8 +2,8 @@
 how they are saved and loaded, and the draft vocabulary they score.
 
 Each artifact is `assets/<kind>/<model>.safetensors` (float16 weights; they run in the target's
-dtype, drafting heads in `bundle.draft_dtype`) with a JSON card beside it: the command that made it, the data, the time, the held-out
-agreement. `python -m decoders.train NAME` writes both.
+dtype, drafting heads in `bundle.draft_dtype`) with a JSON card beside it: the command that made
+it, the data, the time, the held-out agreement. `python -m decoders.train NAME` writes both.
 
 Drafting heads score a draft vocabulary: the target's most frequent predictions on the training
 data (FR-Spec's frequency ranking) plus EOS, i.e. rows of the target's own LM head. On this CPU the

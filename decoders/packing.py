@@ -92,9 +92,9 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Swap every float32 (or bfloat16) CPU `nn.Linear` in `model` for a `PackedLinear`; returns
-    how many.
-    Tied weights stay usable: the embedding keeps its own tensor, the LM head gets a packed copy."""
+    """Swap every float32 (or bfloat16: drafting heads) CPU `nn.Linear` in `model` for a
+    `PackedLinear`; returns how many. Tied weights stay usable: the embedding keeps its own
+    tensor, the LM head gets a packed copy."""
     swaps = [
         (parent, name, child)
         for parent in model.modules()
