@@ -40,7 +40,7 @@ from .events import Draft, Event, Forward
 from .models import ModelBundle
 from .params import Param
 from .prompt_lookup import lookup
-from .runtime import forward_ms, input_cost, new_cache, pays
+from .runtime import input_cost, new_cache, pays
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
 from .steps import start, verify_tree
@@ -176,73 +176,47 @@ class Grower:
 
 
 def grow_dynamic(
-    grower: Grower,
-    x: int,
-    depth: int,
-    top_k: int,
-    keep: int,
-    cost: float | None = None,
-    one_ms: float | None = None,
+    grower: Grower, x: int, depth: int, top_k: int, keep: int, cost: float | None = None
 ) -> TreeDraft:
     """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally.
 
     cost (size=cost): what one more verified input costs, as a fraction of a one-token forward.
-    Then only the nodes worth it are kept (`worth`; at least the most probable one). A level is
-    expanded only while it is worth its draft forward too: the children it should bring (the
-    expanded nodes' path probabilities × how sure the drafter has been this step) must beat what
-    the forward and their inputs would cost at the step's current rate. `one_ms`: a one-token
-    target forward's wall time, against which this step's draft forwards are timed (None: draft
-    forwards are free and only inputs are priced, as with a cost given by number)."""
+    Then only the nodes worth it are kept (`worth`; at least the most probable one), and growth
+    stops once no frontier node is: a child's score never exceeds its parent's, so nothing deeper
+    would be kept either."""
     tree = TreeDraft()
-    root = grower.root(x)
-    sure = [float(root.max())]  # the drafter's top probability in each distribution this step
-    frontier = _children(tree, -1, root, top_k)
+    frontier = _children(tree, -1, grower.root(x), top_k)
     for _ in range(depth - 1):
         best = sorted(frontier, key=lambda n: -tree.score[n])[:top_k]
-        if cost is not None:
-            draft = _draft_cost(grower.events, one_ms)
-            spent = draft * len(grower.events)
-            rate = _value(tree.score, cost, keep, spent)
-            gain = sum(sure) / len(sure) * sum(tree.score[n] for n in best)
-            if gain <= rate * (draft + cost * len(best)):
-                break
+        if cost is not None and tree.score[best[0]] <= cost * _value(tree.score, cost, keep):
+            break
         dists = grower.expand(tree, best)
-        sure += [float(d.max()) for d in dists]
         frontier = [
             c for n, dist in zip(best, dists, strict=True) for c in _children(tree, n, dist, top_k)
         ]
     # A child's score never exceeds its parent's, so the top `keep` (ties: older first) is a tree.
     kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))[:keep]
     if cost is not None:  # the best guess is always checked: one input, and a step to show
-        spent = _draft_cost(grower.events, one_ms) * len(grower.events)
-        kept = kept[: max(1, worth([tree.score[n] for n in kept], cost, spent))]
+        kept = kept[: max(1, worth([tree.score[n] for n in kept], cost))]
     return _subtree(tree, sorted(kept))
 
 
-def _draft_cost(events: Sequence[Forward], one_ms: float | None) -> float:
-    """This step's mean draft forward, in one-token target forwards (0 without a reference)."""
-    if not one_ms or not events:
-        return 0.0
-    return sum(e.wall_ms for e in events) / len(events) / one_ms
-
-
-def worth(scores: Sequence[float], cost: float, spent: float = 0.0) -> int:
+def worth(scores: Sequence[float], cost: float) -> int:
     """How many of `scores` (descending path probabilities) to verify for the most tokens per
-    unit of time: nodes join, most probable first, while each `pays` for its input (`spent`:
-    the drafting already done this step, in one-token forwards)."""
+    unit of time: nodes join, most probable first, while each `pays` for its input."""
     n, total = 0, 0.0
     for s in scores:
-        if not pays(s, total, n, cost, spent):
+        if not pays(s, total, n, cost):
             break
         n, total = n + 1, total + s
     return n
 
 
-def _value(scores: Sequence[float], cost: float, cap: int, spent: float = 0.0) -> float:
-    """Tokens per unit of step time of the best selection among `scores` so far."""
+def _value(scores: Sequence[float], cost: float, cap: int) -> float:
+    """Tokens per unit of verification time of the best selection among `scores` so far."""
     top = sorted(scores, reverse=True)[:cap]
-    n = worth(top, cost, spent)
-    return (1.0 + sum(top[:n])) / (1.0 + spent + cost * n)
+    n = worth(top, cost)
+    return (1.0 + sum(top[:n])) / (1.0 + cost * n)
 
 
 def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: int) -> TreeDraft:
@@ -377,7 +351,6 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
     cost = node_cost(bundle, p["size"]) if p["shape"] == "dynamic" else None
-    one_ms = forward_ms(bundle) if cost is not None and p["size"] == "cost" else None
     rates = CopyRates()
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
@@ -402,7 +375,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
             else:
                 tree = grow_dynamic(
-                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost, one_ms
+                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost
                 )
             drafter.end()
             yield from grower.events

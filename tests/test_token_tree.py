@@ -23,16 +23,15 @@ from test_speculative import (
 
 from conftest import PROMPTS
 from decoders import InvalidParameter, generate, load_model, stream
-from decoders.events import Commit, Draft, Forward, Verify
+from decoders.events import Commit, Draft, Verify
 from decoders.prompt_lookup import lookup
-from decoders.runtime import forward_ms, input_cost, pays
+from decoders.runtime import input_cost, pays
 from decoders.token_tree import (
     DEFAULT_CHOICES,
     MAX_NODES,
     CopyRates,
     TreeDraft,
     graft,
-    grow_dynamic,
     parse_choices,
     spelled,
     worth,
@@ -62,54 +61,10 @@ def test_worth_keeps_a_node_while_it_beats_the_cost_of_its_input():
         assert n == best, cost  # the greedy rule finds the best prefix
 
 
-def test_drafting_already_spent_lowers_the_bar_for_an_input():
-    # 0.1 per input, 2 nodes summing to 1.0: the bar is 0.1 * 2 / 1.2 = 0.167 with free drafting,
-    # 0.1 * 2 / 2.2 = 0.091 once a whole forward's worth of drafting was spent on the step.
-    assert not pays(0.1, 1.0, 2, 0.1)
-    assert pays(0.1, 1.0, 2, 0.1, spent=1.0)
-    scores = [0.9, 0.5, 0.2, 0.12, 0.08, 0.05]
-    assert worth(scores, 0.1) < worth(scores, 0.1, spent=1.0) <= len(scores)
-
-
-class FakeGrower:
-    """Hands grow_dynamic fixed distributions (each node's children: tokens 1, 2, 3 with
-    probabilities 0.8, 0.15, 0.05), one Forward event of `ms` per (batched) draft forward."""
-
-    def __init__(self, ms: float) -> None:
-        self.ms, self.events = ms, []
-
-    def root(self, x: int) -> torch.Tensor:
-        self.events.append(Forward(1, "draft", 1, 1, self.ms))
-        return torch.tensor([0.0, 0.8, 0.15, 0.05])
-
-    def expand(self, tree: TreeDraft, nodes) -> list[torch.Tensor]:
-        dist = self.root(-1)  # one forward for the whole level
-        return [dist.clone() for _ in nodes]
-
-
-def test_a_level_is_drafted_only_while_it_pays_for_its_draft_forward():
-    args = (7, 6, 3, 24, 0.035)  # x, depth, top_k, nodes, cost per input
-    levels = {}
-    for ms in (None, 1.0, 5.0, 50.0):  # a draft forward's wall time; a target forward's: 50 ms
-        grower = FakeGrower(ms or 10.0)
-        tree = grow_dynamic(grower, *args, one_ms=50.0 if ms else None)
-        levels[ms] = len(grower.events)
-        assert max(depths(tree.parents)) + 1 <= levels[ms]  # one forward per level drafted
-        spent = (ms or 0.0) / 50.0 * levels[ms]
-        kept = sorted(tree.score, reverse=True)
-        assert len(kept) == max(1, worth(kept, 0.035, spent))  # every kept node pays
-    assert levels[None] == 6  # draft forwards free (no reference time, as with size=<number>)
-    assert levels[50.0] == 1  # as dear as a target forward: the root's guesses only
-    assert levels[None] >= levels[1.0] >= levels[5.0] > levels[50.0]
-    assert 1 < levels[5.0] < 6  # the sure chain goes on a while, then its mass runs too thin
-
-
 def test_the_input_cost_is_measured_once_per_model(tiny):
     cost = input_cost(tiny)
     assert 0.0 <= cost < 10.0
     assert input_cost(tiny) == cost  # cached: the same value for every later run
-    one = forward_ms(tiny)  # measured with it: what draft forwards are timed against
-    assert one > 0 and forward_ms(tiny) == one
 
 
 @pytest.mark.parametrize("size", ["big", "-0.1", "11", ""])
