@@ -74,7 +74,7 @@ def load_artifact(
     `drafts`: the module only proposes tokens the target verifies, so it may run in the cheaper
     `bundle.draft_dtype` (packing.draft_dtype). Cached per (model, file, device, dtype). A missing
     or ill-fitting file is an InvalidParameter that says how to train one."""
-    dtype = (bundle.draft_dtype or bundle.dtype) if drafts else bundle.dtype
+    dtype = bundle.drafting_dtype if drafts else bundle.dtype
     key = (bundle.model_id, str(path), str(bundle.device), str(dtype))
     with _lock:
         if key not in _loaded:

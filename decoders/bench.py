@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         if bundle.device.type == "cpu"
         else torch.cuda.get_device_name(bundle.device),
         "dtype": str(bundle.dtype).replace("torch.", ""),
-        "draft_dtype": str(bundle.draft_dtype or bundle.dtype).replace("torch.", ""),
+        "draft_dtype": str(bundle.drafting_dtype).replace("torch.", ""),
         "dataset": args.dataset,
         "category": args.category,
         "n_prompts": len(prompts),

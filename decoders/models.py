@@ -49,6 +49,11 @@ class ModelBundle:
     draft_dtype: torch.dtype | None = None  # trained drafting heads' dtype (None: `dtype`)
 
     @property
+    def drafting_dtype(self) -> torch.dtype:
+        """The dtype trained drafting heads run in: `draft_dtype`, else the target's."""
+        return self.draft_dtype or self.dtype
+
+    @property
     def n_layers(self) -> int:
         return self.model.config.num_hidden_layers
 
