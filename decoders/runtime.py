@@ -366,6 +366,7 @@ def elapsed_ms(bundle: ModelBundle, start: float) -> float:
 
 
 _input_costs: dict[int, float] = {}
+_forward_ms: dict[int, float] = {}
 _cost_lock = threading.Lock()
 
 
@@ -382,31 +383,49 @@ def input_cost(
     key = id(bundle.model)
     with _cost_lock:
         if key not in _input_costs:
-            vocab = bundle.model.config.vocab_size
-            ids = torch.arange(context + 1 + extra) % vocab
-            cache = new_cache(bundle)
-            forward(bundle, cache, ids[:context], step=0, kind="prefill")
-
-            def timed(n: int) -> float:
-                times = []
-                for _ in range(repeats):
-                    out = forward(bundle, cache, ids[context : context + n], step=0, kind="verify")
-                    crop_cache(cache, context)
-                    times.append(out.event.wall_ms)
-                return sorted(times)[repeats // 2]
-
-            timed(1)  # warm-up: the first forward of a shape pays for its kernels
-            one, many = timed(1), timed(1 + extra)
+            one, many = _timed_forwards(bundle, context, (1, 1 + extra), repeats)
             _input_costs[key] = max(0.0, (many - one) / extra / max(one, 1e-6))
+            _forward_ms.setdefault(key, one)
         return _input_costs[key]
 
 
-def pays(score: float, total: float, n: int, cost: float) -> bool:
+def forward_ms(bundle: ModelBundle) -> float:
+    """Wall milliseconds of a one-token forward of this model on this machine (after a 64-token
+    cache), measured once per loaded model: what a draft forward's time is weighed against."""
+    key = id(bundle.model)
+    with _cost_lock:
+        if key not in _forward_ms:
+            _forward_ms[key] = _timed_forwards(bundle, 64, (1,), 3)[0]
+        return _forward_ms[key]
+
+
+def _timed_forwards(
+    bundle: ModelBundle, context: int, sizes: Sequence[int], repeats: int
+) -> list[float]:
+    """The median wall ms of `repeats` forwards of each size after a `context`-token cache."""
+    vocab = bundle.model.config.vocab_size
+    ids = torch.arange(context + max(sizes)) % vocab
+    cache = new_cache(bundle)
+    forward(bundle, cache, ids[:context], step=0, kind="prefill")
+
+    def timed(n: int) -> float:
+        times = []
+        for _ in range(repeats):
+            out = forward(bundle, cache, ids[context : context + n], step=0, kind="verify")
+            crop_cache(cache, context)
+            times.append(out.event.wall_ms)
+        return sorted(times)[repeats // 2]
+
+    timed(sizes[0])  # warm-up: the first forward of a shape pays for its kernels
+    return [timed(n) for n in sizes]
+
+
+def pays(score: float, total: float, n: int, cost: float, spent: float = 0.0) -> bool:
     """Is one more draft node with path probability `score` worth its input? A draft of n nodes
-    whose path probabilities sum to `total` yields about 1 + total tokens per verification
-    costing 1 + cost·n (one-token forwards); the node raises that rate exactly when its score
-    beats cost × (1 + total) / (1 + cost·n)."""
-    return score > cost * (1.0 + total) / (1.0 + cost * n)
+    whose path probabilities sum to `total` yields about 1 + total tokens per step costing
+    1 + spent + cost·n one-token forwards (`spent`: the drafting done for it); the node raises
+    that rate exactly when its score beats cost × (1 + total) / (1 + spent + cost·n)."""
+    return score > cost * (1.0 + total) / (1.0 + spent + cost * n)
 
 
 # --- KV-cache rollback ------------------------------------------------------------------------------

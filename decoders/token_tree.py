@@ -28,19 +28,20 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .base import Budget, DecodeConfig
-from .drafters import Drafter, check_draft, make_drafter
+from .drafters import Drafter, auto_draft, check_draft, make_drafter
 from .errors import InvalidParameter
 from .events import Draft, Event, Forward
 from .models import ModelBundle
-from .params import Param
+from .params import Param, validate_params
 from .prompt_lookup import lookup
-from .runtime import input_cost, new_cache, pays
+from .runtime import forward_ms, input_cost, new_cache, pays
 from .sampling import Sampler
 from .speculative import DRAFT_HELP
 from .steps import start, verify_tree
@@ -176,47 +177,96 @@ class Grower:
 
 
 def grow_dynamic(
-    grower: Grower, x: int, depth: int, top_k: int, keep: int, cost: float | None = None
+    grower: Grower,
+    x: int,
+    depth: int,
+    top_k: int,
+    keep: int,
+    cost: float | None = None,
+    draft: float = 0.0,
 ) -> TreeDraft:
     """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally.
 
     cost (size=cost): what one more verified input costs, as a fraction of a one-token forward.
-    Then only the nodes worth it are kept (`worth`; at least the most probable one), and growth
-    stops once no frontier node is: a child's score never exceeds its parent's, so nothing deeper
-    would be kept either."""
+    Then only the nodes worth it are kept (`worth`; at least the most probable one). A level is
+    expanded only while it is worth its draft forward too: the children it should bring (the
+    expanded nodes' path probabilities × how sure the drafter has been this step) must beat what
+    that forward (`draft`, in one-token target forwards) and their inputs cost at the step's
+    current rate. A child's score never exceeds its parent's, so a level not worth drafting
+    ends the growth."""
     tree = TreeDraft()
-    frontier = _children(tree, -1, grower.root(x), top_k)
+    root = grower.root(x)
+    sure = [float(root.max())]  # the drafter's top probability in each distribution this step
+    frontier = _children(tree, -1, root, top_k)
     for _ in range(depth - 1):
         best = sorted(frontier, key=lambda n: -tree.score[n])[:top_k]
-        if cost is not None and tree.score[best[0]] <= cost * _value(tree.score, cost, keep):
-            break
+        if cost is not None:
+            rate = _value(tree.score, cost, keep, draft * len(grower.events))
+            gain = sum(sure) / len(sure) * sum(tree.score[n] for n in best)
+            if gain <= rate * (draft + cost * len(best)):
+                break
         dists = grower.expand(tree, best)
+        sure += [float(d.max()) for d in dists]
         frontier = [
             c for n, dist in zip(best, dists, strict=True) for c in _children(tree, n, dist, top_k)
         ]
     # A child's score never exceeds its parent's, so the top `keep` (ties: older first) is a tree.
     kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))[:keep]
     if cost is not None:  # the best guess is always checked: one input, and a step to show
-        kept = kept[: max(1, worth([tree.score[n] for n in kept], cost))]
+        spent = draft * len(grower.events)
+        kept = kept[: max(1, worth([tree.score[n] for n in kept], cost, spent))]
     return _subtree(tree, sorted(kept))
 
 
-def worth(scores: Sequence[float], cost: float) -> int:
+def worth(scores: Sequence[float], cost: float, spent: float = 0.0) -> int:
     """How many of `scores` (descending path probabilities) to verify for the most tokens per
-    unit of time: nodes join, most probable first, while each `pays` for its input."""
+    unit of time: nodes join, most probable first, while each `pays` for its input (`spent`:
+    the drafting already done this step, in one-token forwards)."""
     n, total = 0, 0.0
     for s in scores:
-        if not pays(s, total, n, cost):
+        if not pays(s, total, n, cost, spent):
             break
         n, total = n + 1, total + s
     return n
 
 
-def _value(scores: Sequence[float], cost: float, cap: int) -> float:
-    """Tokens per unit of verification time of the best selection among `scores` so far."""
+def _value(scores: Sequence[float], cost: float, cap: int, spent: float = 0.0) -> float:
+    """Tokens per unit of step time of the best selection among `scores` so far."""
     top = sorted(scores, reverse=True)[:cap]
-    n = worth(top, cost)
-    return (1.0 + sum(top[:n])) / (1.0 + cost * n)
+    n = worth(top, cost, spent)
+    return (1.0 + sum(top[:n])) / (1.0 + spent + cost * n)
+
+
+_draft_costs: dict[tuple[int, str], float] = {}
+_draft_lock = threading.Lock()
+
+
+def draft_cost(bundle: ModelBundle, spec: str) -> float:
+    """What one draft forward of drafter `spec` costs, in one-token target forwards.
+
+    Measured once per loaded model and drafter, as `input_cost` is, so that every run after it
+    grows the same trees (a price timed live, step by step, would make the tree follow the
+    machine's load): the median draft forward of a short fixed-size tree run on a synthetic
+    prompt, against `forward_ms`. About 0.1 for a bfloat16 EAGLE head beside this repo's
+    embedded model on a 2-core CPU; a self:k drafter costs about k / L."""
+    if spec == "auto":
+        spec = auto_draft(bundle)
+    key = (id(bundle.model), spec)
+    with _draft_lock:
+        if key not in _draft_costs:
+            params = validate_params(
+                PARAMS, {"draft": spec, "size": "fixed", "lookup": 0}, "token_tree"
+            )
+            cfg = DecodeConfig(16, frozenset(), params, detail=False)
+            prompt = [i % bundle.model.config.vocab_size for i in range(7, 71)]
+            times = [
+                e.wall_ms
+                for e in decode(bundle, prompt, cfg)
+                if isinstance(e, Forward) and e.kind == "draft" and e.step > 1
+            ]
+            one = forward_ms(bundle)
+            _draft_costs[key] = sorted(times)[len(times) // 2] / one if times and one else 0.0
+        return _draft_costs[key]
 
 
 def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: int) -> TreeDraft:
@@ -351,6 +401,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
     cost = node_cost(bundle, p["size"]) if p["shape"] == "dynamic" else None
+    # size=cost prices the drafting too; a cost given by number prices inputs only
+    draft = draft_cost(bundle, p["draft"]) if cost is not None and p["size"] == "cost" else 0.0
     rates = CopyRates()
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
@@ -375,7 +427,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
             else:
                 tree = grow_dynamic(
-                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost
+                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost, draft
                 )
             drafter.end()
             yield from grower.events

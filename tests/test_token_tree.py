@@ -23,15 +23,18 @@ from test_speculative import (
 
 from conftest import PROMPTS
 from decoders import InvalidParameter, generate, load_model, stream
-from decoders.events import Commit, Draft, Verify
+from decoders.drafters import auto_draft
+from decoders.events import Commit, Draft, Forward, Verify
 from decoders.prompt_lookup import lookup
-from decoders.runtime import input_cost, pays
+from decoders.runtime import forward_ms, input_cost, pays
 from decoders.token_tree import (
     DEFAULT_CHOICES,
     MAX_NODES,
     CopyRates,
     TreeDraft,
+    draft_cost,
     graft,
+    grow_dynamic,
     parse_choices,
     spelled,
     worth,
@@ -61,10 +64,60 @@ def test_worth_keeps_a_node_while_it_beats_the_cost_of_its_input():
         assert n == best, cost  # the greedy rule finds the best prefix
 
 
+def test_drafting_already_spent_lowers_the_bar_for_an_input():
+    # 0.1 per input, 2 nodes summing to 1.0: the bar is 0.1 * 2 / 1.2 = 0.167 with free drafting,
+    # 0.1 * 2 / 2.2 = 0.091 once a whole forward's worth of drafting was spent on the step.
+    assert not pays(0.1, 1.0, 2, 0.1)
+    assert pays(0.1, 1.0, 2, 0.1, spent=1.0)
+    scores = [0.9, 0.5, 0.2, 0.12, 0.08, 0.05]
+    assert worth(scores, 0.1) < worth(scores, 0.1, spent=1.0) <= len(scores)
+
+
+class FakeGrower:
+    """Hands grow_dynamic fixed distributions (each node's children: tokens 1, 2, 3 with
+    probabilities 0.8, 0.15, 0.05) and records one Forward event per (batched) draft forward."""
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def root(self, x: int) -> torch.Tensor:
+        self.events.append(Forward(1, "draft", 1, 1, 1.0))
+        return torch.tensor([0.0, 0.8, 0.15, 0.05])
+
+    def expand(self, tree: TreeDraft, nodes) -> list[torch.Tensor]:
+        dist = self.root(-1)  # one forward for the whole level
+        return [dist.clone() for _ in nodes]
+
+
+def test_a_level_is_drafted_only_while_it_pays_for_its_draft_forward():
+    args = (7, 6, 3, 24, 0.035)  # x, depth, top_k, nodes, cost per input
+    levels = {}
+    for draft in (0.0, 0.02, 0.1, 1.0):  # a draft forward's price, in one-token target forwards
+        grower = FakeGrower()
+        tree = grow_dynamic(grower, *args, draft=draft)
+        levels[draft] = len(grower.events)
+        assert max(depths(tree.parents)) + 1 <= levels[draft]  # one forward per level drafted
+        kept = sorted(tree.score, reverse=True)
+        assert len(kept) == max(1, worth(kept, 0.035, draft * levels[draft]))  # each kept pays
+    assert levels[0.0] == 6  # free drafting: only the inputs are priced (size=<number>)
+    assert levels[1.0] == 1  # as dear as a target forward: the root's guesses only
+    assert levels[0.0] >= levels[0.02] >= levels[0.1] > levels[1.0]
+    assert 1 < levels[0.1] < 6  # the sure chain goes on a while, then its mass runs too thin
+
+
+def test_the_draft_cost_is_calibrated_once_per_model_and_drafter(tiny):
+    cost = draft_cost(tiny, "self:1")
+    assert 0.0 < cost < 10.0
+    assert draft_cost(tiny, "self:1") == cost  # cached: every later run grows the same trees
+    assert draft_cost(tiny, "auto") == draft_cost(tiny, auto_draft(tiny))  # resolved first
+
+
 def test_the_input_cost_is_measured_once_per_model(tiny):
     cost = input_cost(tiny)
     assert 0.0 <= cost < 10.0
     assert input_cost(tiny) == cost  # cached: the same value for every later run
+    one = forward_ms(tiny)  # measured with it: what draft forwards are priced against
+    assert one > 0 and forward_ms(tiny) == one
 
 
 @pytest.mark.parametrize("size", ["big", "-0.1", "11", ""])
