@@ -29,7 +29,7 @@ from .artifacts import artifact_path, load_artifact, save_artifact
 from .drafters import Drafter
 from .events import Forward
 from .models import ModelBundle
-from .runtime import ForwardResult, crop_cache
+from .runtime import ForwardResult, cache_arg, crop_cache
 
 KIND = "eagle"  # assets/eagle/<model>.safetensors
 
@@ -59,7 +59,7 @@ class EagleHead(nn.Module):
             h,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=cache is not None,
             position_embeddings=self.rotary(h, position_ids=positions),
         )

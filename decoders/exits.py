@@ -33,7 +33,7 @@ from .artifacts import artifact_path, full_logits, load_artifact
 from .errors import InvalidParameter
 from .events import Forward
 from .models import ModelBundle
-from .runtime import elapsed_ms
+from .runtime import cache_arg, elapsed_ms
 
 KIND = "exits"
 FILLS = ("propagate", "compute")
@@ -169,9 +169,7 @@ def exit_forward(
     logits, depth = None, n_layers
     for ell, layer in enumerate(inner.layers, start=1):
         below = h
-        h = layer(
-            h, position_ids=pos, past_key_values=cache, use_cache=True, position_embeddings=rope
-        )
+        h = layer(h, position_ids=pos, **cache_arg(cache), use_cache=True, position_embeddings=rope)
         if ell in index and ell < n_layers:
             logits = stop(index[ell], ell, h[0], below[0])
             if logits is not None:
@@ -185,7 +183,7 @@ def exit_forward(
     else:
         for layer in inner.layers[depth:]:
             h = layer(
-                h, position_ids=pos, past_key_values=cache, use_cache=True, position_embeddings=rope
+                h, position_ids=pos, **cache_arg(cache), use_cache=True, position_embeddings=rope
             )
         ran = n_layers
     event = Forward(step, "target", 1, ran, elapsed_ms(bundle, start))

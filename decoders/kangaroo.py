@@ -44,7 +44,15 @@ from .errors import InvalidParameter
 from .events import Draft, DraftStop, Event, Forward, Prefill
 from .models import ModelBundle, slug
 from .params import Param
-from .runtime import crop_cache, elapsed_ms, forward, forward_from, forward_shallow, new_cache
+from .runtime import (
+    cache_arg,
+    crop_cache,
+    elapsed_ms,
+    forward,
+    forward_from,
+    forward_shallow,
+    new_cache,
+)
 from .steps import settle_chain
 from .tree import chain, tree_mask
 
@@ -77,7 +85,7 @@ class KangarooAdapter(nn.Module):
             self.input_layernorm(hidden),
             position_embeddings=self.rotary(hidden, position_ids=positions),
             attention_mask=mask,
-            past_key_values=cache,
+            **cache_arg(cache),
         )
         return self.norm(hidden + a)
 

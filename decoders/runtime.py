@@ -15,6 +15,7 @@ Each call times itself (synchronizing CUDA) into a `Forward` event.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,17 @@ from .events import Forward
 from .models import ModelBundle
 
 Tokens = Sequence[int] | torch.Tensor
+
+# transformers 5.2x renamed the models' `past_key_values` argument to `cache` (the old name warns
+# until its removal in 5.40): pass the cache under whichever name this install knows.
+CACHE_ARG = (
+    "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+)
+
+
+def cache_arg(cache: DynamicCache | None) -> dict[str, DynamicCache | None]:
+    """`**cache_arg(cache)`: the KV cache as a keyword of a model, layer or mask call."""
+    return {CACHE_ARG: cache}
 
 
 @dataclass
@@ -105,7 +117,7 @@ def forward(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
@@ -117,7 +129,7 @@ def forward(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
         ).last_hidden_state
         hidden, n_layers = {}, bundle.n_layers
@@ -176,7 +188,7 @@ def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, hidden_at):
             config=bundle.model.config,
             inputs_embeds=h,
             attention_mask=None,
-            past_key_values=cache,
+            **cache_arg(cache),
             position_ids=pos,
         )
     rope = inner.rotary_emb(h, position_ids=pos)
@@ -186,7 +198,7 @@ def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, hidden_at):
             h,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
             position_embeddings=rope,
         )
@@ -227,7 +239,7 @@ def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet) -> torch.Tensor:
                 hidden_states=layer.input_layernorm(h),
                 attention_mask=None,  # one query token: it may see its whole (per-layer) cache
                 position_ids=pos,
-                past_key_values=cache,
+                **cache_arg(cache),
                 use_cache=True,
                 position_embeddings=rope,
             )
@@ -341,7 +353,7 @@ def _run_layers(bundle, cache, h, pos, layer_ids, mask_layer: int = 0) -> torch.
         config=bundle.model.config,
         inputs_embeds=h,
         attention_mask=None,
-        past_key_values=cache,
+        **cache_arg(cache),
         position_ids=pos,
         layer_idx=mask_layer,
     )
@@ -351,7 +363,7 @@ def _run_layers(bundle, cache, h, pos, layer_ids, mask_layer: int = 0) -> torch.
             h,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
+            **cache_arg(cache),
             use_cache=True,
             position_embeddings=rope,
         )

@@ -191,9 +191,10 @@ def test_propagation_fills_exactly_the_skipped_layers_entries(tiny):
     for i in range(ell, tiny.n_layers):
         torch.testing.assert_close(cache.layers[i].keys[..., -1:, :], expect.layers[i].keys)
         torch.testing.assert_close(cache.layers[i].values[..., -1:, :], expect.layers[i].values)
-        assert not torch.allclose(
-            cache.layers[i].keys[..., -1:, :], full.layers[i].keys[..., -1:, :]
-        )
+        # the first skipped layer's input IS the exited state, so its entries are exact; above
+        # it they are stand-ins for states the token never reached
+        same = torch.allclose(cache.layers[i].keys[..., -1:, :], full.layers[i].keys[..., -1:, :])
+        assert same == (i == ell), i
 
 
 def test_the_compute_fill_reproduces_the_full_models_cache(tiny):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decoders.runtime import cache_length, crop_cache, forward, keep_cache, new_cache
+from decoders.runtime import cache_arg, cache_length, crop_cache, forward, keep_cache, new_cache
 from decoders.tree import ancestors, chain, depths, leaf_paths, tree_mask, tree_positions
 
 PROMPT = [1, 504, 3458, 314, 253, 1345, 28, 1024]
@@ -212,7 +212,7 @@ def test_skipping_nothing_but_one_mlp_matches_a_reference_layer_loop(tiny):
                 hidden_states=layer.input_layernorm(h),
                 attention_mask=None,
                 position_ids=pos,
-                past_key_values=ref_cache,
+                **cache_arg(ref_cache),
                 use_cache=True,
                 position_embeddings=rope,
             )

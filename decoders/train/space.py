@@ -40,6 +40,7 @@ from transformers import DynamicCache
 
 from ..mask_model import SFT_FILE, MaskAdapter, adapter_path, masked_forward
 from ..models import cache_dir, slug
+from ..runtime import cache_arg
 from .corpus import add_arguments as add_corpus_arguments
 from .loop import add_loop_arguments, fit_artifact
 from .states import Prepared, States, prepare, windows
@@ -125,7 +126,7 @@ def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, 
     positions, mask = group_layout(width, cuts, k, bundle.dtype)
     cache = DynamicCache(config=bundle.model.config)
     with torch.no_grad():
-        real = bundle.model.model(input_ids=ids.to(dev), past_key_values=cache, use_cache=True)
+        real = bundle.model.model(input_ids=ids.to(dev), **cache_arg(cache), use_cache=True)
         target = real.last_hidden_state.float().gather(
             1, at.to(dev)[..., None].expand(-1, -1, real.last_hidden_state.shape[-1])
         )

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from transformers.masking_utils import create_causal_mask
 
 from ..models import ModelBundle
+from ..runtime import cache_arg
 from .corpus import Corpus
 
 
@@ -50,7 +51,7 @@ def target_states(
             config=bundle.model.config,
             inputs_embeds=h,
             attention_mask=None,
-            past_key_values=None,
+            **cache_arg(None),
             position_ids=pos,
         )
         rope = inner.rotary_emb(h, position_ids=pos)
