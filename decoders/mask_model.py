@@ -36,6 +36,8 @@ from .runtime import ForwardResult
 
 KIND = "space"  # assets/space/<model>.safetensors
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+# Projections that read the same input: a frozen adapter updates each group in one go.
+GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
 SUPPORTED = ("llama",)  # the layer layout masked_forward follows
 
 
@@ -72,21 +74,55 @@ class MaskAdapter(nn.Module):
                 nn.init.kaiming_uniform_(a, a=5**0.5)
                 self.lora[f"{layer}_{name}_A"] = nn.Parameter(a)
                 self.lora[f"{layer}_{name}_B"] = nn.Parameter(torch.zeros(n_out, rank))
+        self.fused: list[dict[str, tuple[torch.Tensor, torch.Tensor, list[int]]]] | None = None
 
     @classmethod
     def from_state(cls, config, state: dict[str, torch.Tensor]) -> MaskAdapter:
         k, rank, alpha = state["meta"].tolist()
         return cls(config, int(k), int(rank), float(alpha))
 
-    def linear(
-        self, base: nn.Linear, layer: int, name: str, x: torch.Tensor, first: int
-    ) -> torch.Tensor:
-        """base(x), plus the adapter's low-rank update on the mask rows, x[:, first:]."""
-        y = base(x)
+    def project(
+        self, layer: int, group: str, bases: Sequence[nn.Linear], x: torch.Tensor, first: int
+    ) -> list[torch.Tensor]:
+        """The base linears of one input-sharing `group` (GROUPS) on x, each plus the adapter's
+        low-rank update on the mask rows, x[:, first:]."""
+        ys = [base(x) for base in bases]
         if self.rank and first < x.shape[1]:
-            a, b = self.lora[f"{layer}_{name}_A"], self.lora[f"{layer}_{name}_B"]
-            y[:, first:] += ((x[:, first:] @ a.T) @ b.T * self.scale).to(y.dtype)
-        return y
+            xm = x[:, first:]
+            if self.fused is not None:  # frozen: one pair of matmuls for the whole group
+                a, b, sizes = self.fused[layer][group]
+                updates = ((xm @ a.T) @ b.T).split(sizes, dim=-1)
+            else:  # training: each projection's own pair, so gradients reach the parameters
+                updates = [
+                    (xm @ self.lora[f"{layer}_{name}_A"].T)
+                    @ self.lora[f"{layer}_{name}_B"].T
+                    * self.scale
+                    for name in GROUPS[group]
+                ]
+            for y, update in zip(ys, updates, strict=True):
+                y[:, first:] += update.to(y.dtype)
+        return ys
+
+    def freeze(self) -> MaskAdapter:
+        """For decoding: per layer and group, the projections' A stacked [g·r, in] and their B
+        block-diagonal [Σ out, g·r] with the scale folded in, so q, k and v (and gate and up),
+        which read the same input, take one update of two matmuls instead of three (two) pairs.
+        The weights must not change afterwards (`load_adapter` hands out frozen adapters)."""
+        if self.rank and self.fused is None:
+            with torch.no_grad():
+                self.fused = [
+                    {
+                        group: (
+                            torch.cat([self.lora[f"{i}_{n}_A"] for n in names]),
+                            torch.block_diag(*(self.lora[f"{i}_{n}_B"] for n in names))
+                            * self.scale,
+                            [self.lora[f"{i}_{n}_B"].shape[0] for n in names],
+                        )
+                        for group, names in GROUPS.items()
+                    }
+                    for i in range(len(self.lora) // (2 * len(PROJECTIONS)))
+                ]
+        return self
 
 
 def masked_forward(
@@ -118,24 +154,26 @@ def masked_forward(
         )
         x = layer.post_attention_layernorm(h)
         mlp = layer.mlp
-        gate = adapter.linear(mlp.gate_proj, i, "gate", x, first)
-        up = adapter.linear(mlp.up_proj, i, "up", x, first)
-        h = h + adapter.linear(mlp.down_proj, i, "down", mlp.act_fn(gate) * up, first)
+        gate, up = adapter.project(i, "gate_up", (mlp.gate_proj, mlp.up_proj), x, first)
+        (down,) = adapter.project(i, "down", (mlp.down_proj,), mlp.act_fn(gate) * up, first)
+        h = h + down
     return inner.norm(h)
 
 
 def _attention(adapter, attn, i, x, first, rope, attention, cache) -> torch.Tensor:
     """The base layer's self-attention (its weights, its attention kernel), adapter added."""
     shape = (*x.shape[:-1], -1, attn.head_dim)
-    q = adapter.linear(attn.q_proj, i, "q", x, first).view(shape).transpose(1, 2)
-    k = adapter.linear(attn.k_proj, i, "k", x, first).view(shape).transpose(1, 2)
-    v = adapter.linear(attn.v_proj, i, "v", x, first).view(shape).transpose(1, 2)
+    q, k, v = (
+        y.view(shape).transpose(1, 2)
+        for y in adapter.project(i, "qkv", (attn.q_proj, attn.k_proj, attn.v_proj), x, first)
+    )
     q, k = apply_rotary_pos_emb(q, k, *rope)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
     out, _ = sdpa_attention_forward(attn, q, k, v, attention, scaling=attn.scaling)
     out = out.reshape(*x.shape[:-1], -1).contiguous()
-    return adapter.linear(attn.o_proj, i, "o", out, first)
+    (o,) = adapter.project(i, "o", (attn.o_proj,), out, first)
+    return o
 
 
 @torch.inference_mode()
@@ -199,4 +237,4 @@ def load_adapter(bundle: ModelBundle, path=None) -> MaskAdapter:
         lambda state: MaskAdapter.from_state(bundle.model.config, state),
         "SPACE mask adapter",
         f"python -m decoders.train space --model {bundle.model_id}",
-    )
+    ).freeze()

@@ -117,6 +117,33 @@ def test_real_rows_never_see_the_adapter(tiny):
     torch.testing.assert_close(tiny.model.lm_head(out["loud"][real]), plain, atol=1e-4, rtol=1e-4)
 
 
+def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny):
+    """Decoding's adapter (frozen: q, k, v and gate, up each updated by one stacked pair) gives
+    the mask rows the per-projection adapter's values, and the real rows the same bits."""
+    torch.manual_seed(2)
+    trained = MaskAdapter(tiny.model.config, 3, 4, 8)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.normal_(0, 0.3)
+    frozen = MaskAdapter(tiny.model.config, 3, 4, 8)
+    frozen.load_state_dict(trained.state_dict())
+    frozen.requires_grad_(False).freeze()
+    assert trained.fused is None and len(frozen.fused) == tiny.n_layers
+    a, b, sizes = frozen.fused[0]["qkv"]
+    assert a.shape == (3 * 4, 64) and b.shape == (sum(sizes), 3 * 4) and sizes == [64, 32, 32]
+    ids = tiny.encode(PROMPTS[0], chat=False)
+    real, positions, mask, _ = space.layout(3, 3, 0)
+    tokens = torch.tensor([[*ids[:4], *[0] * 12]])
+    with torch.no_grad():
+        one, fused = (
+            masked_forward(tiny, m, None, tokens, 4, torch.tensor([positions]), mask)[0]
+            for m in (trained, frozen)
+        )
+    assert torch.equal(one[real], fused[real])
+    torch.testing.assert_close(one[4:], fused[4:], atol=1e-4, rtol=1e-4)  # summed in another order
+    assert not torch.allclose(one[4:], fused[4:].roll(1, 0))  # the mask rows do differ
+
+
 @pytest.fixture()
 def oracle(monkeypatch, tiny):
     """Mask rows predict the true greedy continuation: a mask at absolute position P gets a
