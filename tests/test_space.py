@@ -129,8 +129,8 @@ def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny):
     frozen.load_state_dict(trained.state_dict())
     frozen.requires_grad_(False).freeze()
     assert trained.fused is None and len(frozen.fused) == tiny.n_layers
-    a, b, sizes = frozen.fused[0]["qkv"]
-    assert a.shape == (3 * 4, 64) and b.shape == (sum(sizes), 3 * 4) and sizes == [64, 32, 32]
+    a, outputs = frozen.fused[0]["qkv"]
+    assert a.shape == (64, 3 * 4) and [b.shape for b, _ in outputs] == [(4, 64), (4, 32), (4, 32)]
     ids = tiny.encode(PROMPTS[0], chat=False)
     real, positions, mask, _ = space.layout(3, 3, 0)
     tokens = torch.tensor([[*ids[:4], *[0] * 12]])
