@@ -383,12 +383,13 @@ _cost_lock = threading.Lock()
 
 
 def input_cost(
-    bundle: ModelBundle, *, context: int = 64, extra: int = 16, repeats: int = 3
+    bundle: ModelBundle, *, context: int = 64, extra: int = 16, repeats: int = 5
 ) -> float:
     """What one more input costs a forward on this machine, as a fraction of a one-token forward.
 
     Measured once per loaded model (median of `repeats` forwards of 1 and 1 + `extra` tokens after
-    a `context`-token cache): about 0.035 on a 2-core CPU, where compute grows with every input,
+    a `context`-token cache, each shape warmed up first): about 0.035 on a 2-core Intel CPU and
+    0.045 on a 2-core AMD one, where compute grows with every input,
     and near 0 on a GPU, where a forward of a few dozen tokens costs what one does. Tree drafts
     use it to verify only the nodes worth their price here (`token_tree`'s size=cost).
     """
@@ -428,7 +429,8 @@ def _timed_forwards(
             times.append(out.event.wall_ms)
         return sorted(times)[repeats // 2]
 
-    timed(sizes[0])  # warm-up: the first forward of a shape pays for its kernels
+    for n in sizes:  # warm-up: the first forwards of a shape pay for its kernels (oneDNN's
+        timed(n)  # primitives); a cold 17-token forward once priced inputs 1.6x too dear
     return [timed(n) for n in sizes]
 
 

@@ -126,7 +126,7 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(kind, tiny, states, vocab):
 
     def held_out() -> dict[str, float]:
         out = loss(kind, module, tiny, states, batch)
-        return {"loss": float(out["loss"]), "top1": float(out[top1])}
+        return {"loss": float(out["loss"].detach()), "top1": float(out[top1])}
 
     with torch.no_grad():
         before = held_out()
