@@ -426,6 +426,8 @@ def trace_from_json(
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TraceError(f"not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. 100,000 nested brackets: valid JSON, never a trace
+        raise TraceError("not a Decoding Lab trace: JSON nested too deeply") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
         raise TraceError(f'not a Decoding Lab trace (missing "format": "{TRACE_FORMAT}")')
     if data.get("version") != SCHEMA_VERSION:

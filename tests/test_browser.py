@@ -56,8 +56,13 @@ def test_run_stream_step_export_import(server, page, tmp_path):
 
     # Step back: the future turns grey, the step's token is underlined.
     step_js = "+document.querySelector('#step input[type=number]').value"
-    at_end = "(e => e.max !== '' && +e.value === +e.max)(document.querySelector('#step input[type=range]'))"
-    page.wait_for_function(at_end, timeout=30_000)  # the finished run shows its last step
+    # The finished run opens at its showcase step: the last one with drafts accepted (its
+    # method panel has something to show), said in the status.
+    showcase = "(e => e.max !== '' && +e.value > 3 && +e.value <= +e.max)(document.querySelector('#step input[type=range]'))"
+    page.wait_for_function(showcase, timeout=30_000)
+    assert "the last with drafts accepted" in page.locator("#status").inner_text() or page.evaluate(
+        "(e => +e.value === +e.max)(document.querySelector('#step input[type=range]'))"
+    )
     last = page.evaluate(step_js)
     for k in range(1, 4):  # one click at a time: each reads the step the previous one set
         page.locator("#prev").click()
@@ -367,6 +372,28 @@ def test_an_error_after_a_good_run_clears_its_views(server, page):
     page.locator("#run-btn").click()
     page.locator("#status").get_by_text("the prompt is empty").wait_for(timeout=30_000)
     assert tokens_in(page) == 0 and page.locator("#panel .js-plotly-plot .gtitle").count() == 0
+    assert_no_error_badge(page)
+
+
+def test_a_value_past_a_sliders_range_snaps_to_what_the_run_used(server, page):
+    """A typed 9999 stays in a slider's box while the browser sends its maximum: after the run,
+    the box shows what was used (the trace's own value), not what was typed."""
+    page.goto(server + "?model=tiny-random&method=speculative&max_new_tokens=8")
+    budget = page.locator("#max-new-tokens input[type=number]")
+    page.wait_for_function(
+        "document.querySelector('#max-new-tokens input[type=number]')?.value === '8'",
+        timeout=30_000,
+    )
+    gamma = page.locator("#speculative-gamma input[type=number]")
+    gamma.fill("99")
+    gamma.press("Enter")
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done").wait_for(timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#speculative-gamma input[type=number]')?.value === '16'",
+        timeout=30_000,
+    )
+    assert budget.input_value() == "8"
     assert_no_error_badge(page)
 
 

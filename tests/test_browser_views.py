@@ -35,9 +35,9 @@ def open_run(page, server: str, method: str, extra: str) -> None:
     page.wait_for_function(
         "document.querySelector('#status')?.innerText.includes('Done')", timeout=180_000
     )
-    # The finished run shows its last step: the slider's value is its maximum.
+    # The finished run opens at its showcase step (the last with drafts accepted, else the last).
     page.wait_for_function(
-        "(e => e && e.max !== '' && +e.max > 0 && +e.value === +e.max)"
+        "(e => e && e.max !== '' && +e.max > 0 && +e.value > 0 && +e.value <= +e.max)"
         "(document.querySelector('#step input[type=range]'))",
         timeout=60_000,
     )

@@ -578,6 +578,9 @@ def test_free_views_draw_the_catch_ups(tiny):
     caught = [e for e in res.events if isinstance(e, CatchUp)]
     total = sum(fig.data[0].y) + sum(fig.data[1].y)
     assert total == sum(len(e.positions) for e in caught)
+    # each axis names what it carries: counts on the left, the λ line on the right
+    assert fig.layout.yaxis.title.text == "tokens caught up"
+    assert fig.layout.yaxis2.title.text == "λ after the pass"
     lanes = {y for t in forward_timeline(res.events).data for y in t.y}
     assert "sync" in lanes
 

@@ -90,6 +90,7 @@ def test_trace_round_trip():
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "not a Decoding Lab trace"),
+        pytest.param("[" * 100_000 + "]" * 100_000, "nested too deeply", id="deeply-nested"),
         ('{"format": "decoding-lab-trace", "version": 99, "events": []}', "version 99"),
         ('{"format": "decoding-lab-trace", "version": 1, "events": {}}', "must be a list"),
         (

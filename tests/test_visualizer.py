@@ -170,6 +170,10 @@ def test_acceptance_panel_shows_histogram_and_rate_per_position():
     assert fig.layout.xaxis2.dtick == 1  # every draft position labelled
     empty = acceptance_panel({"acceptance_histogram": []})
     assert not empty.data and "no drafts" in empty.layout.annotations[0].text
+    # Mask-Predict keeps mask fills nobody verified: the panel says so, not "one target token".
+    lossy = acceptance_panel({"acceptance_histogram": [], "origins": {"target": 4, "mask": 8}})
+    text = lossy.layout.annotations[0].text.replace("<br>", " ")
+    assert "nothing verified: mask tokens" in text and "one target token" not in text
 
 
 def test_every_methods_extra_views_fit_the_pages_slots():

@@ -198,15 +198,20 @@ class RunTab:
         }
 
     def full_views(self, trace: Trace, status: str) -> dict:
-        """Every view of a finished (or stopped, or imported) trace, at its last step."""
+        """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
+        its example: at the showcase step (the last one with drafts accepted, whose method panel
+        has something to show; the tokens after it stay on screen, pending), else the last."""
+        at = showcase_step(trace)
+        if at < trace.last_step:
+            status += f" Opened at step {at}, the last with drafts accepted."
         return {
-            **self.step_views(trace, None),
+            **self.step_views(trace, at),
             self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
             self.hist: result_panel(trace),
             self.step: gr.Slider(
                 minimum=0,
                 maximum=max(trace.last_step, 1),
-                value=trace.last_step,
+                value=at,
                 step=1,
                 interactive=True,
                 label=f"Step (0–{trace.last_step})",
@@ -554,6 +559,24 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         api_visibility="undocumented",  # scripts may stream it too (scripts/bench_ui.py)
         concurrency_id="decode",
         show_progress="hidden",  # our status line says it; animated overlays cost CPU
+    )
+
+    def snap(trace: Trace | None) -> dict:
+        """The boxes show what the run used: a slider's box keeps a typed 9999 while the browser
+        sends its maximum, so after a run the form is set to the trace's own values."""
+        if trace is None or trace.meta.get("finish_reason") is None:
+            return {t.status: gr.skip()}
+        form = t.form_for(trace)
+        return {c: v for c, v in form.items() if c not in (t.method, t.model, t.prompt)} or {
+            t.status: gr.skip()
+        }
+
+    run_event.then(
+        snap,
+        t.trace,
+        [t.max_new, t.temperature, t.top_p, t.seed, *t.controls.values(), t.status],
+        api_visibility="private",
+        show_progress="hidden",
     )
 
     def on_stop(trace: Trace | None) -> dict:

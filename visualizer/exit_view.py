@@ -123,9 +123,8 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
     early = sum(e.layer < e.n_layers for e in exits)
     depth = sum(e.layer for e in exits) / (len(exits) * n_layers)
     rule = exits[0].rule
-    note = (
-        f"{early} of {len(exits)} tokens left early; {depth:.0%} of the layers ran on average"
-        + ("; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)")
+    note = f"{early} of {len(exits)} tokens left early, on average at {depth:.0%} of the depth" + (
+        "; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)"
     )
     return _base_layout(
         fig, title, height=min(520, 200 + 26 * len(rows)), subtitle=wrap(note, SUBTITLE_CHARS)
@@ -260,10 +259,12 @@ def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         fig.add_vline(x=step, line=dict(color="#ef6c00", width=2))
     fig.update_layout(
         barmode="stack",
-        yaxis2=dict(overlaying="y", side="right", range=[0, 1.05], title="λ", showgrid=False),
+        yaxis=dict(title="tokens caught up", rangemode="tozero"),  # the left axis only
+        yaxis2=dict(
+            overlaying="y", side="right", range=[0, 1.05], title="λ after the pass", showgrid=False
+        ),
     )
     fig.update_xaxes(title_text="step (a deep pass)")
-    fig.update_yaxes(title_text="tokens caught up", rangemode="tozero")
     total = sum(len(e.positions) for e in passes)
     note = (
         f"{total} held-back tokens caught up in {len(passes)} passes; the deep model agreed on "
@@ -296,6 +297,7 @@ def quality_point(
                 y=[p["agreement"] for p in rows],
                 mode="lines+markers",
                 name=f"{name} (benchmark)",
+                showlegend=mine,  # the other families stay faint context, named on hover
                 opacity=1.0 if mine else 0.35,
                 line=dict(width=2 if mine else 1),
                 text=[
@@ -329,9 +331,9 @@ def quality_point(
                 hoverinfo="text",
             )
         )
-        note = f"this run: {agreement:.0%} agree with greedy at {layers:.0%} of the layers"
+        note = f"this run: {agreement:.0%} agree, {layers:.0%} of the layers computed"
     else:
         note = "this run's point appears once its agreement with greedy is checked"
     fig.update_xaxes(title_text="decoder layers per token (share)")
     fig.update_yaxes(title_text="agreement with greedy", range=[0, 1.05])
-    return _base_layout(fig, title, height=340, subtitle=wrap(note, SUBTITLE_CHARS))
+    return _base_layout(fig, title, height=340, subtitle=note)

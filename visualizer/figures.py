@@ -221,6 +221,14 @@ def acceptance_by_position(stats: Mapping[str, Any]) -> go.Figure:
     return _base_layout(fig, "Acceptance rate by draft position")
 
 
+def _nothing_verified(stats: Mapping[str, Any]) -> str:
+    """Why there is no acceptance to draw: no drafts at all, or guesses kept unverified."""
+    unverified = sorted(o for o in (stats.get("origins") or {}) if o not in ("target", "prefill"))
+    if unverified:  # Mask-Predict's mask fills, an early exit's tokens: nothing checked them
+        return f"nothing verified: {', '.join(unverified)} tokens are kept unchecked (lossy)"
+    return "no drafts: each step commits one target token"
+
+
 def acceptance_panel(stats: Mapping[str, Any]) -> go.Figure:
     """Both acceptance views, one above the other (each full width, so ten draft positions stay
     readable on a phone): how many drafts each step kept, and how often each draft position
@@ -229,7 +237,7 @@ def acceptance_panel(stats: Mapping[str, Any]) -> go.Figure:
     from plotly.subplots import make_subplots
 
     if not stats.get("acceptance_histogram"):
-        return _empty("Acceptance", "no drafts: each step commits one target token")
+        return _empty("Acceptance", _nothing_verified(stats))
     fig = make_subplots(
         rows=2,
         cols=1,
