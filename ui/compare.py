@@ -406,14 +406,15 @@ def _row(
 
 
 # Short, so the whole table fits beside the form at 1440 px (the row dicts keep the long names).
+# The verdict beside the speed, so both read without scrolling on a narrow table.
 TABLE_HEADERS = [
     "method spec",
-    "tokens/s",
     "speedup",
+    "lossless",
+    "tokens/s",
     "tokens/forward",
     "accept len",
     "tokens",
-    "lossless",
 ]
 
 
@@ -422,12 +423,12 @@ def table_rows(rows: list[Mapping[str, Any]]) -> list[list[str]]:
     return [
         [
             r["method"],
-            fmt_rate(r["tokens_per_s"]),
             fmt_speedup(r["speedup"]),
+            r["lossless"],
+            fmt_rate(r["tokens_per_s"]),
             fmt_ratio(r["tokens_per_target_forward"]),
             fmt_ratio(r["mean_acceptance_length"]),
             str(r["new_tokens"]),
-            r["lossless"],
         ]
         for r in rows
     ]
