@@ -67,6 +67,8 @@ CSS = """
   #run-output {order: 2;}
   #run-params {order: 3;}
   #run-top, #run-output, #run-params {width: 100%; min-width: 0;}
+  /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
+  .modebar-container {display: none;}
 }
 .dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
   line-height: 1.9; white-space: pre-wrap; word-break: break-word;}

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -24,6 +25,7 @@ from .lookahead_views import _tok
 from .text import escape, short_token, visible, wrap
 
 WINDOW = 32  # tokens a heatmap shows around the current step (a phone's width of columns)
+MAX_TOKEN_TICKS = 16  # labelled tokens under it (every other one at full width): a phone reads them
 EXIT_MARK = "#37474f"
 
 
@@ -110,12 +112,14 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
             line=dict(color="#ef6c00", width=2),
             fillcolor="rgba(0,0,0,0)",
         )
+    labelled = x[:: max(1, math.ceil(len(x) / MAX_TOKEN_TICKS))]  # slanted labels stay apart
     fig.update_xaxes(
         title_text="output token",
         tickmode="array",
-        tickvals=x,
+        tickvals=labelled,
         ticktext=[
-            short_token(texts.get(outputs[p], "?"), 5) if p < len(outputs) else "?" for p in x
+            short_token(texts.get(outputs[p], "?"), 5) if p < len(outputs) else "?"
+            for p in labelled
         ],
         tickangle=-60,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -178,13 +179,19 @@ def tokens_per_step(events: Sequence[Event], upto_step: int | None = None) -> go
             )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="step")
-    fig.update_yaxes(title_text="tokens", rangemode="tozero", dtick=1)
+    peak = max(sum(counts.values()) for counts in per_step.values())
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", dtick=_whole_dtick(peak))
     return _base_layout(
         fig,
         "Tokens committed per step",
-        height=280,
+        height=240 + 20 * len(fig.data),  # each origin's legend row gets room; the plot keeps it
         subtitle="coloured by where each token came from",
     )
+
+
+def _whole_dtick(peak: float) -> int:
+    """A whole-number tick step that labels a count axis up to `peak` with at most ~5 ticks."""
+    return max(1, math.ceil(peak / 5))
 
 
 def acceptance_histogram(stats: Mapping[str, Any]) -> go.Figure:
@@ -200,7 +207,7 @@ def acceptance_histogram(stats: Mapping[str, Any]) -> go.Figure:
         )
     )
     fig.update_xaxes(title_text="drafts accepted in a step", dtick=1)
-    fig.update_yaxes(title_text="verify steps")
+    fig.update_yaxes(title_text="verify steps", dtick=_whole_dtick(max(hist)))  # counts: whole
     return _base_layout(fig, "Acceptance histogram")
 
 
