@@ -30,7 +30,13 @@ PALETTE = (
     "#ad1457",
     "#558b2f",
     "#283593",
-)
+    "#f9a825",
+    "#0097a7",
+    "#d84315",
+    "#5e35b1",
+    "#9e9d24",
+    "#4e342e",
+)  # 16: Compare's default preset (15 rows) never repeats one
 REFERENCE_COLOUR = "#78909c"
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
 
