@@ -247,7 +247,7 @@ def draft_cost(bundle: ModelBundle, spec: str) -> float:
     Measured once per loaded model and drafter, as `input_cost` is, so that every run after it
     grows the same trees (a price timed live, step by step, would make the tree follow the
     machine's load): the median draft forward of a short fixed-size tree run on a synthetic
-    prompt, against `forward_ms`. About 0.1 for a bfloat16 EAGLE head beside this repo's
+    prompt, against `forward_ms`. About 0.05 for a bfloat16 EAGLE head beside this repo's
     embedded model on a 2-core CPU; a self:k drafter costs about k / L."""
     if spec == "auto":
         spec = auto_draft(bundle)
