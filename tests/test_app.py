@@ -409,6 +409,30 @@ def test_a_stopped_run_keeps_its_trace_to_step_and_export(tiny):
     assert recheck_lossless(again)["status"] == "identical"  # a prefix of greedy
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "expect"),
+    [
+        ("token_tree", {"draft": "self:2", "size": "fixed"}, "drafts"),  # Verify events
+        ("mask_predict", {"m": 4, "T": 1}, "several"),  # blocks, nothing verified
+        ("autoregressive", {}, "last"),  # nothing to show but the end
+    ],
+)
+def test_a_finished_run_opens_where_its_panel_has_something_to_show(method, params, expect):
+    from decoders.events import Commit, Verify
+    from ui.run_tab import showcase_step
+
+    trace = run_to_end("tiny-random", PROMPTS[2], method, 24, params, check_lossless=False)
+    at = showcase_step(trace)
+    accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
+    several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
+    if expect == "drafts":
+        assert accepted and at == max(accepted)
+    elif expect == "several":
+        assert not accepted and several and at == max(several)
+    else:
+        assert at == trace.last_step
+
+
 def test_the_run_streams_its_phases(tiny):
     phases = [live.phase for live in run_live("tiny-random", "hi", "prompt_lookup", 8, {})]
     assert phases[-2:] == ["checking", "done"] and set(phases[:-2]) == {"decoding"}

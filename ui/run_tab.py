@@ -20,7 +20,7 @@ from typing import Any
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
-from decoders.events import MAX_TRACE_BYTES, Verify
+from decoders.events import MAX_TRACE_BYTES, Commit, Verify
 from decoders.params import SAMPLING_PARAMS, Param
 from visualizer import (
     acceptance_panel,
@@ -205,7 +205,7 @@ class RunTab:
         has something to show; the tokens after it stay on screen, pending), else the last."""
         at = showcase_step(trace)
         if at < trace.last_step:
-            status += f" Opened at step {at}, the last with drafts accepted."
+            status += f" Opened at step {at}, the last with {_shown(trace)}."
         return {
             **self.step_views(trace, at),
             self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
@@ -447,10 +447,18 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
 
 
 def showcase_step(trace: Trace) -> int:
-    """The step a cold page opens at: the last one where the target accepted drafted tokens (its
-    method panel has something to show), else the last step."""
+    """The step a page opens at: the last one where the target accepted drafted tokens (its
+    method panel has something to show); without verification (Mask-Predict's blocks), the last
+    that committed several tokens; else the last step."""
     accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
-    return max(accepted, default=trace.last_step)
+    several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
+    return max(accepted or several, default=trace.last_step)
+
+
+def _shown(trace: Trace) -> str:
+    """What the showcase step has (see `showcase_step`), for the status line."""
+    verified = any(isinstance(e, Verify) and e.accepted for e in trace.events)
+    return "drafts accepted" if verified else "several tokens committed"
 
 
 def _initial(example: Trace | None) -> dict[str, Any]:

@@ -20,23 +20,23 @@ from .text import fmt_ratio, fmt_speedup
 
 # One colour per row, in row order (autoregressive, the reference, is grey and dashed).
 PALETTE = (
-    "#2e7d32",
-    "#1565c0",
-    "#ef6c00",
-    "#8e24aa",
-    "#c62828",
-    "#00838f",
-    "#6d4c41",
-    "#ad1457",
-    "#558b2f",
-    "#283593",
-    "#f9a825",
-    "#0097a7",
-    "#d84315",
-    "#5e35b1",
-    "#9e9d24",
-    "#4e342e",
-)  # 16: Compare's default preset (15 rows) never repeats one
+    "#2e7d32",  # green
+    "#1565c0",  # blue
+    "#ef6c00",  # orange
+    "#8e24aa",  # purple
+    "#c62828",  # red
+    "#00838f",  # teal
+    "#6d4c41",  # brown
+    "#ad1457",  # magenta
+    "#9e9d24",  # olive
+    "#212121",  # near black
+    "#f9a825",  # amber
+    "#64b5f6",  # light blue
+    "#f06292",  # pink
+    "#81c784",  # light green
+    "#ba68c8",  # lilac
+    "#283593",  # navy
+)  # 16 hues or shades apart: Compare's default preset (15 rows) never repeats one
 REFERENCE_COLOUR = "#78909c"
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
 

@@ -25,7 +25,7 @@ from .lookahead_views import _tok
 from .text import escape, short_token, visible, wrap
 
 WINDOW = 32  # tokens a heatmap shows around the current step (a phone's width of columns)
-MAX_TOKEN_TICKS = 16  # labelled tokens under it (every other one at full width): a phone reads them
+MAX_TOKEN_TICKS = 8  # labelled tokens under it (hover names every one): slanted, they fit a phone
 EXIT_MARK = "#37474f"
 
 
@@ -81,7 +81,7 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
                 zmin=0.0,
                 zmax=1.0,
                 colorscale="Blues",
-                colorbar=dict(title=dict(text="confidence"), thickness=10, len=0.8),
+                colorbar=dict(title=dict(text="confidence", side="right"), thickness=10, len=0.8),
                 text=hover,
                 hoverinfo="text",
                 xgap=1,
