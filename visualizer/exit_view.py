@@ -127,9 +127,10 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
     early = sum(e.layer < e.n_layers for e in exits)
     depth = sum(e.layer for e in exits) / (len(exits) * n_layers)
     rule = exits[0].rule
-    note = f"{early} of {len(exits)} tokens left early, on average at {depth:.0%} of the depth" + (
-        "; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)"
-    )
+    note = (
+        f"{early} of the {len(exits)} tokens after the prefill's left early, on average at "
+        f"{depth:.0%} of the depth"
+    ) + ("; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)")
     return _base_layout(
         fig, title, height=min(520, 200 + 26 * len(rows)), subtitle=wrap(note, SUBTITLE_CHARS)
     )
