@@ -203,9 +203,9 @@ class RunTab:
         """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
         its example: at the showcase step (the last one with drafts accepted, whose method panel
         has something to show; the tokens after it stay on screen, pending), else the last."""
-        at = showcase_step(trace)
+        at, shown = showcase(trace)
         if at < trace.last_step:
-            status += f" Opened at step {at}, the last with {_shown(trace)}."
+            status += f" Opened at step {at}, the last with {shown}."
         return {
             **self.step_views(trace, at),
             self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
@@ -446,19 +446,21 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
     return tab
 
 
-def showcase_step(trace: Trace) -> int:
-    """The step a page opens at: the last one where the target accepted drafted tokens (its
-    method panel has something to show); without verification (Mask-Predict's blocks), the last
-    that committed several tokens; else the last step."""
+def showcase(trace: Trace) -> tuple[int, str]:
+    """The step a page opens at, and what it shows: the last one where the target accepted
+    drafted tokens (its method panel has something to show); without verification (Mask-Predict's
+    blocks), the last that committed several tokens; else the last step ("")."""
     accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
+    if accepted:
+        return max(accepted), "drafts accepted"
     several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
-    return max(accepted or several, default=trace.last_step)
+    if several:
+        return max(several), "several tokens committed"
+    return trace.last_step, ""
 
 
-def _shown(trace: Trace) -> str:
-    """What the showcase step has (see `showcase_step`), for the status line."""
-    verified = any(isinstance(e, Verify) and e.accepted for e in trace.events)
-    return "drafts accepted" if verified else "several tokens committed"
+def showcase_step(trace: Trace) -> int:
+    return showcase(trace)[0]
 
 
 def _initial(example: Trace | None) -> dict[str, Any]:
