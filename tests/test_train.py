@@ -43,7 +43,7 @@ from decoders.train.corpus import (
     contaminated,
     ngrams,
 )
-from decoders.train.loop import Loop
+from decoders.train.loop import Loop, init_weights, warm_start
 from decoders.train.states import draft_vocabulary, target_states, windows
 
 KINDS = ("eagle", "kangaroo", "medusa")
@@ -529,10 +529,33 @@ def test_unrolled_training_lowers_every_depth_s_loss(tiny, states, vocab):
 
 
 def test_init_reads_a_committed_head_from_git(tmp_path):
-    committed = eagle_trainer.init_weights("git:HEAD:assets/eagle/tiny-random.safetensors")
+    committed = init_weights("git:HEAD:assets/eagle/tiny-random.safetensors")
     from safetensors.torch import load_file
 
     on_disk = load_file(str(ROOT / "assets" / "eagle" / "tiny-random.safetensors"))
     assert committed.keys() == on_disk.keys()
     with pytest.raises(SystemExit, match="no-such-file"):
-        eagle_trainer.init_weights("git:HEAD:assets/eagle/no-such-file.safetensors")
+        init_weights("git:HEAD:assets/eagle/no-such-file.safetensors")
+
+
+def test_a_warm_start_loads_every_weight_but_the_rebuilt_vocabulary(tiny, vocab, tmp_path):
+    trained = KangarooAdapter.from_target(tiny, ELL, vocab)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p))
+    path = tmp_path / "adapter.safetensors"
+    save_artifact(trained, path, {"model": "tiny-random"})
+
+    fresh = KangarooAdapter.from_target(tiny, ELL, vocab[:-1])  # this corpus's vocabulary
+    warm_start(fresh, str(path))
+    saved = init_weights(str(path))  # as stored (the artifact's dtype)
+    for name, p in fresh.named_parameters():
+        assert torch.equal(p, saved[name].to(p.dtype)), name
+    start = KangarooAdapter.from_target(tiny, ELL, vocab).self_attn.q_proj.weight
+    assert not torch.equal(fresh.self_attn.q_proj.weight, start)  # the weights moved
+    assert len(fresh.vocab) == len(vocab) - 1  # rebuilt, not loaded
+
+    with pytest.raises(SystemExit, match="exit_layer"):  # trained for another ℓ
+        warm_start(KangarooAdapter.from_target(tiny, ELL - 1, vocab), str(path))
+    with pytest.raises(SystemExit, match="not this artifact's shape"):  # another artifact
+        warm_start(MedusaHeads(tiny.model.config, 2, vocab), str(path))

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load, load_file
 
 from ..artifacts import save_artifact
 from ..eagle import EagleHead, head_path
 from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments
+from .loop import Loop, add_loop_arguments, warm_start
 from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
 
 FEATURE_NOISE = 0.2  # std of the Gaussian noise on input features, relative to their RMS
@@ -43,32 +41,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=int, default=256, help="positions per training span")
     g.add_argument("--cls-weight", type=float, default=0.3, help="weight of the token loss")
     g.add_argument(
-        "--init",
-        default=None,
-        help="start from this head's weights: a file, or git:REV:PATH (a committed head)",
-    )
-    g.add_argument(
         "--unroll",
         type=int,
         default=3,
         help="draft depths trained at once, each fed the head's own features (1: teacher forcing)",
     )
-
-
-def init_weights(spec: str) -> dict[str, torch.Tensor]:
-    """A head's tensors from a file, or from `git:REV:PATH` (the file as committed at REV)."""
-    if not spec.startswith("git:"):
-        return load_file(spec)
-    rev, _, path = spec[4:].partition(":")
-    shown = subprocess.run(
-        ["git", "show", f"{rev}:{path}"],
-        capture_output=True,
-        cwd=Path(__file__).resolve().parents[2],
-        check=False,
-    )
-    if shown.returncode:
-        raise SystemExit(f"--init {spec}: {shown.stderr.decode().strip()}")
-    return load(shown.stdout)
 
 
 def unroll_mask(width: int, depth: int, device) -> torch.Tensor:
@@ -170,9 +147,7 @@ def fit_head(
     torch.manual_seed(args.seed)
     vocab = draft_vocabulary(bundle, states, args.vocab)
     head = EagleHead(bundle.model.config, vocab).to(bundle.device)
-    if args.init:
-        weights = {k: v for k, v in init_weights(args.init).items() if k != "vocab"}
-        head.load_state_dict(weights, strict=False)
+    warm_start(head, args.init)
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
     embed = bundle.model.model.embed_tokens
     rng = random.Random(args.seed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load, load_file
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -41,6 +43,51 @@ def add_loop_arguments(
     g.add_argument(
         "--out", type=Path, default=None, help="where the artifact goes (default: assets/)"
     )
+    g.add_argument(
+        "--init",
+        default=None,
+        help="start from an artifact's weights (a warm start: more epochs on top of a shipped "
+        "one): a file, or git:REV:PATH for the file as committed, so the start stays reproducible",
+    )
+
+
+def init_weights(spec: str) -> dict[str, torch.Tensor]:
+    """An artifact's tensors from a file, or from `git:REV:PATH` (the file as committed at REV)."""
+    if not spec.startswith("git:"):
+        return load_file(spec)
+    rev, _, path = spec[4:].partition(":")
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:{path}"],
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    if shown.returncode:
+        raise SystemExit(f"--init {spec}: {shown.stderr.decode().strip()}")
+    return load(shown.stdout)
+
+
+def warm_start(module: nn.Module, spec: str | None, rebuilt: tuple[str, ...] = ("vocab",)) -> None:
+    """Load `--init`'s weights into `module`, all but the `rebuilt` buffers (the draft vocabulary
+    is rebuilt from this corpus); an artifact of another shape or kind is refused, and so is one
+    whose integer buffers (its configuration, e.g. Kangaroo's exit layer) differ."""
+    if not spec:
+        return
+    weights = {k: v for k, v in init_weights(spec).items() if k not in rebuilt}
+    own = module.state_dict()
+    wrong = [k for k, v in weights.items() if k not in own or own[k].shape != v.shape]
+    missing = [k for k in own if k not in weights and k not in rebuilt]
+    if wrong or missing:
+        raise SystemExit(
+            f"--init {spec}: not this artifact's shape (unexpected or resized: {wrong[:4]}, "
+            f"missing: {missing[:4]})"
+        )
+    for k, v in weights.items():
+        if not v.is_floating_point() and not torch.equal(v.to(own[k].device), own[k]):
+            raise SystemExit(
+                f"--init {spec}: its {k} is {v.tolist()}, this run's {own[k].tolist()}"
+            )
+    module.load_state_dict(weights, strict=False)
 
 
 @dataclass
@@ -191,6 +238,8 @@ def fit_artifact(
     from ..artifacts import save_artifact
     from .states import card, checkpoint_path
 
+    warm_start(module, args.init)
+
     def write(result: dict[str, Any]) -> None:
         common = {
             "train_minutes": result["minutes"],
@@ -198,6 +247,7 @@ def fit_artifact(
             "epochs": args.epochs,
             "steps": result["steps"],
             "lr": args.lr,
+            "init": args.init,
         }
         save_artifact(module, out, card(prep, name, argv, **fields(result), **common))
 
