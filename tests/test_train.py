@@ -44,14 +44,14 @@ from decoders.train.corpus import (
     ngrams,
 )
 from decoders.train.loop import Loop, init_weights, warm_start
-from decoders.train.states import draft_vocabulary, target_states, windows
+from decoders.train.states import draft_vocabulary, probe_states, target_states, windows
 
 KINDS = ("eagle", "kangaroo", "medusa")
 ELL = 2  # the Kangaroo exit layer trained here (tiny-random has 4 layers)
 # A corpus small enough for a test; tiny-random never ends a Magpie user turn, so it has no chat.
 TINY_CORPUS = [
     *("--model", "tiny-random", "--chat", "2", "--tasks", "0", "--code", "6"),
-    *("--code-tokens", "12", "--chunks", "3", "--gen-batch", "4"),
+    *("--code-tokens", "12", "--chunks", "3", "--gen-batch", "4", "--probe-tokens", "6"),
 ]
 
 
@@ -439,7 +439,7 @@ def test_the_eagle_command_writes_a_head_and_its_card(tiny, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == card
     check_card(card, "eagle", given)
     assert card["vocab"] <= 513 and card["epochs"] == 2
-    assert set(card["held_out_top1"]) >= {"top1_code"}  # agreement per source
+    assert set(card["held_out_top1"]) >= {"top1_code", "top1_probe"}  # per source, and the probe
     assert 0.0 <= card["held_out_top1"]["top1_code"] <= 1.0
     assert list(cache_dir().glob("corpus/*.pt"))  # the corpus and its states, cached
     same_as_greedy(tiny, PROMPTS[1], "speculative", 20, draft=f"eagle:{out}")
@@ -454,13 +454,14 @@ def test_the_kangaroo_and_medusa_commands_write_their_artifacts(tiny, tmp_path, 
     for ell in (1, 2):
         card = read_card(tmp_path / f"adapter-l{ell}.safetensors")
         check_card(card, "kangaroo", [*given, "--exit-layers", "1,2"])
-        assert card["exit_layer"] == ell and "top1_code" in card["held_out"]
+        assert card["exit_layer"] == ell and {"top1_code", "top1_probe"} <= set(card["held_out"])
 
     out = tmp_path / "heads.safetensors"
     assert main(["medusa", *given, "--heads", "2", "--out", str(out)]) == 0
     card = read_card(out)
     check_card(card, "medusa", [*given, "--heads", "2"])
     assert card["heads"] == 2 and "top1_code_head2" in card["held_out_top1"]
+    assert "top1_probe_head2" in card["held_out_top1"]
     assert load_heads(tiny, out).n_heads == 2
 
 
@@ -559,3 +560,48 @@ def test_a_warm_start_loads_every_weight_but_the_rebuilt_vocabulary(tiny, vocab,
         warm_start(KangarooAdapter.from_target(tiny, ELL - 1, vocab), str(path))
     with pytest.raises(SystemExit, match="not this artifact's shape"):  # another artifact
         warm_start(MedusaHeads(tiny.model.config, 2, vocab), str(path))
+
+
+# --- the probe: agreement outside the corpus ------------------------------------------------------
+
+
+def test_the_probe_is_the_targets_greedy_answers_to_the_tuning_prompts_scored_on_answers(tiny):
+    args = argparse.Namespace(probe_tokens=5, no_cache=False)
+    probe = probe_states(tiny, (ELL,), args)
+    rows = [json.loads(line) for line in (ROOT / "assets" / "tuning_prompts.jsonl").open()]
+    assert probe.sources == ["probe"] * len(rows) and ELL in probe.layers
+    for doc, row in enumerate(rows):
+        prompt = tiny.encode(row["prompt"], chat=row["chat"])
+        answer = generate(tiny, row["prompt"], "autoregressive", 5, chat=row["chat"], record=False)
+        a, b = probe.span(doc)
+        assert probe.tokens[a:b].tolist() == prompt + list(answer.token_ids)
+        # scored: the prompt's last token (it predicts the first answer token) and the answer's
+        assert probe.scored_at(a, b).tolist() == [False] * (len(prompt) - 1) + [True] * (
+            b - a - len(prompt) + 1
+        )
+    assert torch.equal(probe_states(tiny, (ELL,), args).tokens, probe.tokens)  # cached
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_positions_the_probe_does_not_score_are_not_scored(kind, tiny, states, vocab):
+    """Every trainer's valid mask follows `scored`: only the scored positions' predictions count
+    (EAGLE's entry j predicts the feature at j + 1; a Medusa head at t needs t and t + k)."""
+    span = states.span(0)
+    module = fresh(kind, tiny, vocab)
+    w = tiny.model.lm_head.weight[module.vocab].detach()
+    cut = dataclasses.replace(states, scored=torch.zeros(len(states.tokens), dtype=torch.bool))
+    cut.scored[span[0] + 10 : span[1]] = True
+    if kind == "eagle":
+        embed = tiny.model.model.embed_tokens
+        *_, valid = eagle_trainer.run_head(module, embed, cut, [span], 0.0)
+        expect = cut.scored[span[0] + 1 : span[1]]
+        assert valid[0, 0].tolist() == expect.tolist()
+    elif kind == "kangaroo":
+        *_, valid = kangaroo_trainer.run_adapter(module, cut, ELL, [span])
+        assert valid[0].tolist() == cut.scored[span[0] : span[1]].tolist()
+    else:
+        out = medusa_trainer.losses(
+            w, *medusa_trainer.run_heads(module, cut, [span]), per_head=True
+        )
+        n = span[1] - span[0] - 10  # scored positions
+        assert [int(out[f"n_head{k}"]) for k in (1, 2, 3)] == [n - 1, n - 2, n - 3]

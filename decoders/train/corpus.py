@@ -91,6 +91,13 @@ def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--sources", default="stdlib", help="code: stdlib and/or installed packages")
     g.add_argument("--gen-batch", type=int, default=64, help="generation batch")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--probe-tokens",
+        type=int,
+        default=128,
+        help="the probe: tokens of the target's answer to each tuning prompt on which every "
+        "drafter is also scored, outside the corpus (0: no probe)",
+    )
     g.add_argument("--no-cache", action="store_true", help="rebuild the corpus, do not cache it")
 
 

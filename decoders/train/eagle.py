@@ -85,7 +85,7 @@ def run_head(head: EagleHead, embed, states: States, spans, noise: float, depth:
         feats[r, :n] = states.features[a : b - 1].float()
         nexts[r, :n] = states.features[a + 1 : b].float()
         ids[r, :n] = states.tokens[a + 1 : b]
-        valid[r, :n] = True
+        valid[r, :n] = states.scored_at(a + 1, b)  # entry j predicts the feature at j + 1
     dev = next(head.parameters()).device
     feats, nexts, ids, valid = feats.to(dev), nexts.to(dev), ids.to(dev), valid.to(dev)
     if noise:
@@ -154,10 +154,7 @@ def fit_head(
     spans = windows(states, prep.train_docs, args.window)
     rng.shuffle(spans)
     batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
-    held = {
-        source: windows(states, [d for d in prep.held_docs if states.sources[d] == source], 10**9)
-        for source in sorted(set(states.sources))
-    }
+    held = prep.held_out(10**9)
     train_tokens = sum(b - a - 1 for a, b in spans)
 
     unroll = getattr(args, "unroll", 1)
@@ -168,12 +165,12 @@ def fit_head(
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
-        for source, spans_ in held.items():
+        for source, (scored_states, spans_) in held.items():
             agree: dict[str, float] = {}
             count: dict[str, int] = {}
             for i in range(0, len(spans_), 8):
                 pred, nexts, valid = run_head(
-                    head, embed, states, spans_[i : i + 8], 0.0, EVAL_DEPTH
+                    head, embed, scored_states, spans_[i : i + 8], 0.0, EVAL_DEPTH
                 )
                 out = losses(w, pred, nexts, valid, 0.0)
                 for k in range(EVAL_DEPTH):
@@ -209,7 +206,8 @@ HELD_OUT_NOTE = (
     "top1_<source>: draft step 1, fed the target's own features (teacher-forced); "
     "top1_<source>_d2/_d3: draft steps 2 and 3, each fed the head's own predicted features as "
     "when drafting (measured to depth 3 whatever --unroll was); the held-out windows include the "
-    "chat template's tokens, which are easy to predict"
+    "chat template's tokens, which are easy to predict; top1_probe*: on the target's greedy "
+    "answers to the tuning prompts (outside the corpus), the answers' positions only"
 )
 
 

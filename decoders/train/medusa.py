@@ -44,7 +44,7 @@ def run_heads(heads: MedusaHeads, states: States, spans):
     valid = torch.zeros(len(spans), width, dtype=torch.bool)
     for r, (a, b) in enumerate(spans):
         final[r, : b - a] = states.features[a:b].float()
-        valid[r, : b - a] = True
+        valid[r, : b - a] = states.scored_at(a, b)
     dev = next(heads.parameters()).device
     final, valid = final.to(dev), valid.to(dev)
     return heads(final), final, valid
@@ -79,10 +79,7 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
     spans = windows(states, prep.train_docs, args.window)
     random.Random(args.seed).shuffle(spans)
     batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
-    held = {
-        source: windows(states, [d for d in prep.held_docs if states.sources[d] == source], 10**9)
-        for source in sorted(set(states.sources))
-    }
+    held = prep.held_out(10**9)
 
     def step_loss(batch):
         out = losses(w, *run_heads(heads, states, batch))
@@ -90,11 +87,12 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
-        for source, spans_ in held.items():
+        for source, (scored_states, spans_) in held.items():
             agree = [0.0] * args.heads
             count = [0.0] * args.heads
             for i in range(0, len(spans_), 8):
-                out = losses(w, *run_heads(heads, states, spans_[i : i + 8]), per_head=True)
+                batch = spans_[i : i + 8]
+                out = losses(w, *run_heads(heads, scored_states, batch), per_head=True)
                 for k in range(1, args.heads + 1):
                     if f"n_head{k}" in out:
                         n = float(out[f"n_head{k}"])
