@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     n_layers = load_model(args.model, device=args.device).n_layers
     layers = parse_layers(args.layers, n_layers)
-    prep = prepare(args, tuple(layers))
+    prep = prepare(args, tuple(layers), probe=False)  # exits are scored against the last layer
     bundle, states = prep.bundle, prep.states
     counts = prediction_counts(bundle, states)
     vocab = draft_vocabulary(bundle, states, args.vocab, counts)

@@ -392,5 +392,5 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    prep = prepare(args)
+    prep = prepare(args, probe=False)  # SPACE scores its masks on its own windows
     return train_full(prep, args, argv) if args.full else train(prep, args, argv)

@@ -154,10 +154,11 @@ class Prepared:
 SHALLOW = range(1, 7)  # the layer-ℓ states kept for Kangaroo's sweep (ℓ < the model's depth)
 
 
-def prepare(args, layers: tuple[int, ...] | None = None) -> Prepared:
+def prepare(args, layers: tuple[int, ...] | None = None, probe: bool = True) -> Prepared:
     """Load the target (float32: the drafters learn the features the CPU default feeds them),
     the shared corpus and the target's states over it (final features and the states after each
-    ℓ in `layers`, default SHALLOW), cached beside the corpus so every trainer reuses them."""
+    ℓ in `layers`, default SHALLOW), cached beside the corpus so every trainer reuses them; and
+    the probe, unless `probe` is False or `--probe-tokens` is 0."""
     import time
 
     from ..models import cache_dir, load_model
@@ -179,8 +180,8 @@ def prepare(args, layers: tuple[int, ...] | None = None) -> Prepared:
         if not args.no_cache:
             torch.save(states.__dict__, path)
     train, held = corpus.split(args.held_out, args.seed)
-    probe = probe_states(bundle, layers, args) if args.probe_tokens else None
-    return Prepared(bundle, corpus, states, train, held, time.perf_counter() - t0, probe)
+    scored = probe_states(bundle, layers, args) if probe and args.probe_tokens else None
+    return Prepared(bundle, corpus, states, train, held, time.perf_counter() - t0, scored)
 
 
 def probe_states(bundle: ModelBundle, layers: tuple[int, ...], args) -> States:
