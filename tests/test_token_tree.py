@@ -598,9 +598,11 @@ def check_lookup_branch(res, prompt_ids, budget, size, trust=0) -> dict[int, int
                 assert grown >= 1 and drafted  # the drafter's own tree comes first
                 if chain:
                     assert tuple(chain) in root_paths(draft.tokens, draft.parents)
-                    assert tuple(chain) not in root_paths(
-                        draft.tokens[:grown], draft.parents[:grown]
-                    )
+                    # The copy shares the drafter's nodes as far as they agree and adds the rest
+                    # (nothing, when the drafter's tree already holds the whole chain).
+                    own = root_paths(draft.tokens[:grown], draft.parents[:grown])
+                    shared = max(k for k in range(len(chain) + 1) if tuple(chain[:k]) in own)
+                    assert int(added.group(1)) == len(chain) - shared
                     assert all(p == 1.0 for p in draft.probs[grown:])
             kept_copies[step] = sum(i >= grown for i in ev["verify"].accepted)
         context += ev["commit"].tokens
