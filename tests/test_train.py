@@ -198,6 +198,35 @@ def test_max_steps_stops_the_run_and_scores_it(tiny, states, vocab):
     assert [(h["epoch"], h["step"]) for h in result["history"]] == [(1, 3), (2, 4)]
 
 
+def test_a_time_budget_fits_the_run_and_its_schedule_to_the_minutes():
+    """--minutes: the first steps are timed, then the run is cut to what fits and the cosine
+    schedule ends with it. A clock the loss advances by one second a step makes it exact."""
+    now = [0.0]
+
+    def step_loss(batch):
+        now[0] += 1.0
+        return {"loss": (module(batch) ** 2).mean()}
+
+    module = torch.nn.Linear(4, 1)
+    batches = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(50)]
+    loop = Loop(epochs=4, lr=1e-2, minutes=0.5, clock=lambda: now[0])
+    lrs = []
+    original = torch.optim.AdamW.step
+
+    def spy(opt, *a, **kw):
+        lrs.append(opt.param_groups[0]["lr"])
+        return original(opt, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.AdamW, "step", spy)
+        result = loop.fit(module, batches, step_loss, lambda: {"x": 1.0})
+    # 9 steps timed (the first is warm-up), 9 s spent of 30: 21 more steps fit, of 200.
+    assert result["steps"] == 30
+    assert [(h["epoch"], h["step"]) for h in result["history"]] == [(1, 30)]
+    assert lrs[-1] < 0.01 * max(lrs)  # the schedule decayed within the budget, not over 200
+    assert max(lrs) == pytest.approx(1e-2, rel=0.1)
+
+
 # --- artifacts: saved, loaded by the method, decoded with ------------------------------------------
 
 

@@ -38,6 +38,14 @@ def add_loop_arguments(
         default=0,
         help="train this many steps (0: all; the schedule fits them)",
     )
+    g.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="a time budget: train only as many steps as fit in about this many minutes, timed "
+        "over the first steps, with the schedule fitted to them (evaluation comes on top; "
+        "0: no budget). For a lent GPU's few minutes, or a smaller CPU run",
+    )
     g.add_argument("--held-out", type=float, default=0.05, help="share of documents held out")
     g.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     g.add_argument(
@@ -98,11 +106,13 @@ class Loop:
     weight_decay: float = 0.0
     clip: float = 0.5
     max_steps: int = 0
+    minutes: float = 0.0  # a time budget for the training steps (0: none); see `_fit_budget`
     checkpoint: Path | None = None
     resume: bool = False
     checkpoint_every: int = 200
     seed: int = 0
     desc: str = "training"
+    clock: Callable[[], float] = time.perf_counter  # seconds; the budget's and the card's
     # Peak learning rate per parameter-name prefix, where one part must move faster than the rest
     # (SPACE's full SFT: a new [MASK] embedding beside pretrained weights).
     lr_for: dict[str, float] = field(default_factory=dict)
@@ -155,10 +165,10 @@ class Loop:
             if saved.get("cuda_rng") and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(saved["cuda_rng"])
             print(f"resumed at step {step}/{total} from {self.checkpoint}", file=sys.stderr)
-        t0 = time.perf_counter()
+        t0 = self.clock()
 
         def minutes() -> float:
-            return round(minutes_before + (time.perf_counter() - t0) / 60, 2)
+            return round(minutes_before + (self.clock() - t0) / 60, 2)
 
         def save() -> None:
             if self.checkpoint:
@@ -176,6 +186,7 @@ class Loop:
                 torch.save(state, self.checkpoint.with_suffix(".tmp"))
                 self.checkpoint.with_suffix(".tmp").replace(self.checkpoint)
 
+        first, timed_from = step, 0.0
         module.train()
         while step < total:
             epoch, done = divmod(step, per_epoch)
@@ -195,10 +206,17 @@ class Loop:
                 opt.step()
                 sched.step()
                 step += 1
+                if self.minutes and step == first + 1:
+                    timed_from = self.clock()  # the first step pays for warming up
+                if self.minutes and step == first + 1 + CALIBRATION_STEPS:
+                    total = _fit_budget(self, step, total, t0, timed_from)
+                    warm = min(warm, max(1, int(total * self.warmup)))
                 if step % 10 == 0:
                     bar.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in out.items()})
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
                     save()
+                if step >= total:
+                    break
             if step % per_epoch == 0 or step == total:
                 module.eval()
                 with torch.no_grad():
@@ -216,6 +234,23 @@ class Loop:
             "minutes": minutes(),
             "history": history,
         }
+
+
+CALIBRATION_STEPS = 8  # steps timed before a time budget fixes the run's length
+
+
+def _fit_budget(loop: Loop, step: int, total: int, t0: float, timed_from: float) -> int:
+    """The run's length under `loop.minutes`: the steps done, plus as many as fit in the time
+    left at the pace of the last CALIBRATION_STEPS (never more than `total`)."""
+    pace = (loop.clock() - timed_from) / CALIBRATION_STEPS
+    left = loop.minutes * 60 - (loop.clock() - t0)
+    fitted = min(total, step + max(0, int(left / pace)))
+    print(
+        f"{loop.desc}: {pace:.2f} s per step, {fitted} steps fit in {loop.minutes:g} min "
+        f"(of {total})",
+        file=sys.stderr,
+    )
+    return fitted
 
 
 def fit_artifact(
@@ -248,6 +283,7 @@ def fit_artifact(
             "steps": result["steps"],
             "lr": args.lr,
             "init": args.init,
+            **({"minutes_budget": args.minutes} if args.minutes else {}),
         }
         save_artifact(module, out, card(prep, name, argv, **fields(result), **common))
 
@@ -256,6 +292,7 @@ def fit_artifact(
         lr=args.lr,
         warmup=args.warmup,
         max_steps=args.max_steps,
+        minutes=args.minutes,
         checkpoint=checkpoint_path(out),
         resume=args.resume,
         seed=args.seed,
