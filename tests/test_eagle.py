@@ -59,6 +59,7 @@ def fitted(tiny, tmp_path_factory):
         cls_weight=1.0,
         warmup=0.05,
         max_steps=0,
+        minutes=0.0,
         resume=False,
         init=None,
     )

@@ -328,7 +328,7 @@ def test_a_fully_tuned_model_decodes_losslessly_against_its_own_greedy(tiny, sta
     prep = Prepared(tiny, Corpus([], []), states, docs[:-1], docs[-1:], 0.0)
     args = argparse.Namespace(
         k=3, groups=4, window=32, batch_size=2, epochs=1, lr=2e-3, mask_lr=1e-2, warmup=0.1, max_steps=4,
-        resume=False, seed=0, out=tmp_path / "sft",
+        minutes=0.0, resume=False, seed=0, out=tmp_path / "sft",
     )  # fmt: skip
     card = trainer.train_full(prep, args, ["space", "--full"])
     assert card["variant"].startswith("full SFT") and card["steps"] == 4

@@ -44,7 +44,15 @@ from decoders.train.corpus import (
     ngrams,
 )
 from decoders.train.loop import Loop, init_weights, warm_start
-from decoders.train.states import draft_vocabulary, probe_states, target_states, windows
+from decoders.train.states import (
+    States,
+    answers_only,
+    assistant_header,
+    draft_vocabulary,
+    probe_states,
+    target_states,
+    windows,
+)
 
 KINDS = ("eagle", "kangaroo", "medusa")
 ELL = 2  # the Kangaroo exit layer trained here (tiny-random has 4 layers)
@@ -196,6 +204,29 @@ def test_max_steps_stops_the_run_and_scores_it(tiny, states, vocab):
     )
     assert result["steps"] == 4
     assert [(h["epoch"], h["step"]) for h in result["history"]] == [(1, 3), (2, 4)]
+
+
+def test_answers_only_scores_chat_from_the_assistant_header_and_code_everywhere(tiny):
+    """--loss-on answers: in a chat document the predictions count from the header's last token
+    (it predicts the answer's first token); a code document keeps every position; a chat
+    document with no answer header scores nothing."""
+    assert tiny.tokenizer.decode(assistant_header(tiny)) == "<|im_start|>assistant\n"
+    chat = tiny.encode("What is a list?", chat=True) + [11, 12, 13]
+    code, headless = [5, 6, 7, 8], [9, 10, 11]
+    tokens = chat + code + headless
+    states = States(
+        tokens=torch.tensor(tokens),
+        starts=[0, len(chat), len(chat) + len(code)],
+        features=torch.zeros(len(tokens), 4),
+        layers={},
+        sources=["chat", "code", "task"],
+    )
+    scored = answers_only(tiny, states).scored.tolist()
+    header_end = len(chat) - 4  # the header's last token, then the answer's 3 tokens
+    assert scored[: len(chat)] == [False] * header_end + [True] * 4
+    assert scored[len(chat) : len(chat) + len(code)] == [True] * 4
+    assert scored[len(chat) + len(code) :] == [False] * 3
+    assert states.scored is None  # the original is left as it was
 
 
 def test_a_time_budget_fits_the_run_and_its_schedule_to_the_minutes():

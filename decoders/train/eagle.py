@@ -27,7 +27,16 @@ from ..artifacts import save_artifact
 from ..eagle import EagleHead, head_path
 from .corpus import add_arguments as add_corpus_arguments
 from .loop import Loop, add_loop_arguments, warm_start
-from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
+from .states import (
+    Prepared,
+    States,
+    answers_only,
+    card,
+    checkpoint_path,
+    draft_vocabulary,
+    prepare,
+    windows,
+)
 
 FEATURE_NOISE = 0.2  # std of the Gaussian noise on input features, relative to their RMS
 EVAL_DEPTH = 3  # held-out agreement is reported for the first three draft steps
@@ -45,6 +54,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="draft depths trained at once, each fed the head's own features (1: teacher forcing)",
+    )
+    g.add_argument(
+        "--loss-on",
+        choices=("all", "answers"),
+        default="all",
+        help="positions that train the head: all, or in chat and task documents only the "
+        "answers (as the official EAGLE code trains; code documents keep every position)",
     )
 
 
@@ -151,11 +167,14 @@ def fit_head(
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
     embed = bundle.model.model.embed_tokens
     rng = random.Random(args.seed)
+    if getattr(args, "loss_on", "all") == "answers":
+        states = answers_only(bundle, states)
     spans = windows(states, prep.train_docs, args.window)
+    spans = [(a, b) for a, b in spans if states.scored_at(a + 1, b).any()]
     rng.shuffle(spans)
     batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
     held = prep.held_out(10**9)
-    train_tokens = sum(b - a - 1 for a, b in spans)
+    train_tokens = sum(int(states.scored_at(a + 1, b).sum()) for a, b in spans)
 
     unroll = getattr(args, "unroll", 1)
 
@@ -188,6 +207,7 @@ def fit_head(
         lr=args.lr,
         warmup=args.warmup,
         max_steps=args.max_steps,
+        minutes=args.minutes,
         checkpoint=checkpoint,
         resume=args.resume,
         seed=args.seed,
@@ -224,7 +244,9 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
             "steps": result["steps"],
             "lr": args.lr,
             "cls_weight": args.cls_weight,
+            "loss_on": getattr(args, "loss_on", "all"),
             "init": str(args.init) if args.init else None,
+            **({"minutes_budget": args.minutes} if args.minutes else {}),
         }
         save_artifact(head, out, card(prep, "eagle", argv, **fields))
 

@@ -371,6 +371,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
             "steps": result["steps"],
             "lr": args.lr,
             "mask_lr": args.mask_lr,
+            **({"minutes_budget": args.minutes} if args.minutes else {}),
         }
         save_artifact(sft.adapter, out / SFT_FILE, card(prep, "space-sft", argv, **fields))
 
@@ -379,6 +380,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
         lr=args.lr,
         warmup=args.warmup,
         max_steps=args.max_steps,
+        minutes=args.minutes,
         checkpoint=out / "resume.ckpt",  # beside the model it resumes (--resume)
         resume=args.resume,
         seed=args.seed,

@@ -11,6 +11,7 @@ to 0.43 on held-out chat answers but only from 0.25 to 0.26 on the probe's chat 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,43 @@ class Prepared:
         if self.probe is not None:
             held["probe"] = (self.probe, windows(self.probe, range(len(self.probe.starts)), window))
         return held
+
+
+def answers_only(bundle: ModelBundle, states: States) -> States:
+    """The same states with, in chat and task documents, only the answer's predictions scored:
+    from the assistant header's last token on (it predicts the answer's first token). The user's
+    turn was sampled at temperature 1 and a drafter only ever drafts answers, so the official
+    EAGLE code trains on the assistant's part alone. Code documents keep every position; a
+    template without an assistant header leaves everything scored."""
+    header = assistant_header(bundle)
+    scored = states.scored.clone() if states.scored is not None else torch.ones_like(states.tokens)
+    scored = scored.bool()
+    tokens = states.tokens.tolist()
+    for doc, source in enumerate(states.sources):
+        if not header or source not in ("chat", "task"):
+            continue
+        a, b = states.span(doc)
+        ids = tokens[a:b]
+        starts = [
+            i for i in range(len(ids) - len(header) + 1) if ids[i : i + len(header)] == header
+        ]
+        last = starts[-1] + len(header) - 1 if starts else b - a  # no header: nothing scored
+        scored[a : a + last] = False
+    return dataclasses.replace(states, scored=scored)
+
+
+def assistant_header(bundle: ModelBundle) -> list[int]:
+    """The tokens the chat template puts before an answer (its generation prompt), or []."""
+    tok = bundle.tokenizer
+    turn = [{"role": "user", "content": "x"}]
+    try:
+        asked = tok.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+        plain = tok.apply_chat_template(turn, add_generation_prompt=False, tokenize=False)
+    except Exception:  # no chat template
+        return []
+    if not asked.startswith(plain) or asked == plain:
+        return []
+    return tok(asked[len(plain) :], add_special_tokens=False).input_ids
 
 
 SHALLOW = range(1, 7)  # the layer-ℓ states kept for Kangaroo's sweep (ℓ < the model's depth)
