@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup app test test-fast lint format bench browser clean
+.PHONY: setup app test test-fast lint format bench browser device-pack clean
 
 $(STAMP): requirements.txt requirements-dev.txt scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -33,6 +33,9 @@ test-fast: setup  ## skip the tests that load the embedded model or drive a brow
 
 bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
 	$(PY) -m decoders.bench
+
+device-pack: setup  ## pack the model and the corpora for a lent GPU (docs/GPU.md)
+	PY=$(PY) scripts/device/pack.sh
 
 clean:
 	rm -rf $(VENV) runs test-artifacts .pytest_cache .ruff_cache

@@ -211,7 +211,7 @@ def test_answers_only_scores_chat_from_the_assistant_header_and_code_everywhere(
     (it predicts the answer's first token); a code document keeps every position; a chat
     document with no answer header scores nothing."""
     assert tiny.tokenizer.decode(assistant_header(tiny)) == "<|im_start|>assistant\n"
-    chat = tiny.encode("What is a list?", chat=True) + [11, 12, 13]
+    chat = [*tiny.encode("What is a list?", chat=True), 11, 12, 13]
     code, headless = [5, 6, 7, 8], [9, 10, 11]
     tokens = chat + code + headless
     states = States(

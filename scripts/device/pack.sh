@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Pack, here, what a lent GPU machine needs and cannot fetch (docs/GPU.md), into .device/ (ignored
+# by git): the embedded model's GGUF cut into parts that each fit in one device call beside the
+# repository (a call carries at most 64 MiB, the tracked files included), the gguf wheel (the GPU
+# image lacks it) and the corpora built here (the fallback when the big one cannot be built in
+# time). Prints the calls to make, in order.
+# Overrides (for tests): DEV (the folder), GGUF (the file to cut), ROOM (bytes per part), NO_WHEEL.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+DEV=${DEV:-.device}
+LIMIT=$((64 * 1024 * 1024))
+SLACK=$((3 * 1024 * 1024)) # what else may be untracked by then
+
+rm -rf "$DEV"
+mkdir -p "$DEV/whl" "$DEV/corpus"
+gguf=${GGUF:-$($PY -c 'from decoders.models import embedded_gguf_path; print(embedded_gguf_path())')}
+if [ -z "${NO_WHEEL:-}" ]; then
+    version=$($PY -c 'import importlib.metadata as m; print(m.version("gguf"))')
+    $PY -m pip download -q --no-deps --only-binary=:all: -d "$DEV/whl" "gguf==$version"
+fi
+cache=${DECODING_LAB_CACHE:-$HOME/.cache/decoding-lab}
+cp "$cache"/corpus/*-stdlib-0.pt "$DEV/corpus/" 2>/dev/null || true
+sha256sum <"$gguf" | cut -d' ' -f1 >"$DEV/gguf.sha256"
+
+sizes() { xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+tracked=$(git ls-files -z | sizes)
+untracked=$(git ls-files -z -o --exclude-standard | sizes)
+first=$(find "$DEV/whl" "$DEV/corpus" -type f -print0 | sizes)
+room=${ROOM:-$((LIMIT - tracked - untracked - SLACK))}
+if [ -z "${ROOM:-}" ] && ((room < first + 1024 * 1024)); then
+    echo "no room beside the repository ($tracked bytes tracked)" >&2
+    exit 1
+fi
+# Part 0 travels with the wheel and the corpora, so it is that much smaller.
+head -c $((room - first)) "$gguf" >"$DEV/part-0"
+tail -c +$((room - first + 1)) "$gguf" | split -a 1 --numeric-suffixes=1 -b "$room" - "$DEV/part-"
+parts=$(find "$DEV" -maxdepth 1 -name 'part-*' | wc -l)
+
+echo "packed: $(du -sh "$DEV" | cut -f1) in $DEV/, $parts parts; repository $((tracked / 1048576)) MiB tracked"
+echo "make these device calls back to back (the machine waits only ~30 s between calls):"
+for ((i = 0; i < parts; i++)); do
+    carry="\"$DEV/part-$i\""
+    ((i == 0)) && carry="\"$DEV/whl\", \"$DEV/corpus\", \"$DEV/gguf.sha256\", $carry"
+    if ((i < parts - 1)); then
+        echo "  run(command=\"ls -l $DEV\", carry=[$carry], timeout_s=60)"
+    else
+        echo "  run(command=\"bash scripts/device/train.sh\", carry=[$carry], timeout_s=600)"
+    fi
+done

@@ -1,0 +1,109 @@
+"""The GPU recipe (docs/GPU.md): scripts/device/pack.sh cuts the embedded model into parts that
+each fit in one device call beside the repository, and scripts/device/train.sh, run here on the
+CPU with tiny sizes and budgets, joins them and trains every artifact it promises."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+CALL_LIMIT = 64 * 1024 * 1024  # what one device call carries, the tracked files included
+
+
+def pack(dev: Path, **env: str) -> list[list[str]]:
+    """Run pack.sh into `dev`; return the printed calls' carry lists."""
+    run = subprocess.run(
+        ["bash", "scripts/device/pack.sh"],
+        cwd=ROOT,
+        env={**os.environ, "DEV": str(dev), "NO_WHEEL": "1", "PY": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    calls = [line for line in run.stdout.splitlines() if line.strip().startswith("run(")]
+    assert calls and "train.sh" in calls[-1] and not any("train.sh" in c for c in calls[:-1])
+    return [re.findall(r'"([^"]+)"', call.split("carry=")[1].split("]")[0]) for call in calls]
+
+
+def size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def test_the_parts_join_back_into_the_model_and_each_call_carries_one(tmp_path):
+    blob = os.urandom(350_000)
+    (tmp_path / "model.gguf").write_bytes(blob)
+    dev = tmp_path / "dev"
+    carries = pack(
+        dev,
+        GGUF=str(tmp_path / "model.gguf"),
+        ROOM="100000",
+        DECODING_LAB_CACHE=str(tmp_path / "cache"),
+    )
+    parts = [dev / f"part-{i}" for i in range(4)]
+    assert sorted(dev.glob("part-*")) == parts
+    assert b"".join(p.read_bytes() for p in parts) == blob
+    assert [p.stat().st_size for p in parts] == [100_000, 100_000, 100_000, 50_000]
+    assert (dev / "gguf.sha256").read_text().strip() == hashlib.sha256(blob).hexdigest()
+    assert [[c for c in carry if "part-" in c] for carry in carries] == [[str(p)] for p in parts]
+
+
+def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
+    dev = tmp_path / "dev"
+    carries = pack(dev)
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    repo = sum((ROOT / f.decode()).stat().st_size for f in tracked if f)
+    for carry in carries:
+        assert repo + sum(size(Path(c)) for c in carry) <= CALL_LIMIT, carry
+    from decoders.models import embedded_gguf_path
+
+    joined = b"".join(p.read_bytes() for p in sorted(dev.glob("part-*")))
+    assert hashlib.sha256(joined).hexdigest() == (dev / "gguf.sha256").read_text().strip()
+    assert len(joined) == embedded_gguf_path().stat().st_size
+
+
+@pytest.mark.slow
+def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
+    """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
+    the EAGLE head, the Kangaroo adapter and the SPACE masks in their budgets, bring them back."""
+    dev, out = tmp_path / "dev", tmp_path / "out"
+    pack(dev)
+    env = {
+        **os.environ,
+        "DEV": str(dev),
+        "OUT": str(out),
+        "PY": sys.executable,
+        "DEVICE": "cpu",
+        "CORPUS": "--chat 12 --tasks 2 --code 6 --chunks 2 --gen-batch 6 --probe-tokens 16",
+        "BUILD_S": "400",
+        "DEADLINE": "1800",
+        "EAGLE_MIN": "0.1",
+        "KANGAROO_MIN": "0.1",
+        "SPACE_MIN": "0.1",
+    }
+    run = subprocess.run(
+        ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    log = (out / "log.txt").read_text()
+    assert run.returncode == 0, log[-3000:]
+    for stage in ("corpus", "eagle", "kangaroo", "space"):
+        assert f"== {stage}: exit 0" in log, log[-3000:]
+    for name in ("eagle", "kangaroo-l2", "space"):
+        card = json.loads((out / f"{name}.json").read_text())
+        assert card["minutes_budget"] == 0.1 and card["init"].startswith("assets/")
+        assert (out / f"{name}.safetensors").stat().st_size > 0
+        if name != "space":  # SPACE scores its masks its own way, without the probe
+            assert '"top1_probe' in json.dumps(card), name
