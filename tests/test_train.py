@@ -258,6 +258,24 @@ def test_a_time_budget_fits_the_run_and_its_schedule_to_the_minutes():
     assert max(lrs) == pytest.approx(1e-2, rel=0.1)
 
 
+def test_a_time_budget_stops_the_run_once_the_minutes_are_spent():
+    """Steps that slow down after the timing (an evaluation, a busy machine) cannot overrun the
+    budget: the run stops, scored, once the minutes are spent."""
+    now = [0.0]
+    module = torch.nn.Linear(4, 1)
+
+    def step_loss(batch):
+        now[0] += 1.0 if now[0] < 9 else 3.0  # 1 s per step while timed, then 3 s
+        return {"loss": (module(batch) ** 2).mean()}
+
+    batches = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(50)]
+    loop = Loop(epochs=4, lr=1e-2, minutes=0.5, clock=lambda: now[0])
+    result = loop.fit(module, batches, step_loss, lambda: {"x": 1.0})
+    # 30 steps were fitted; at 3 s a step the 30 s run out after step 17 (33 s)
+    assert result["steps"] == 17
+    assert [(h["epoch"], h["step"]) for h in result["history"]] == [(1, 17)]
+
+
 # --- artifacts: saved, loaded by the method, decoded with ------------------------------------------
 
 

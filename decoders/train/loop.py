@@ -209,8 +209,10 @@ class Loop:
                 if self.minutes and step == first + 1:
                     timed_from = self.clock()  # the first step pays for warming up
                 if self.minutes and step == first + 1 + CALIBRATION_STEPS:
-                    total = _fit_budget(self, step, total, t0, timed_from)
+                    total = _fit_budget(self, step, total, t0 - 60 * minutes_before, timed_from)
                     warm = min(warm, max(1, int(total * self.warmup)))
+                elif self.minutes and minutes() > self.minutes:
+                    total = step  # over budget (evaluations, a slower pace): stop here, scored
                 if step % 10 == 0:
                     bar.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in out.items()})
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
@@ -241,7 +243,8 @@ CALIBRATION_STEPS = 8  # steps timed before a time budget fixes the run's length
 
 def _fit_budget(loop: Loop, step: int, total: int, t0: float, timed_from: float) -> int:
     """The run's length under `loop.minutes`: the steps done, plus as many as fit in the time
-    left at the pace of the last CALIBRATION_STEPS (never more than `total`)."""
+    left (`t0`: when the run began, before any resumption) at the pace of the last
+    CALIBRATION_STEPS (never more than `total`). The loop also stops once the time is spent."""
     pace = (loop.clock() - timed_from) / CALIBRATION_STEPS
     left = loop.minutes * 60 - (loop.clock() - t0)
     fitted = min(total, step + max(0, int(left / pace)))

