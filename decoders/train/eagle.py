@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..artifacts import save_artifact
 from ..eagle import EagleHead, head_path
 from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments, warm_start
+from .loop import Loop, add_loop_arguments, run_fields, warm_start
 from .states import (
     Prepared,
     States,
@@ -238,15 +238,9 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
             "held_out_top1": result["held_out"],
             "held_out_note": HELD_OUT_NOTE,
             "train_tokens": result["train_tokens"],
-            "train_minutes": result["minutes"],
-            "build_minutes": round(prep.seconds / 60, 1),
-            "epochs": args.epochs,
-            "steps": result["steps"],
-            "lr": args.lr,
             "cls_weight": args.cls_weight,
             "loss_on": getattr(args, "loss_on", "all"),
-            "init": str(args.init) if args.init else None,
-            **({"minutes_budget": args.minutes} if args.minutes else {}),
+            **run_fields(args, prep, result),
         }
         save_artifact(head, out, card(prep, "eagle", argv, **fields))
 

@@ -256,6 +256,21 @@ def _fit_budget(loop: Loop, step: int, total: int, t0: float, timed_from: float)
     return fitted
 
 
+def run_fields(args: argparse.Namespace, prep: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """The card entries every trained artifact shares: time, steps, epochs, learning rate, the
+    warm start and the time budget (when one was set)."""
+    init = getattr(args, "init", None)
+    return {
+        "train_minutes": result["minutes"],
+        "build_minutes": round(prep.seconds / 60, 1),
+        "epochs": args.epochs,
+        "steps": result["steps"],
+        "lr": args.lr,
+        "init": str(init) if init else None,
+        **({"minutes_budget": args.minutes} if getattr(args, "minutes", 0) else {}),
+    }
+
+
 def fit_artifact(
     module: nn.Module,
     batches: Sequence[Batch],
@@ -279,15 +294,7 @@ def fit_artifact(
     warm_start(module, args.init)
 
     def write(result: dict[str, Any]) -> None:
-        common = {
-            "train_minutes": result["minutes"],
-            "build_minutes": round(prep.seconds / 60, 1),
-            "epochs": args.epochs,
-            "steps": result["steps"],
-            "lr": args.lr,
-            "init": args.init,
-            **({"minutes_budget": args.minutes} if args.minutes else {}),
-        }
+        common = run_fields(args, prep, result)
         save_artifact(module, out, card(prep, name, argv, **fields(result), **common))
 
     loop = Loop(

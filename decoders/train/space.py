@@ -42,7 +42,7 @@ from ..mask_model import SFT_FILE, MaskAdapter, adapter_path, masked_forward
 from ..models import cache_dir, slug
 from ..runtime import cache_arg
 from .corpus import add_arguments as add_corpus_arguments
-from .loop import add_loop_arguments, fit_artifact
+from .loop import add_loop_arguments, fit_artifact, run_fields
 from .states import Prepared, States, prepare, windows
 
 
@@ -365,13 +365,8 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
             "parameters": sum(p.numel() for p in sft.parameters()),
             "held_out_top1": result["held_out"],
             "train_tokens": sum(b - a for a, b in spans),
-            "train_minutes": result["minutes"],
-            "build_minutes": round(prep.seconds / 60, 1),
-            "epochs": args.epochs,
-            "steps": result["steps"],
-            "lr": args.lr,
             "mask_lr": args.mask_lr,
-            **({"minutes_budget": args.minutes} if args.minutes else {}),
+            **run_fields(args, prep, result),
         }
         save_artifact(sft.adapter, out / SFT_FILE, card(prep, "space-sft", argv, **fields))
 
