@@ -78,7 +78,8 @@ def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
 @pytest.mark.slow
 def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
-    the EAGLE head, the Kangaroo adapter and the SPACE masks in their budgets, bring them back."""
+    the EAGLE head, the Kangaroo adapter and the SPACE masks in their budgets, bring them back;
+    then the optional second call, SPACE alone."""
     dev, out = tmp_path / "dev", tmp_path / "out"
     pack(dev)
     env = {
@@ -107,3 +108,15 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
         assert (out / f"{name}.safetensors").stat().st_size > 0
         if name != "space":  # SPACE scores its masks its own way, without the probe
             assert '"top1_probe' in json.dumps(card), name
+    # The corpus's documents come back too, for sessions without a GPU.
+    assert len(list(out.glob("*-stdlib-0.pt"))) == 1
+    # A second call on the warm machine: one trainer, longer, on the corpus cached there.
+    out2 = tmp_path / "out2"
+    env = {**env, "OUT": str(out2), "STAGES": "space", "SPACE_S": "300"}
+    run = subprocess.run(
+        ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    log = (out2 / "log.txt").read_text()
+    assert run.returncode == 0 and "== space: exit 0" in log, log[-3000:]
+    assert "== eagle" not in log and "== kangaroo" not in log
+    assert sorted(p.name for p in out2.glob("*.safetensors")) == ["space.safetensors"]

@@ -55,3 +55,6 @@ for ((i = 0; i < parts; i++)); do
         echo "  run(command=\"$run\", carry=[$carry], timeout_s=600)"
     fi
 done
+echo "then, at once (the corpus is cached there while the machine stays warm), if ~300 s of device"
+echo "time are left: the SPACE masks on their own, longer (docs/GPU.md):"
+echo "  STAGES=space SPACE_MIN=3.2 SPACE_S=240 DEADLINE=270 bash scripts/device/train.sh (timeout_s=290)"

