@@ -236,7 +236,14 @@ def run_benchmark(
     reference: Contestant,
     warmup: bool = True,
     log: Callable[[str], None] = lambda s: None,
+    repeat: int = 1,
 ) -> dict[str, Any]:
+    """Every contestant on every prompt, in an order rotated per prompt. With `repeat` > 1 the
+    whole set runs that many times (the rotation carries on, so the orders differ) and each row
+    also gets its speedup in each run: the spread between runs says how much a ratio can be
+    trusted on a noisy machine."""
+    n_set = len(prompts)
+    prompts = list(prompts) * repeat
     encoded = [bundle.encode(p.text, p.chat) for p in prompts]
     if warmup:
         for c in contestants:
@@ -258,6 +265,14 @@ def run_benchmark(
     rows = [
         summarize(c, references, base["tokens_per_s"], base["per_prompt_tps"]) for c in contestants
     ]
+    if repeat > 1:
+        for row, c in zip(rows, contestants, strict=True):
+            row["speedup_runs"] = [
+                round(
+                    _rate(c.outcomes[a : a + n_set]) / _rate(reference.outcomes[a : a + n_set]), 3
+                )
+                for a in range(0, len(prompts), n_set)
+            ]
     if any(c.lossy for c in contestants):
         for row, c in zip(rows, contestants, strict=True):
             if c.lossy or c is reference:
@@ -268,7 +283,12 @@ def run_benchmark(
             row["group_speedup"] = {
                 g: round(_tps(c, prompts, g) / _tps(reference, prompts, g), 3) for g in groups
             }
-    return {"rows": rows, "prompts": [p.id for p in prompts], "groups": groups}
+    return {
+        "rows": rows,
+        "prompts": [p.id for p in prompts[:n_set]],
+        "groups": groups,
+        "repeat": repeat,
+    }
 
 
 def score_quality(
@@ -286,11 +306,15 @@ def score_quality(
     return {k: round(sum(v) / len(v), 4) for k, v in scores.items()}
 
 
-def _tps(c: Contestant, prompts: Sequence[Prompt], group: str) -> float:
-    """Aggregate tokens/s of one contestant over one task group's prompts."""
-    runs = [o for o, p in zip(c.outcomes, prompts, strict=True) if p.group == group]
+def _rate(runs: Sequence[Outcome]) -> float:
+    """Aggregate tokens/s over some runs."""
     wall = sum(o.wall_s for o in runs)
     return sum(len(o.tokens) for o in runs) / wall if wall else 0.0
+
+
+def _tps(c: Contestant, prompts: Sequence[Prompt], group: str) -> float:
+    """Aggregate tokens/s of one contestant over one task group's prompts."""
+    return _rate([o for o, p in zip(c.outcomes, prompts, strict=True) if p.group == group])
 
 
 def summarize(
@@ -341,17 +365,24 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
 
     draft_dtype = meta.get("draft_dtype", meta["dtype"])  # results.json files from before it
     drafts = f", trained drafters in {draft_dtype}" if draft_dtype != meta["dtype"] else ""
+    repeat = result.get("repeat", 1)  # > 1: each run's speedup beside the whole's
+    repeated = f", the prompts run {repeat} times over" if repeat > 1 else ""
+    runs_column = (f" in each of the {repeat} runs |", "---:|") if repeat > 1 else ("", "")
     lines = [
         f"Model {meta['model']} ({meta['device']}, {meta['dtype']}{drafts}), {meta['dataset']}"
         f"{' / ' + meta['category'] if meta.get('category') else ''}, {meta['n_prompts']} prompts, "
-        f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads.",
+        f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads"
+        f"{repeated}.",
         "",
-        "| method | tokens/s | speedup vs our AR | tokens / target forward | mean acceptance length | identical to greedy |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| method | tokens/s | speedup vs our AR |{runs_column[0]} tokens / target forward "
+        "| mean acceptance length | identical to greedy |",
+        f"|---|---:|---:|{runs_column[1]}---:|---:|---:|",
     ]
     for r in result["rows"]:
+        runs = r.get("speedup_runs")
+        each = " / ".join(f"{x:.2f}" for x in runs) + " | " if runs else ""
         lines.append(
-            f"| {r['contestant']} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup'))}× | "
+            f"| {r['contestant']} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup'))}× | {each}"
             f"{fmt(r.get('tokens_per_target_forward'))} | {fmt(r.get('mean_acceptance_length'))} | "
             # A lossy method makes no claim: say so, not "0/20" as if it had failed one.
             f"{'lossy, ' if r.get('lossy') else ''}{r['lossless']}/{r['n']} |"
@@ -410,10 +441,18 @@ def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any], t
         print("plotly is not installed: no speedup.html", file=sys.stderr)
         return
     rows = result["rows"]
+    spread = None  # with --repeat: whiskers from the slowest run's speedup to the fastest's
+    if all(r.get("speedup_runs") and r.get("speedup") for r in rows):
+        spread = {
+            "type": "data",
+            "array": [max(0, max(r["speedup_runs"]) - r["speedup"]) for r in rows],
+            "arrayminus": [max(0, r["speedup"] - min(r["speedup_runs"])) for r in rows],
+        }
     fig = go.Figure(
         go.Bar(
             x=[r["contestant"] for r in rows],
             y=[r.get("speedup") for r in rows],
+            error_y=spread,
             marker_color=["#2e7d32" if r["ours"] else "#78909c" for r in rows],
             text=[f"{r.get('speedup', 0):.2f}×" for r in rows],
             textposition="outside",
@@ -548,13 +587,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-overhead", action="store_true", help="skip the tracing-overhead contestant"
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the prompts this many times over and report each run's speedup beside the whole's",
+    )
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
     args = ap.parse_args(argv)
 
     try:
-        if args.limit < 1 or args.max_new_tokens < 1:
-            raise InvalidInput("--limit and --max-new-tokens must be positive")
+        if args.limit < 1 or args.max_new_tokens < 1 or args.repeat < 1:
+            raise InvalidInput("--limit, --max-new-tokens and --repeat must be positive")
         prompts = load_prompts(args.dataset, args.category, args.limit, args.per_group)
         specs = [s.strip() for s in args.methods.split(",") if s.strip()]
         for spec in specs:
@@ -583,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         reference,
         warmup=not args.no_warmup,
         log=lambda s: print(s, file=sys.stderr, flush=True),
+        repeat=args.repeat,
     )
     rows = {r["contestant"]: r for r in result["rows"]}
     if "autoregressive [trace off]" in rows:
@@ -603,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         "category": args.category,
         "n_prompts": len(prompts),
         "per_group": args.per_group,
+        "repeat": args.repeat,
         "max_new_tokens": args.max_new_tokens,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

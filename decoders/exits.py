@@ -42,6 +42,9 @@ FILLS = ("propagate", "compute")
 class ExitAdapters(nn.Module):
     """One exit per layer in `layers` (ℓ = decoder layers run before it, 1 ≤ ℓ < L)."""
 
+    # Buffers counted on the training corpus: a warm start (`--init`) keeps this run's.
+    FROM_CORPUS = ("vocab", "token_counts")
+
     def __init__(
         self,
         config,

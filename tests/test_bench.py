@@ -45,6 +45,28 @@ def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
     assert data["meta"]["draft_dtype"] == "float32"  # tiny models draft in their own dtype
 
 
+def test_repeated_runs_report_each_runs_speedup(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nWrite a limerick about tea.\nName three rivers.\n")
+    out = tmp_path / "out"
+    argv = ["--model", "tiny-random", "--dataset", str(prompts), "--max-new-tokens", "5"]
+    argv += ["--methods", "autoregressive,prompt_lookup,jacobi", "--peers", "", "--no-overhead"]
+    assert bench.main([*argv, "--repeat", "3", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "the prompts run 3 times over" in table and "in each of the 3 runs" in table
+    data = json.loads((out / "results.json").read_text())
+    assert data["repeat"] == data["meta"]["repeat"] == 3
+    assert len(data["prompts"]) == 3  # the set, once
+    for row in data["rows"]:
+        runs = row["speedup_runs"]
+        assert len(runs) == 3 and row["n"] == row["lossless"] == 9, row
+        # The whole's speedup is a ratio of sums of the runs' times: it lies between the runs'.
+        assert min(runs) - 0.002 <= row["speedup"] <= max(runs) + 0.002, row
+        assert f"| {' / '.join(f'{x:.2f}' for x in runs)} |" in table
+    assert "error_y" in (out / "speedup.html").read_text()  # the runs' spread as whiskers
+    assert bench.main([*argv, "--repeat", "0"]) == 2
+
+
 def test_the_table_says_when_drafters_run_in_another_dtype():
     meta = {
         "model": "m",

@@ -79,7 +79,7 @@ def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
 def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
     the EAGLE head, the Kangaroo adapter and the SPACE masks in their budgets, bring them back;
-    then the optional second call, SPACE alone."""
+    then an optional second call: SPACE again, and the Medusa heads and exit adapters."""
     dev, out = tmp_path / "dev", tmp_path / "out"
     pack(dev)
     env = {
@@ -112,11 +112,15 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     assert len(list(out.glob("*-stdlib-0.pt"))) == 1
     # A second call on the warm machine: one trainer, longer, on the corpus cached there.
     out2 = tmp_path / "out2"
-    env = {**env, "OUT": str(out2), "STAGES": "space", "SPACE_S": "300"}
+    env = {**env, "OUT": str(out2), "STAGES": "space medusa exits", "MEDUSA_MIN": "0.1"}
+    env["EXITS_MIN"] = "0.1"
     run = subprocess.run(
         ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     log = (out2 / "log.txt").read_text()
-    assert run.returncode == 0 and "== space: exit 0" in log, log[-3000:]
+    assert run.returncode == 0, log[-3000:]
+    for stage in ("space", "medusa", "exits"):
+        assert f"== {stage}: exit 0" in log, log[-3000:]
     assert "== eagle" not in log and "== kangaroo" not in log
-    assert sorted(p.name for p in out2.glob("*.safetensors")) == ["space.safetensors"]
+    trained = sorted(p.name for p in out2.glob("*.safetensors"))
+    assert trained == ["exits.safetensors", "medusa.safetensors", "space.safetensors"]

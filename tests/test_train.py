@@ -640,6 +640,28 @@ def test_a_warm_start_loads_every_weight_but_the_rebuilt_vocabulary(tiny, vocab,
         warm_start(MedusaHeads(tiny.model.config, 2, vocab), str(path))
 
 
+def test_a_warm_started_exit_adapter_keeps_this_corpus_token_counts(tiny, vocab, tmp_path):
+    """HASH EE's token counts, like the draft vocabulary, come from the run's own corpus: a warm
+    start from adapters trained on another corpus loads their weights and keeps them."""
+    from decoders.exits import ExitAdapters
+
+    config = tiny.model.config
+    counts = torch.arange(config.vocab_size)
+    trained = ExitAdapters(config, [1], 4, vocab, token_counts=counts)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p))
+    path = tmp_path / "exits.safetensors"
+    save_artifact(trained, path, {"model": "tiny-random"})
+
+    fresh = ExitAdapters(config, [1], 4, vocab, token_counts=counts.flip(0))
+    warm_start(fresh, str(path))
+    assert torch.equal(fresh.up[0].weight, trained.up[0].weight.half().float())
+    assert torch.equal(fresh.token_counts, counts.flip(0))  # this corpus's, not the artifact's
+    with pytest.raises(SystemExit, match=r"its layers is \[1\], this run's \[2\]"):
+        warm_start(ExitAdapters(config, [2], 4, vocab), str(path))
+
+
 # --- the probe: agreement outside the corpus ------------------------------------------------------
 
 

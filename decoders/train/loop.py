@@ -75,12 +75,24 @@ def init_weights(spec: str) -> dict[str, torch.Tensor]:
     return load(shown.stdout)
 
 
-def warm_start(module: nn.Module, spec: str | None, rebuilt: tuple[str, ...] = ("vocab",)) -> None:
-    """Load `--init`'s weights into `module`, all but the `rebuilt` buffers (the draft vocabulary
-    is rebuilt from this corpus); an artifact of another shape or kind is refused, and so is one
-    whose integer buffers (its configuration, e.g. Kangaroo's exit layer) differ."""
+def short(t: torch.Tensor, n: int = 8) -> str:
+    """A tensor for an error message: its first values, and how many there are."""
+    values = t.flatten().tolist()
+    return (
+        str(values)
+        if len(values) <= n
+        else f"[{', '.join(map(str, values[:n]))}, …] ({len(values)})"
+    )
+
+
+def warm_start(module: nn.Module, spec: str | None) -> None:
+    """Load `--init`'s weights into `module`, all but the buffers counted on the corpus (the
+    module's `FROM_CORPUS`, by default the draft vocabulary: this run rebuilt them from its own
+    corpus); an artifact of another shape or kind is refused, and so is one whose integer buffers
+    (its configuration, e.g. Kangaroo's exit layer) differ."""
     if not spec:
         return
+    rebuilt = getattr(module, "FROM_CORPUS", ("vocab",))
     weights = {k: v for k, v in init_weights(spec).items() if k not in rebuilt}
     own = module.state_dict()
     wrong = [k for k, v in weights.items() if k not in own or own[k].shape != v.shape]
@@ -92,9 +104,7 @@ def warm_start(module: nn.Module, spec: str | None, rebuilt: tuple[str, ...] = (
         )
     for k, v in weights.items():
         if not v.is_floating_point() and not torch.equal(v.to(own[k].device), own[k]):
-            raise SystemExit(
-                f"--init {spec}: its {k} is {v.tolist()}, this run's {own[k].tolist()}"
-            )
+            raise SystemExit(f"--init {spec}: its {k} is {short(v)}, this run's {short(own[k])}")
     module.load_state_dict(weights, strict=False)
 
 

