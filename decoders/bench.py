@@ -239,9 +239,9 @@ def run_benchmark(
     repeat: int = 1,
 ) -> dict[str, Any]:
     """Every contestant on every prompt, in an order rotated per prompt. With `repeat` > 1 the
-    whole set runs that many times (the rotation carries on, so the orders differ) and each row
-    also gets its speedup in each run: the spread between runs says how much a ratio can be
-    trusted on a noisy machine."""
+    whole set runs that many times (each run rotated one further, so the orders differ), and
+    each row also gets its speedup in each run: the spread between runs says how much a ratio
+    can be trusted on a noisy machine."""
     n_set = len(prompts)
     prompts = list(prompts) * repeat
     encoded = [bundle.encode(p.text, p.chat) for p in prompts]
@@ -250,7 +250,8 @@ def run_benchmark(
             c.run(encoded[0], min(8, max_new_tokens))
     references: list[list[int]] = []
     for i, ids in enumerate(encoded):
-        order = contestants[i % len(contestants) :] + contestants[: i % len(contestants)]
+        shift = (i + i // n_set) % len(contestants)  # each run shifts: no prompt keeps its order
+        order = contestants[shift:] + contestants[:shift]
         for c in order:
             c.outcomes.append(c.run(ids, max_new_tokens))
         references.append(reference.outcomes[-1].tokens)

@@ -30,8 +30,14 @@ def pack(dev: Path, **env: str) -> list[list[str]]:
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    calls = [line for line in run.stdout.splitlines() if line.strip().startswith("run(")]
+    required, optional = run.stdout.split("then, at once")
+    calls = [line for line in required.splitlines() if line.strip().startswith("run(")]
     assert calls and "train.sh" in calls[-1] and not any("train.sh" in c for c in calls[:-1])
+    # The optional second calls carry nothing: the first ones left everything on the machine.
+    extra = [line for line in optional.splitlines() if line.strip().startswith("run(")]
+    assert len(extra) == 2 and all("train.sh" in c and "carry" not in c for c in extra)
+    if str(dev) != ".device":
+        assert all(f"DEV={dev} " in c for c in [calls[-1], *extra])
     return [re.findall(r'"([^"]+)"', call.split("carry=")[1].split("]")[0]) for call in calls]
 
 
@@ -88,12 +94,13 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
         "OUT": str(out),
         "PY": sys.executable,
         "DEVICE": "cpu",
-        "CORPUS": "--chat 12 --tasks 2 --code 6 --chunks 2 --gen-batch 6 --probe-tokens 16",
+        "CORPUS": "--chat 12 --tasks 2 --code 6 --chunks 2 --gen-batch 6 --probe-tokens 16 --seed 1",
         "BUILD_S": "400",
         "DEADLINE": "1800",
         "EAGLE_MIN": "0.1",
         "KANGAROO_MIN": "0.1",
         "SPACE_MIN": "0.1",
+        **{f"{stage}_S": "600" for stage in ("EAGLE", "KANGAROO", "SPACE", "MEDUSA", "EXITS")},
     }
     run = subprocess.run(
         ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
@@ -108,8 +115,10 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
         assert (out / f"{name}.safetensors").stat().st_size > 0
         if name != "space":  # SPACE scores its masks its own way, without the probe
             assert '"top1_probe' in json.dumps(card), name
-    # The corpus's documents come back too, for sessions without a GPU.
-    assert len(list(out.glob("*-stdlib-0.pt"))) == 1
+    # The documents of the corpus built there come back too, for sessions without a GPU: this
+    # run's (its sizes and seed), not the fallback corpus carried over from here.
+    built = "SmolLM2-135M-Instruct-12-2-160-6-128-2-1500-stdlib-1.pt"  # the sizes and seed above
+    assert [p.name for p in out.glob("*.pt")] == [built]
     # A second call on the warm machine: one trainer, longer, on the corpus cached there.
     out2 = tmp_path / "out2"
     env = {**env, "OUT": str(out2), "STAGES": "space medusa exits", "MEDUSA_MIN": "0.1"}
@@ -122,5 +131,6 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     for stage in ("space", "medusa", "exits"):
         assert f"== {stage}: exit 0" in log, log[-3000:]
     assert "== eagle" not in log and "== kangaroo" not in log
+    assert not list(out2.glob("*.pt"))  # the corpus was cached: it came back the first time
     trained = sorted(p.name for p in out2.glob("*.safetensors"))
     assert trained == ["exits.safetensors", "medusa.safetensors", "space.safetensors"]

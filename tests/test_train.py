@@ -662,6 +662,28 @@ def test_a_warm_started_exit_adapter_keeps_this_corpus_token_counts(tiny, vocab,
         warm_start(ExitAdapters(config, [2], 4, vocab), str(path))
 
 
+def test_a_warm_start_refuses_space_masks_of_another_configuration(tiny, tmp_path):
+    """SPACE's k, rank and alpha live in a float buffer: a warm start from masks trained with
+    another alpha would load their weights under this run's card, so it is refused."""
+    from decoders.mask_model import MaskAdapter
+
+    config = tiny.model.config
+    trained = MaskAdapter(config, 3, 4, 8)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p))
+    path = tmp_path / "space.safetensors"
+    save_artifact(trained, path, {"model": "tiny-random"})
+    same = MaskAdapter(config, 3, 4, 8)
+    warm_start(same, str(path))
+    assert all(
+        torch.equal(p, q.half().float())
+        for p, q in zip(same.parameters(), trained.parameters(), strict=True)
+    )
+    with pytest.raises(SystemExit, match=r"its meta is \[3.0, 4.0, 8.0\], this run's"):
+        warm_start(MaskAdapter(config, 3, 4, 16), str(path))
+
+
 # --- the probe: agreement outside the corpus ------------------------------------------------------
 
 

@@ -88,8 +88,9 @@ def short(t: torch.Tensor, n: int = 8) -> str:
 def warm_start(module: nn.Module, spec: str | None) -> None:
     """Load `--init`'s weights into `module`, all but the buffers counted on the corpus (the
     module's `FROM_CORPUS`, by default the draft vocabulary: this run rebuilt them from its own
-    corpus); an artifact of another shape or kind is refused, and so is one whose integer buffers
-    (its configuration, e.g. Kangaroo's exit layer) differ."""
+    corpus); an artifact of another shape or kind is refused, and so is one whose other buffers
+    (its configuration: Kangaroo's exit layer, the exits' layers, SPACE's k, rank and alpha)
+    differ from this run's."""
     if not spec:
         return
     rebuilt = getattr(module, "FROM_CORPUS", ("vocab",))
@@ -102,8 +103,9 @@ def warm_start(module: nn.Module, spec: str | None) -> None:
             f"--init {spec}: not this artifact's shape (unexpected or resized: {wrong[:4]}, "
             f"missing: {missing[:4]})"
         )
+    buffers = {name for name, _ in module.named_buffers()}
     for k, v in weights.items():
-        if not v.is_floating_point() and not torch.equal(v.to(own[k].device), own[k]):
+        if k in buffers and not torch.equal(v.to(own[k].device, own[k].dtype), own[k]):
             raise SystemExit(f"--init {spec}: its {k} is {short(v)}, this run's {short(own[k])}")
     module.load_state_dict(weights, strict=False)
 

@@ -55,6 +55,9 @@ for ((i = 0; i < parts; i++)); do
         echo "  run(command=\"$run\", carry=[$carry], timeout_s=600)"
     fi
 done
+prefix=""
+[ "$DEV" = .device ] || prefix="DEV=$DEV "
 echo "then, at once (the corpus is cached there while the machine stays warm), if ~300 s of device"
-echo "time are left: the SPACE masks on their own, longer (docs/GPU.md):"
-echo "  STAGES=space SPACE_MIN=3.2 SPACE_S=240 DEADLINE=270 bash scripts/device/train.sh (timeout_s=290)"
+echo "time are left, one of (docs/GPU.md):"
+echo "  run(command=\"${prefix}STAGES=space SPACE_MIN=3.2 SPACE_S=240 DEADLINE=270 bash scripts/device/train.sh\", timeout_s=290)"
+echo "  run(command=\"${prefix}STAGES='exits medusa' EXITS_MIN=1.5 MEDUSA_MIN=1 DEADLINE=270 bash scripts/device/train.sh\", timeout_s=290)"

