@@ -10,6 +10,9 @@ never checked by the full model.
                 softmax     top-1 − top-2 probability of the exit's distribution (softmax response)
                 saturation  cos(h_ℓ, h_{ℓ−1}): the state has stopped moving
                 classifier  the trained early-exit classifier's P(this exit's top-1 is final)
+                oracle      1 if this exit's top-1 is the full model's token, else 0: the paper's
+                            oracle, the bound of every confidence measure on these exits (it
+                            peeks: the full model runs first, a pass not counted as computed)
             if c > λ_t: the token is argmax of the exit's logits; stop climbing
         no exit taken: the full model's LM head, as autoregressive decoding
         the skipped layers' keys and values for x: state propagation (h_ℓ through each skipped
@@ -34,10 +37,10 @@ from .events import Commit, Event, LayerExit
 from .exits import FILLS, ExitAdapters, exit_forward, exit_logits, load_exits
 from .models import ModelBundle
 from .params import Param
-from .runtime import new_cache
+from .runtime import crop_cache, forward, new_cache
 from .steps import start
 
-CONFIDENCES = ("softmax", "saturation", "classifier")
+CONFIDENCES = ("softmax", "saturation", "classifier", "oracle")
 
 PARAMS = (
     # Defaults from a sweep on assets/tuning_prompts.jsonl (CPU, 64 tokens, the shipped adapters):
@@ -66,7 +69,9 @@ PARAMS = (
         str,
         "softmax",
         "the confidence measure: softmax (top-1 − top-2 probability), saturation (cosine of "
-        "consecutive hidden states) or classifier (the trained early-exit classifier)",
+        "consecutive hidden states), classifier (the trained early-exit classifier) or oracle "
+        "(the paper's bound: the first exit that gives the full model's token; it peeks, so the "
+        "full model runs first: an analysis, not a speed-up)",
         choices=CONFIDENCES,
     ),
     Param(
@@ -104,6 +109,7 @@ class Gate:
     measure: str
     lowest: int
     threshold: float = 1.0
+    final: int | None = None  # the oracle's answer key: the full model's token
     offered: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
 
@@ -118,7 +124,9 @@ class Gate:
             c = float(torch.nn.functional.cosine_similarity(h.float(), below.float(), dim=-1))
         else:
             logits, feats = exit_logits(self.bundle, self.exits, i, h)
-            if self.measure == "softmax":
+            if self.measure == "oracle":
+                c = float(int(logits[-1].argmax()) == self.final)
+            elif self.measure == "softmax":
                 top2 = torch.softmax(logits[-1], -1).topk(2).values
                 c = float(top2[0] - top2[1])
             else:
@@ -148,12 +156,22 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         step += 1
         t = len(budget.tokens)  # the output index of the token this step predicts
         gate.reset(threshold_at(lam, tau, t, cfg.max_new_tokens))
+        position = len(prompt_ids) + t - 1  # = the cache's length
+        if measure == "oracle":
+            # The answer key: the full model's token on this very cache (propagated states
+            # included), then the pass is cropped away. Its layers are not counted as computed.
+            peek = forward(
+                bundle, cache, [budget.tokens[-1]], step=step, kind="oracle", positions=[position]
+            )
+            crop_cache(cache, position)
+            gate.final = int(peek.logits[-1].argmax())
+            yield peek.event
         logits, depth, event = exit_forward(
             bundle,
             exits,
             cache,
             budget.tokens[-1],
-            len(prompt_ids) + t - 1,
+            position,
             gate,
             fill=fill,
             step=step,

@@ -20,8 +20,9 @@ SCHEMA_VERSION = 1
 TRACE_FORMAT = "decoding-lab-trace"
 
 # "shallow": FREE's pass through the layers below its exit (every token); "sync": its synchronized
-# pass (held-back tokens and the current one through the deep layers)
-ForwardKind = Literal["prefill", "target", "draft", "verify", "shallow", "sync"]
+# pass (held-back tokens and the current one through the deep layers); "oracle": CALM's oracle
+# peeking at the full model's token (an analysis pass, not counted as computed)
+ForwardKind = Literal["prefill", "target", "draft", "verify", "shallow", "sync", "oracle"]
 # Where a committed token came from (the colour language in docs/ARCHITECTURE.md keys on these).
 # "mask": filled by a mask and never verified (a lossy method's token); "exit": predicted at an early
 # exit, never verified by the full model (lossy); "relaxed": a draft that relaxed verification

@@ -31,6 +31,7 @@ NEVER = [
     ("calm", {"threshold": 1.0, "min_depth": 0.0, "confidence": "saturation"}),
     ("calm", {"threshold": 1.0, "min_depth": 0.0, "confidence": "classifier"}),
     ("calm", {"threshold": 1.0, "tau": 4.0, "fill": "compute"}),
+    ("calm", {"threshold": 1.0, "min_depth": 0.0, "confidence": "oracle"}),
     ("hash_ee", {"min_depth": 1.0}),
     ("free", {"exit_layer": "2", "threshold": 1.0}),
 ]
@@ -143,6 +144,38 @@ def test_an_exited_token_is_the_argmax_of_its_exit(tiny):
     out = forward(tiny, new_cache(tiny), [*prompt, first], step=0, kind="prefill", hidden_at=(1,))
     logits, _ = exit_logits(tiny, exits, 0, out.hidden[1][-1:])
     assert res.token_ids[1] == int(logits[-1].argmax())
+
+
+def test_the_oracle_exits_where_an_exit_first_gives_the_full_models_token(tiny):
+    """CALM's oracle peeks at the full model's token, then leaves at the first exit that gives it.
+    With the true cache for the skipped layers nothing drifts: greedy token for token, while tokens
+    still leave early; the peek is drawn but not counted as computed."""
+    for prompt in PROMPTS[:3]:
+        res = generate(
+            tiny, prompt, "calm", 24, chat=False, confidence="oracle", min_depth=0.0, fill="compute"
+        )
+        assert res.token_ids == greedy(tiny, prompt, 24).token_ids
+        exits = exits_of(res)
+        assert any(e.layer < tiny.n_layers for e in exits)
+        for e in exits:
+            assert set(e.confidences) <= {0.0, 1.0}
+            sure = [c == 1.0 for c in e.confidences]
+            assert (e.layer < e.n_layers) == any(sure)
+            if any(sure):
+                assert e.layer == e.layers[sure.index(True)]
+        peeks = [f for f in res.events if isinstance(f, Forward) and f.kind == "oracle"]
+        assert len(peeks) == 23 and all(f.layers == tiny.n_layers for f in peeks)
+        assert res.stats["target_forwards"] == 24  # the peeks are not target passes
+
+
+def test_the_oracle_with_propagation_counts_only_the_layers_up_to_each_exit(tiny):
+    res = generate(tiny, PROMPTS[2], "calm", 24, chat=False, confidence="oracle", min_depth=0.0)
+    depths = [e.layer for e in exits_of(res)]
+    assert min(depths) < tiny.n_layers
+    assert res.stats["layers_per_token"] == pytest.approx(
+        sum(depths) / len(depths) / tiny.n_layers, abs=1e-4
+    )
+    assert "oracle" in res.stats["time_ms"]  # its wall-clock is honest: the peeks cost time
 
 
 # --- the cache of skipped layers -----------------------------------------------------------------
@@ -438,6 +471,16 @@ def test_the_embedded_models_trained_exits_exit_and_stay_close(embedded):
     ref = greedy(embedded, PROMPTS[5], 48).token_ids
     same = sum(a == b for a, b in zip(res.token_ids, ref, strict=False))
     assert same >= 8  # the first tokens at least: a broken exit writes nonsense from token 2
+
+
+@pytest.mark.slow
+def test_the_embedded_models_oracle_is_greedy_with_the_true_cache(embedded):
+    """The bound behind the README's CALM numbers: with perfect exit decisions and the true cache,
+    the output is greedy's while many tokens leave early (propagation is what costs agreement)."""
+    kw = dict(chat=False, confidence="oracle", min_depth=0.0)
+    res = generate(embedded, PROMPTS[5], "calm", 40, fill="compute", **kw)
+    assert res.token_ids == greedy(embedded, PROMPTS[5], 40).token_ids
+    assert sum(e.layer < e.n_layers for e in exits_of(res)) >= 5
 
 
 def test_the_draft_views_mark_what_only_the_relaxation_accepted(tiny):

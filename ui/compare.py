@@ -106,6 +106,15 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "hash_ee",
         "hash_ee:min_depth=0.6",
     ),
+    # CALM's oracle peeks at the full model and leaves at the first exit that agrees: the best any
+    # confidence could do with these exits. With propagation it still drifts; with the true cache
+    # it is greedy, at the layers the exits could save if keys and values came free.
+    "CALM's oracle: what perfect exit decisions would give": (
+        "calm",
+        "calm:confidence=oracle",
+        "calm:confidence=oracle:min_depth=0",
+        "calm:confidence=oracle:min_depth=0:fill=compute",
+    ),
     # SpecDec's relaxed acceptance on the EAGLE drafter: β = 1 is exact, larger β and τ keep
     # more drafts and drift from greedy.
     "relaxed verification: SpecDec's β and τ": (

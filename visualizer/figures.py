@@ -13,7 +13,14 @@ from decoders.events import Commit, Event, Forward, TopK
 
 from .text import cut, short_token, token_hover, wrap
 
-LANES = ("target", "verify", "shallow", "sync", "draft")  # prefill is drawn in the target lane
+LANES = (
+    "target",
+    "verify",
+    "shallow",
+    "sync",
+    "draft",
+    "oracle",
+)  # prefill is drawn in the target lane
 LANE_COLOURS = {
     "prefill": "#546e7a",
     "target": "#78909c",
@@ -21,6 +28,7 @@ LANE_COLOURS = {
     "draft": "#66bb6a",
     "shallow": "#b0bec5",  # FREE: the layers below the exit, every token
     "sync": "#f9a825",  # FREE's catch-up pass: held-back tokens through the deep layers
+    "oracle": "#ce93d8",  # CALM's oracle peeking at the full model's token (not counted)
 }
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 # Plotly does not wrap text: a subtitle line of at most this many characters fits a figure on a
