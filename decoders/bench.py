@@ -357,6 +357,10 @@ def summarize(
         ]
         n = sum(w for _, w in weighed)
         row["layers_per_token"] = round(sum(v * w for v, w in weighed) / n, 4) if n else None
+        exits = [o.stats.get("exit_depth") for o in c.outcomes]
+        exits = [(v, len(o.tokens) - 1) for v, o in zip(exits, c.outcomes, strict=True) if v]
+        n = sum(w for _, w in exits)
+        row["exit_depth"] = round(sum(v * w for v, w in exits) / n, 4) if n else None
     return row
 
 
@@ -406,19 +410,21 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
             "",
             "Quality against greedy (lossy methods; means over prompts): token agreement, ROUGE-L, "
             "NLL under the target (nats/token), self-consistency (share of tokens that are the "
-            "target's own argmax in the output's context), target forwards per token, and the "
-            "target's decoder layers run per token as a share of its depth:",
+            "target's own argmax in the output's context), target forwards per token, the "
+            "target's decoder layers run per token as a share of its depth, and (early exit) "
+            "where tokens left, as a share of the depth:",
             "",
             "| method | agreement | ROUGE-L | NLL | self-consistency | forwards / token "
-            "| layers / token | speedup |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| layers / token | exit depth | speedup |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in scored:
             q, tpf = r["quality"], r.get("tokens_per_target_forward")
             lines.append(
                 f"| {r['contestant']} | {q['agreement']:.3f} | {q['rouge_l']:.3f} | "
                 f"{q['nll']:.3f} | {q['consistency']:.3f} | {fmt(1 / tpf if tpf else None)} | "
-                f"{fmt(r.get('layers_per_token'))} | {fmt(r.get('speedup'))}× |"
+                f"{fmt(r.get('layers_per_token'))} | {fmt(r.get('exit_depth'))} | "
+                f"{fmt(r.get('speedup'))}× |"
             )
     if "trace_overhead" in result:
         lines += [

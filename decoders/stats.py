@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from .events import Commit, Draft, Event, Forward, Verify
+from .events import Commit, Draft, Event, Forward, LayerExit, Verify
 from .tree import depths
 
 TARGET_KINDS = ("prefill", "target", "verify", "sync")
@@ -38,6 +38,7 @@ class StatsAccumulator:
         self.origins: Counter[str] = Counter()
         self.depth = 0  # the model's layers (the prefill runs them all)
         self.layer_inputs = 0  # Σ layers × inputs over target and verify passes
+        self.exit_depths: list[float] = []  # early exit: where each token left, share of depth
 
     def add(self, event: Event) -> None:
         if isinstance(event, Forward):
@@ -55,6 +56,8 @@ class StatsAccumulator:
             if event.tokens:
                 deepest = max(depths(event.parents)) + 1
                 self.draft_depth[event.step] = max(self.draft_depth.get(event.step, 0), deepest)
+        elif isinstance(event, LayerExit):
+            self.exit_depths.append(event.layer / event.n_layers)
         elif isinstance(event, Verify):
             n = len(event.accepted)
             self.verify_steps += 1
@@ -91,6 +94,13 @@ class StatsAccumulator:
             "layers_per_token": (
                 round(self.layer_inputs / (self.new_tokens - 1) / self.depth, 4)
                 if self.depth and self.new_tokens > 1
+                else None
+            ),
+            # Where tokens left (early exit), whatever the skipped layers then cost: below
+            # layers_per_token's share when their keys and values are computed for real.
+            "exit_depth": (
+                round(sum(self.exit_depths) / len(self.exit_depths), 4)
+                if self.exit_depths
                 else None
             ),
             "wall_s": round(wall, 4),

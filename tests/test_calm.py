@@ -166,6 +166,8 @@ def test_the_oracle_exits_where_an_exit_first_gives_the_full_models_token(tiny):
         peeks = [f for f in res.events if isinstance(f, Forward) and f.kind == "oracle"]
         assert len(peeks) == 23 and all(f.layers == tiny.n_layers for f in peeks)
         assert res.stats["target_forwards"] == 24  # the peeks are not target passes
+        # tokens left early, but the skipped layers ran for the cache
+        assert res.stats["exit_depth"] < 1.0 == res.stats["layers_per_token"]
 
 
 def test_the_oracle_with_propagation_counts_only_the_layers_up_to_each_exit(tiny):
@@ -175,6 +177,7 @@ def test_the_oracle_with_propagation_counts_only_the_layers_up_to_each_exit(tiny
     assert res.stats["layers_per_token"] == pytest.approx(
         sum(depths) / len(depths) / tiny.n_layers, abs=1e-4
     )
+    assert res.stats["exit_depth"] == pytest.approx(res.stats["layers_per_token"], abs=1e-4)
     assert "oracle" in res.stats["time_ms"]  # its wall-clock is honest: the peeks cost time
 
 
