@@ -12,8 +12,9 @@ documents ship in the same file: HASH EE's token frequencies.
 
 The card reports every exit's held-out top-1 agreement with the final layer, before training (the
 untrained exit is the logit lens: the final norm and LM head on h_ℓ) and after, per corpus source,
-and how well the confidences are calibrated (the share of tokens above a threshold, and how many
-of those the exit gets right).
+how well the confidences are calibrated (the share of tokens above a threshold, and how many of
+those the exit gets right), and CALM's oracle: the share of the layers a token would run if it
+left at the first exit that agrees with the final layer (no confidence measure does better).
 
 `--placeholder` writes untrained exits instead (the tiny-random test model has no corpus worth
 training on; decoding that never exits does not depend on them).
@@ -124,6 +125,28 @@ def evaluate(exits: ExitAdapters, norm, w, states: States, docs: list[int]) -> d
     return scores
 
 
+@torch.no_grad()
+def oracle_depth(exits: ExitAdapters, norm, w, states: States, docs: list[int], n_layers: int):
+    """CALM's oracle on held-out positions: each leaves at the first exit whose top-1 is the final
+    layer's, else runs all L layers. The fewest layers (share of the depth) any confidence measure
+    could run on these exits at full agreement, teacher-forced, overall and per source."""
+    depth: dict[str, list[float]] = {}
+    for d in docs:
+        a, b = states.span(d)
+        final = (states.features[a:b].float().to(w.device) @ w.T).argmax(-1)
+        left = torch.full_like(final, n_layers)
+        for i, ell in enumerate(exits.exit_layers):  # shallowest first
+            h = states.layers[ell][a:b].float().to(w.device)
+            top = (exits.features(i, h, norm) @ w.T).argmax(-1)
+            left = torch.where((left == n_layers) & (top == final), ell, left)
+        depth.setdefault(states.sources[d], []).extend((left / n_layers).tolist())
+    every = [x for v in depth.values() for x in v]
+    return {
+        "layers": round(sum(every) / max(len(every), 1), 4),
+        **{f"layers_{s}": round(sum(v) / len(v), 4) for s, v in sorted(depth.items())},
+    }
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.placeholder:
         return placeholder(args, argv)
@@ -168,6 +191,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "train_tokens": sum(b - a for a, b in spans),
             "held_out_before": before,
             "held_out": evaluate(exits, norm, w, states, prep.held_docs),
+            "held_out_oracle": oracle_depth(exits, norm, w, states, prep.held_docs, n_layers),
         },
         desc="exits",
     )
