@@ -491,6 +491,7 @@ def quality_points(result: dict[str, Any], meta: dict[str, Any]) -> dict[str, An
                 "agreement": r["quality"]["agreement"],
                 "rouge_l": r["quality"]["rouge_l"],
                 "layers_per_token": r.get("layers_per_token"),
+                "exit_depth": r.get("exit_depth"),
                 "speedup": r.get("speedup"),
             }
             for r in result["rows"]

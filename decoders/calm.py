@@ -11,8 +11,10 @@ never checked by the full model.
                 saturation  cos(h_ℓ, h_{ℓ−1}): the state has stopped moving
                 classifier  the trained early-exit classifier's P(this exit's top-1 is final)
                 oracle      1 if this exit's top-1 is the full model's token, else 0: the paper's
-                            oracle, the bound of every confidence measure on these exits (it
-                            peeks: the full model runs first, a pass not counted as computed)
+                            oracle (it peeks: the full model runs first, a pass not counted as
+                            computed). With fill = compute it is greedy, and where it leaves
+                            bounds every confidence measure on these exits; λ only switches it
+                            off (λ = 1), τ changes nothing
             if c > λ_t: the token is argmax of the exit's logits; stop climbing
         no exit taken: the full model's LM head, as autoregressive decoding
         the skipped layers' keys and values for x: state propagation (h_ℓ through each skipped
@@ -70,7 +72,7 @@ PARAMS = (
         "softmax",
         "the confidence measure: softmax (top-1 − top-2 probability), saturation (cosine of "
         "consecutive hidden states), classifier (the trained early-exit classifier) or oracle "
-        "(the paper's bound: the first exit that gives the full model's token; it peeks, so the "
+        "(the paper's oracle: the first exit that gives the full model's token; it peeks, so the "
         "full model runs first: an analysis, not a speed-up)",
         choices=CONFIDENCES,
     ),
@@ -114,7 +116,7 @@ class Gate:
     scores: list[float] = field(default_factory=list)
 
     def reset(self, threshold: float) -> None:
-        self.threshold, self.offered, self.scores = threshold, [], []
+        self.threshold, self.offered, self.scores, self.final = threshold, [], [], None
 
     def __call__(self, i: int, ell: int, h: torch.Tensor, below: torch.Tensor):
         if ell < self.lowest:

@@ -8,7 +8,9 @@
 - layers per token = target decoder layers run per input after the prefill (target, verify and
   FREE's shallow and sync passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
   prefill's): 1 for autoregressive decoding, below 1 where tokens exit early (a draft's own
-  layers are not counted)
+  layers are not counted, nor CALM's oracle passes)
+- exit depth (early exit) = where tokens were written from, as a share of the depth (LayerExit
+  events), whatever their skipped layers cost afterwards
 """
 
 from __future__ import annotations

@@ -453,3 +453,8 @@ def test_the_quality_chart_joins_each_lossy_family_and_places_the_reference():
     )
     assert list(by_name[REFERENCE].y) == [1.0]
     assert "no lossy method" in quality_chart(rows[:2]).layout.annotations[0].text
+    # where tokens left, when the skipped layers still ran for the cache (CALM's fill=compute)
+    true_cache = {**rows[2], "layers_per_token": 1.0, "exit_depth": 0.69}
+    (hover,) = next(t for t in quality_chart([rows[0], true_cache]).data if t.name == "calm").text
+    assert "100% of the layers · left at 69%" in hover
+    assert "left at" not in by_name["calm"].text[0]  # no exit depth given: nothing said

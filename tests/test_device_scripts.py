@@ -35,7 +35,7 @@ def pack(dev: Path, **env: str) -> list[list[str]]:
     assert calls and "train.sh" in calls[-1] and not any("train.sh" in c for c in calls[:-1])
     # The optional second calls carry nothing: the first ones left everything on the machine.
     extra = [line for line in optional.splitlines() if line.strip().startswith("run(")]
-    assert len(extra) == 2 and all("train.sh" in c and "carry" not in c for c in extra)
+    assert len(extra) == 3 and all("train.sh" in c and "carry" not in c for c in extra)
     if str(dev) != ".device":
         assert all(f"DEV={dev} " in c for c in [calls[-1], *extra])
     return [re.findall(r'"([^"]+)"', call.split("carry=")[1].split("]")[0]) for call in calls]

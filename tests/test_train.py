@@ -730,32 +730,39 @@ def test_positions_the_probe_does_not_score_are_not_scored(kind, tiny, states, v
 
 
 def test_the_exits_oracle_leaves_at_the_first_exit_that_agrees_with_the_final_layer():
-    """CALM's oracle in the exits card: an exit whose features are the final ones always agrees,
-    so every token leaves there (or earlier); exits that never agree leave every token at L."""
+    """CALM's oracle in the exits card: an exit whose features are the final ones agrees wherever
+    the final token is in the draft vocabulary, so those tokens leave there (or earlier); a final
+    token outside it can leave nowhere early; exits that never agree leave every token at L."""
     from types import SimpleNamespace
 
     from decoders.train.exits import oracle_depth
     from decoders.train.states import States
 
     torch.manual_seed(0)
-    n, d, vocab, n_layers = 40, 8, 50, 10
+    n, d, n_layers = 40, 8, 10
     feats = torch.randn(n, d)
-    w = torch.randn(vocab, d)
+    head = torch.randn(50, d)  # the full LM head; the exits score its first 30 rows
+    w = head[:30]
+    exits = SimpleNamespace(
+        exit_layers=[2, 5], features=lambda i, h, norm: h, vocab=torch.arange(30)
+    )
     noise = {ell: torch.randn(n, d) for ell in (2, 5)}
-    exits = SimpleNamespace(exit_layers=[2, 5], features=lambda i, h, norm: h)
+    final = (feats @ head.T).argmax(-1)
 
     def states(layers):
         return States(torch.zeros(n, dtype=torch.long), [0, 25], feats, layers, ["chat", "code"])
 
-    perfect_at_5 = oracle_depth(exits, None, w, states({2: noise[2], 5: feats}), [0, 1], n_layers)
-    agree_2 = ((noise[2] @ w.T).argmax(-1) == (feats @ w.T).argmax(-1)).float()
-    expect = (agree_2 * 2 + (1 - agree_2) * 5).mean() / n_layers
-    assert perfect_at_5["layers"] == pytest.approx(float(expect), abs=1e-4)
+    def depth(at_2, at_5):
+        hit_2, hit_5 = (at_2 @ w.T).argmax(-1) == final, (at_5 @ w.T).argmax(-1) == final
+        return torch.where(hit_2, 2.0, torch.where(hit_5, 5.0, float(n_layers))) / n_layers
+
+    perfect_at_5 = oracle_depth(exits, None, w, head, states({2: noise[2], 5: feats}), [0, 1], 10)
+    expect = depth(noise[2], feats)
+    assert 0 < int((final >= 30).sum()) < n  # some final tokens lie outside the draft vocabulary
+    assert perfect_at_5["layers"] == pytest.approx(float(expect.mean()), abs=1e-4)
+    assert perfect_at_5["layers_code"] == pytest.approx(float(expect[25:].mean()), abs=1e-4)
     assert set(perfect_at_5) == {"layers", "layers_chat", "layers_code"}
     # random states at both exits: a token runs all L layers unless one happens to agree
-    agree_5 = ((noise[5] @ w.T).argmax(-1) == (feats @ w.T).argmax(-1)).float()
-    left = torch.where(agree_2.bool(), 2.0, torch.where(agree_5.bool(), 5.0, float(n_layers)))
-    got = oracle_depth(exits, None, w, states({2: noise[2], 5: noise[5]}), [0, 1], n_layers)
-    assert got["layers"] == pytest.approx(float(left.mean()) / n_layers, abs=1e-4)
+    got = oracle_depth(exits, None, w, head, states(noise), [0, 1], n_layers)
+    assert got["layers"] == pytest.approx(float(depth(noise[2], noise[5]).mean()), abs=1e-4)
     assert got["layers"] > perfect_at_5["layers"]
-    assert got["layers_chat"] == pytest.approx(float(left[:25].mean()) / n_layers, abs=1e-4)

@@ -106,9 +106,9 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "hash_ee",
         "hash_ee:min_depth=0.6",
     ),
-    # CALM's oracle peeks at the full model and leaves at the first exit that agrees: the best any
-    # confidence could do with these exits. With propagation it still drifts; with the true cache
-    # it is greedy, at the layers the exits could save if keys and values came free.
+    # CALM's oracle peeks at the full model and leaves at the first exit that agrees. With the true
+    # cache it is greedy, and its exit depth bounds every confidence measure on these exits; with
+    # propagation even these decisions drift (the stand-in keys and values).
     "CALM's oracle: what perfect exit decisions would give": (
         "calm",
         "calm:confidence=oracle",
@@ -411,6 +411,7 @@ def _row(
         "agreement": q.agreement if q is not None else float(identical),
         "rouge_l": q.rouge_l if q is not None else float(identical),
         "layers_per_token": s.get("layers_per_token"),
+        "exit_depth": s.get("exit_depth"),
     }
 
 

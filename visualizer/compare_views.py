@@ -223,6 +223,13 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
                         if r.get("layers_per_token") is None
                         else f" · {float(r['layers_per_token']):.0%} of the layers"
                     )
+                    + (  # where tokens left, when the skipped layers still ran (fill=compute)
+                        f" · left at {float(r['exit_depth']):.0%}"
+                        if r.get("exit_depth") is not None
+                        and r.get("layers_per_token") is not None
+                        and float(r["exit_depth"]) < float(r["layers_per_token"]) - 0.005
+                        else ""
+                    )
                     for r in members
                 ],
                 hoverinfo="text",

@@ -13,14 +13,8 @@ from decoders.events import Commit, Event, Forward, TopK
 
 from .text import cut, short_token, token_hover, wrap
 
-LANES = (
-    "target",
-    "verify",
-    "shallow",
-    "sync",
-    "draft",
-    "oracle",
-)  # prefill is drawn in the target lane
+# prefill is drawn in the target lane
+LANES = ("target", "verify", "shallow", "sync", "draft", "oracle")
 LANE_COLOURS = {
     "prefill": "#546e7a",
     "target": "#78909c",

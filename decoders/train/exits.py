@@ -126,18 +126,19 @@ def evaluate(exits: ExitAdapters, norm, w, states: States, docs: list[int]) -> d
 
 
 @torch.no_grad()
-def oracle_depth(exits: ExitAdapters, norm, w, states: States, docs: list[int], n_layers: int):
-    """CALM's oracle on held-out positions: each leaves at the first exit whose top-1 is the final
-    layer's, else runs all L layers. The fewest layers (share of the depth) any confidence measure
-    could run on these exits at full agreement, teacher-forced, overall and per source."""
+def oracle_depth(exits: ExitAdapters, norm, w, head, states: States, docs: list[int], n_layers):
+    """CALM's oracle on held-out positions: each leaves at the first exit whose top-1 (over the
+    draft vocabulary, rows `w`) is the final layer's (over the full LM head `head`), else runs all
+    L layers. The fewest layers (share of the depth) any confidence measure could run on these
+    exits at full agreement, teacher-forced, overall and per source."""
     depth: dict[str, list[float]] = {}
     for d in docs:
         a, b = states.span(d)
-        final = (states.features[a:b].float().to(w.device) @ w.T).argmax(-1)
+        final = (states.features[a:b].float().to(w.device) @ head.T).argmax(-1)  # token ids
         left = torch.full_like(final, n_layers)
         for i, ell in enumerate(exits.exit_layers):  # shallowest first
             h = states.layers[ell][a:b].float().to(w.device)
-            top = (exits.features(i, h, norm) @ w.T).argmax(-1)
+            top = exits.vocab.to(w.device)[(exits.features(i, h, norm) @ w.T).argmax(-1)]
             left = torch.where((left == n_layers) & (top == final), ell, left)
         depth.setdefault(states.sources[d], []).extend((left / n_layers).tolist())
     every = [x for v in depth.values() for x in v]
@@ -191,7 +192,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "train_tokens": sum(b - a for a, b in spans),
             "held_out_before": before,
             "held_out": evaluate(exits, norm, w, states, prep.held_docs),
-            "held_out_oracle": oracle_depth(exits, norm, w, states, prep.held_docs, n_layers),
+            "held_out_oracle": oracle_depth(
+                exits, norm, w, bundle.model.lm_head.weight, states, prep.held_docs, n_layers
+            ),
         },
         desc="exits",
     )
