@@ -81,6 +81,18 @@ def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
     assert len(joined) == embedded_gguf_path().stat().st_size
 
 
+def train_call(env: dict, out: Path, stages: tuple[str, ...]) -> str:
+    """One device call of train.sh, here: it ends well and each stage named ends well; its log."""
+    run = subprocess.run(
+        ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    log = (out / "log.txt").read_text()
+    assert run.returncode == 0, log[-3000:]
+    for stage in stages:
+        assert f"== {stage}: exit 0" in log, log[-3000:]
+    return log
+
+
 @pytest.mark.slow
 def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
@@ -102,13 +114,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
         "SPACE_MIN": "0.1",
         **{f"{stage}_S": "600" for stage in ("EAGLE", "KANGAROO", "SPACE", "MEDUSA", "EXITS")},
     }
-    run = subprocess.run(
-        ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    log = (out / "log.txt").read_text()
-    assert run.returncode == 0, log[-3000:]
-    for stage in ("corpus", "kangaroo", "space"):
-        assert f"== {stage}: exit 0" in log, log[-3000:]
+    log = train_call(env, out, ("corpus", "kangaroo", "space"))
     assert "== eagle" not in log  # its bars are met: a second call's
     for name in ("kangaroo-l2", "space"):
         card = json.loads((out / f"{name}.json").read_text())
@@ -125,13 +131,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     out2 = tmp_path / "out2"
     env = {**env, "OUT": str(out2), "STAGES": "eagle medusa exits", "MEDUSA_MIN": "0.1"}
     env["EXITS_MIN"] = env["EAGLE_MIN"] = "0.1"
-    run = subprocess.run(
-        ["bash", "scripts/device/train.sh"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    log = (out2 / "log.txt").read_text()
-    assert run.returncode == 0, log[-3000:]
-    for stage in ("eagle", "medusa", "exits"):
-        assert f"== {stage}: exit 0" in log, log[-3000:]
+    log = train_call(env, out2, ("eagle", "medusa", "exits"))
     assert "== space" not in log and "== kangaroo" not in log
     assert not list(out2.glob("*.pt"))  # the corpus was cached: it came back the first time
     trained = sorted(p.name for p in out2.glob("*.safetensors"))
