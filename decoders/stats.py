@@ -40,7 +40,7 @@ class StatsAccumulator:
         self.origins: Counter[str] = Counter()
         self.depth = 0  # the model's layers (the prefill runs them all)
         self.layer_inputs = 0  # Σ layers × inputs over target and verify passes
-        self.exit_depths: list[float] = []  # early exit: where each token left, share of depth
+        self.exits, self.exit_share = 0, 0.0  # early exit: tokens, Σ (layer left at / depth)
 
     def add(self, event: Event) -> None:
         if isinstance(event, Forward):
@@ -59,7 +59,8 @@ class StatsAccumulator:
                 deepest = max(depths(event.parents)) + 1
                 self.draft_depth[event.step] = max(self.draft_depth.get(event.step, 0), deepest)
         elif isinstance(event, LayerExit):
-            self.exit_depths.append(event.layer / event.n_layers)
+            self.exits += 1
+            self.exit_share += event.layer / event.n_layers
         elif isinstance(event, Verify):
             n = len(event.accepted)
             self.verify_steps += 1
@@ -100,11 +101,7 @@ class StatsAccumulator:
             ),
             # Where tokens left (early exit), whatever the skipped layers then cost: below
             # layers_per_token's share when their keys and values are computed for real.
-            "exit_depth": (
-                round(sum(self.exit_depths) / len(self.exit_depths), 4)
-                if self.exit_depths
-                else None
-            ),
+            "exit_depth": round(self.exit_share / self.exits, 4) if self.exits else None,
             "wall_s": round(wall, 4),
             "tokens_per_s": _ratio(self.new_tokens, wall),
             "time_ms": {k: round(v, 2) for k, v in self.ms.items()},
