@@ -373,6 +373,8 @@ def test_the_views_draw_where_tokens_left_and_why(tiny):
     conf = exit_confidence(res.events, texts, 5)
     assert list(conf.data[0].y) == list(now.confidences)
     assert any(s.y0 == pytest.approx(now.threshold) for s in conf.layout.shapes)  # the λ_t line
+    subtitle = conf.layout.title.subtitle.text.replace("\u00a0", " ")
+    assert f"λ_t = {now.threshold:.3f}" in subtitle  # its value, in the subtitle
     assert method_panel("calm", res.events, texts, 5).layout.title.text == heat.layout.title.text
     assert [f.layout.title.text for f in extra_panels("calm", res.events, texts, 5)] == [
         conf.layout.title.text

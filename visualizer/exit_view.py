@@ -171,12 +171,9 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
             name="confidence",
         )
     )
-    fig.add_hline(
-        y=now.threshold,
-        line_dash="dash",
-        line_color="#c62828",
-        annotation_text=f"λ_t = {now.threshold:.3f}",
-    )
+    # The threshold's value goes in the subtitle: a label on the line collided with a bar's own
+    # value whenever a confidence reached the top (the oracle's are 0 or 1).
+    fig.add_hline(y=now.threshold, line_dash="dash", line_color="#c62828")
     fig.update_yaxes(range=[0, 1.12], title_text="confidence")
     fig.update_xaxes(title_text="exit layer")
     where = (
@@ -184,7 +181,10 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
         if now.layer < now.n_layers
         else "no exit passed λ_t: the full model wrote it"
     )
-    note = f"token {now.position} {escape(visible(texts.get(tok, '?')))!s}: {where}"
+    note = (
+        f"token {now.position} {escape(visible(texts.get(tok, '?')))!s}: {where}"
+        f" · dashed: λ_t\u00a0=\u00a0{now.threshold:.3f}"  # kept on one line by wrap()
+    )
     return _base_layout(fig, title, height=300, subtitle=wrap(note, SUBTITLE_CHARS))
 
 
