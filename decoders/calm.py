@@ -13,8 +13,8 @@ never checked by the full model.
                 oracle      1 if this exit's top-1 is the full model's token, else 0: the paper's
                             oracle (it peeks: the full model runs first, a pass not counted as
                             computed). With fill = compute it is greedy, and where it leaves
-                            bounds every confidence measure on these exits; λ only switches it
-                            off (λ = 1), τ changes nothing
+                            bounds every confidence measure on these exits; λ and τ only decide
+                            whether λ_t < 1 (then it exits): λ = 1 with τ = 0 switches it off
             if c > λ_t: the token is argmax of the exit's logits; stop climbing
         no exit taken: the full model's LM head, as autoregressive decoding
         the skipped layers' keys and values for x: state propagation (h_ℓ through each skipped

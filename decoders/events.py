@@ -167,8 +167,10 @@ class Commit(Event):
 
 @dataclass(frozen=True)
 class DraftStop(Event):
-    """Why a confidence-gated draft (Draft & Verify) stopped at one step. `confidences[i]`: the
-    draft's top probability when it drafted token i, weighed against `threshold` (θ at this step);
+    """Why a confidence-gated draft (Draft & Verify, Kangaroo, speculative's stop) stopped at one
+    step. `confidences[i]`: what each paper's rule weighs against `threshold` (θ, η) for draft
+    token i: the draft's top probability (Draft & Verify, Kangaroo) or the drafted token's own
+    (speculative's stop, EAGLE-2's confidence); the same under greedy drafting;
     `reason`: "confidence" (the last token fell below θ), "max_draft", "eos" (the draft proposed an
     end token), "budget" (max_new_tokens left no room) or "cost" (the next token's path
     probability did not pay for its input: speculative's schedule=cost; it was not kept);

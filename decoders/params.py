@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ class Param:
             raise InvalidParameter(
                 f"parameter {self.name!r} expects {self.type.__name__}, got {raw!r}"
             ) from None
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes range checks
+            raise InvalidParameter(f"parameter {self.name!r} must be a finite number, got {raw!r}")
         if (self.min is not None and value < self.min) or (
             self.max is not None and value > self.max
         ):

@@ -109,7 +109,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 reason = "confidence"
                 break
         drafter.end()
-        if stop > 0:
+        if stop > 0 or cost is not None:  # a rule ended the draft: say which
             yield DraftStop(step, stop, tuple(confidences), reason)
         if draft:
             q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))

@@ -32,6 +32,9 @@ from decoders import (
         (dict(gamma=4), InvalidParameter, "valid: temperature, top_p, seed"),
         (dict(temperature=-1), InvalidParameter, "temperature"),
         (dict(temperature="hot"), InvalidParameter, "expects float"),
+        (dict(temperature=float("nan")), InvalidParameter, "finite number"),
+        (dict(top_p="nan"), InvalidParameter, "finite number"),
+        (dict(method="calm", threshold=float("inf")), InvalidParameter, "finite number"),
         (dict(seed=1.5), InvalidParameter, "expects int"),
     ],
 )

@@ -481,9 +481,14 @@ def test_the_cost_schedule_is_lossless_and_keeps_only_paying_tokens(tiny, monkey
     gamma, budget = 6, 30
     for prompt in PROMPTS[:3]:
         res = same_as_greedy(tiny, prompt, budget, draft=draft, gamma=gamma, schedule="cost")
+        stops = {e.step: e for e in res.events if isinstance(e, DraftStop)}
         done = 0
         for step, ev in by_step(res).items():
             cap = min(gamma, budget - done - 1)
+            if step:  # why each draft ended: the cost rule whenever it ended short of the cap
+                kept = len(ev["draft"].tokens) if "draft" in ev else 0
+                assert len(stops[step].confidences) == kept
+                assert (stops[step].reason == "cost") == (kept < cap), (kept, cap)
             if step and "draft" in ev:
                 d = ev["draft"]
                 assert 1 <= len(d.tokens) <= cap
