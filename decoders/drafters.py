@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from .errors import InvalidParameter
 from .models import ModelBundle, load_model
-from .runtime import ForwardResult, crop_cache, forward, new_cache
+from .runtime import ForwardResult, crop_cache, forward, new_cache, require_layers
 
 if TYPE_CHECKING:
     from .eagle import EagleHead
@@ -125,11 +125,13 @@ def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHe
     if spec.lower() == "eagle" or spec.lower().startswith("eagle:"):
         from .eagle import load_head
 
+        require_layers(target, "an EAGLE head's features")
         path = spec.partition(":")[2].strip()
         return load_head(target, Path(path) if path else None)
     m = SELF_DRAFT.match(spec)
     if spec == "self" or m:
         k = int(m.group(1)) if m else max(1, round(target.n_layers / 4))
+        require_layers(target, f"draft 'self:{k}' (the target's first layers alone)")
         if not 1 <= k <= target.n_layers:  # k = all layers: the target drafts for itself
             raise InvalidParameter(
                 f"draft 'self:{k}': k must be in 1..{target.n_layers} for this "

@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
+from .errors import InvalidParameter
 from .events import Forward
 from .models import ModelBundle
 
@@ -166,15 +167,23 @@ def _layer_ids(
             ids = None
     if ids is None and not need_inner:
         return None
+    require_layers(bundle, "running part of the model (or reading its features)")
+    return ids
+
+
+def require_layers(bundle: ModelBundle, what: str) -> None:
+    """Refuse, by name, a model whose decoder layers cannot be run one by one (`what` needs that):
+    methods call it from their `check`, so the run is refused before it starts."""
     inner = getattr(bundle.model, "model", None)
     if inner is None or not all(
         hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")
     ):
-        raise NotImplementedError(
-            f"{type(bundle.model).__name__} is not a Llama-style decoder; partial-depth "
-            "forwards, features and hidden states need one"
+        raise InvalidParameter(
+            f"{what} needs a Llama-style decoder whose layers run one by one; "
+            f"{type(bundle.model).__name__} is not one (autoregressive, prompt_lookup, jacobi, "
+            "lookahead and speculative with a draft model call only the whole model: they run "
+            "on it)"
         )
-    return ids
 
 
 def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, hidden_at):

@@ -30,7 +30,7 @@ from .errors import InvalidParameter
 from .events import Draft, DraftStop, Event
 from .models import ModelBundle, slug
 from .params import Param
-from .runtime import SkipSet, crop_cache, forward, new_cache
+from .runtime import SkipSet, crop_cache, forward, new_cache, require_layers
 from .steps import start, verify_chain
 from .tree import chain
 
@@ -114,6 +114,7 @@ def resolve_skip(bundle: ModelBundle, text: str) -> SkipSet:
 
 
 def check(bundle: ModelBundle, params) -> None:
+    require_layers(bundle, "skipping layers")
     resolve_skip(bundle, params["skip"])
 
 

@@ -80,3 +80,42 @@ def test_a_local_path_loads_through_the_hub_code_path(tiny, tmp_path):
     assert bundle.model_id == str(tmp_path)
     a = generate(bundle, "def f(x):", max_new_tokens=6, chat=False).token_ids
     assert a == generate(tiny, "def f(x):", max_new_tokens=6, chat=False).token_ids
+
+
+@pytest.fixture(scope="module")
+def gpt2(tiny, tmp_path_factory):
+    """A tiny GPT-2 (not Llama-style: its layers cannot be run one by one) on tiny's tokenizer."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("gpt2")
+    config = GPT2Config(vocab_size=len(tiny.tokenizer), n_embd=32, n_layer=2, n_head=2)
+    config.bos_token_id = config.eos_token_id = tiny.tokenizer.eos_token_id
+    GPT2LMHeadModel(config).save_pretrained(path)
+    tiny.tokenizer.save_pretrained(path)
+    return load_model(str(path))
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("autoregressive", {}), ("prompt_lookup", {}), ("jacobi", {}), ("lookahead", {})],
+)
+def test_methods_that_call_the_whole_model_run_on_a_non_llama_model(gpt2, method, params):
+    ref = generate(gpt2, "def f(x): return x", max_new_tokens=8, chat=False).token_ids
+    assert generate(gpt2, "def f(x): return x", method, 8, chat=False).token_ids == ref
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("speculative", {}),  # draft=auto: no EAGLE head for it, so self:k
+        ("speculative", {"draft": "self:1"}),
+        ("token_tree", {}),
+        ("self_speculative", {"skip": "attn:0"}),
+        ("calm", {}),
+    ],
+)
+def test_methods_that_run_part_of_the_model_refuse_a_non_llama_model_before_decoding(
+    gpt2, method, params
+):
+    with pytest.raises(InvalidParameter, match="Llama-style decoder"):
+        stream(gpt2, "def f(x): return x", method, 8, chat=False, **params)
