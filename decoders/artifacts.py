@@ -1,5 +1,6 @@
-"""Trained parts on a frozen target (EAGLE head, Kangaroo adapter, Medusa heads): where they live,
-how they are saved and loaded, and the draft vocabulary they score.
+"""Trained parts on a frozen target (EAGLE head, Kangaroo adapter, Medusa heads, the exit adapters,
+SPACE's mask adapter): where they live, how they are saved and loaded, and the draft vocabulary
+the drafting ones score.
 
 Each artifact is `assets/<kind>/<model>.safetensors` (float16 weights; they run in the target's
 dtype, drafting heads in `bundle.draft_dtype`) with a JSON card beside it: the command that made

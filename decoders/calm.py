@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from .base import Budget, DecodeConfig
-from .events import Commit, Event, LayerExit
-from .exits import FILLS, ExitAdapters, exit_forward, exit_logits, load_exits
+from .events import Event, LayerExit
+from .exits import FILLS, ExitAdapters, commit_exit, exit_forward, exit_logits, load_exits
 from .models import ModelBundle
 from .params import Param
 from .runtime import crop_cache, forward, new_cache
@@ -189,8 +189,4 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             round(gate.threshold, 6),
             "confidence",
         )
-        token = int(logits.argmax())
-        prob = round(float(torch.softmax(logits, -1)[token]), 6)
-        origin = "exit" if depth < n_layers else "target"
-        taken = budget.take([token])
-        yield Commit(step, tuple(taken), (origin,) * len(taken), (prob,) * len(taken))
+        yield commit_exit(step, logits, depth, n_layers, budget)

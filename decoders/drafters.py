@@ -3,7 +3,8 @@ trained EAGLE head (`eagle`, see eagle.py).
 
 All speak one small protocol so `speculative` (chains) and `token_tree` (trees) do not care:
 
-    drafter.begin(context)                 # the draft's cache now holds context[:-1]
+    drafter.begin(context, step)           # the draft's cache now holds context[:-1]; returns
+                                           # any catch-up forwards it ran to get there
     out = drafter.forward(tokens, ...)     # score new tokens (chain or tree) against that cache
     drafter.end()                          # forget everything drafted this step
     drafter.observe(features)              # (feature-level drafters) what the target just kept
@@ -42,7 +43,6 @@ class Drafter:
 
     def __init__(self, bundle: ModelBundle, cache: DynamicCache, depth: int | None, label: str):
         self.bundle, self.cache, self.depth, self.label = bundle, cache, depth, label
-        self.layers = depth or bundle.n_layers  # decoder layers one draft forward runs
         self.prefix = 0
 
     def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:

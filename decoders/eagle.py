@@ -29,7 +29,7 @@ from .artifacts import artifact_path, load_artifact, save_artifact
 from .drafters import Drafter
 from .events import Forward
 from .models import ModelBundle
-from .runtime import ForwardResult, cache_arg, crop_cache
+from .runtime import ForwardResult, cache_arg, crop_cache, elapsed_ms
 
 KIND = "eagle"  # assets/eagle/<model>.safetensors
 
@@ -168,12 +168,8 @@ class EagleDrafter(Drafter):
             device=device,
         )
         logits[:, self.head.vocab] = self.head.lm_head(kept).float()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        wall_ms = (time.perf_counter() - start) * 1000.0
-        event = Forward(
-            step=step, kind="draft", n_input_tokens=n, layers=1, wall_ms=round(wall_ms, 3)
-        )
+        wall_ms = elapsed_ms(self.bundle, start)
+        event = Forward(step=step, kind="draft", n_input_tokens=n, layers=1, wall_ms=wall_ms)
         return ForwardResult(logits, {}, event)
 
     def end(self) -> None:

@@ -48,7 +48,8 @@ class Prefill(Event):
 
 @dataclass(frozen=True)
 class Forward(Event):
-    """One model forward pass. `kind` says whose pass it was; prefill/target/verify are target passes."""
+    """One model forward pass. `kind` says whose pass it was (ForwardKind); prefill, target,
+    verify and sync (FREE's catch-up) are target passes, which stats counts as such."""
 
     type: ClassVar[str] = "Forward"
     step: int
@@ -156,7 +157,10 @@ class TopK(Event):
 
 @dataclass(frozen=True)
 class Commit(Event):
-    """Tokens appended to the output this step; `probs[i]` is the target's probability of token i."""
+    """Tokens appended to the output this step; `probs[i]`: the probability of token i under
+    whatever wrote it: the target for its own and verified tokens; the exit's distribution for a
+    token that left early (CALM, HASH EE) and the shallow exit's confidence for one FREE held
+    back; the mask row's confidence for Mask-Predict's unverified tokens."""
 
     type: ClassVar[str] = "Commit"
     step: int
@@ -249,11 +253,12 @@ class MaskPredictStep(Event):
 
 @dataclass(frozen=True)
 class LayerExit(Event):
-    """Where one token left the model (CALM, HASH EE): the token at output index `position` came
-    from the exit after `layer` of the model's `n_layers` decoder layers (`layer == n_layers`: no
-    early exit, the full model's LM head). On the way up, exits `layers[i]` were offered with
-    `confidences[i]` weighed against `threshold` (CALM, rule "confidence": exit at the first
-    confidence above it); HASH EE (rule "hash") offers none: the input token's hash chose `layer`."""
+    """Where one token left the model (CALM, FREE, HASH EE): the token at output index `position`
+    came from the exit after `layer` of the model's `n_layers` decoder layers (`layer ==
+    n_layers`: no early exit, the full model's LM head). On the way up, exits `layers[i]` were
+    offered with `confidences[i]` weighed against `threshold` (CALM and FREE, rule "confidence":
+    exit at the first confidence above it); HASH EE (rule "hash") offers none: the input token's
+    hash chose `layer`."""
 
     type: ClassVar[str] = "LayerExit"
     step: int

@@ -30,8 +30,9 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from .artifacts import artifact_path, full_logits, load_artifact
+from .base import Budget
 from .errors import InvalidParameter
-from .events import Forward
+from .events import Commit, Forward
 from .models import ModelBundle
 from .runtime import cache_arg, elapsed_ms
 
@@ -146,6 +147,18 @@ Stop = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
 @torch.inference_mode()
+def commit_exit(
+    step: int, logits: torch.Tensor, depth: int, n_layers: int, budget: Budget
+) -> Commit:
+    """Write the greedy token of the logits the token left with, at `depth` of `n_layers`: from an
+    exit, or from the full model when it climbed all the way."""
+    token = int(logits.argmax())
+    prob = round(float(torch.softmax(logits, -1)[token]), 6)
+    origin = "exit" if depth < n_layers else "target"
+    taken = budget.take([token])
+    return Commit(step, tuple(taken), (origin,) * len(taken), (prob,) * len(taken))
+
+
 def exit_forward(
     bundle: ModelBundle,
     exits: ExitAdapters,

@@ -31,7 +31,7 @@ import torch
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
 from .events import CatchUp, Commit, Event, LayerExit
-from .exits import exit_logits, load_exits
+from .exits import commit_exit, exit_logits, load_exits
 from .models import ModelBundle
 from .params import Param
 from .runtime import forward_from, forward_shallow, new_cache
@@ -189,6 +189,4 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         if held:
             yield CatchUp(step, tuple(x for x, _, _, _ in held), tuple(agreed), round(threshold, 6))
         held = []
-        prob = round(float(torch.softmax(deep.logits[-1], -1)[token]), 6)
-        taken = budget.take([token])
-        yield Commit(step, tuple(taken), ("target",) * len(taken), (prob,) * len(taken))
+        yield commit_exit(step, deep.logits[-1], n_layers, n_layers, budget)

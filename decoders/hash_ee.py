@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from .base import Budget, DecodeConfig
-from .events import Commit, Event, LayerExit
-from .exits import FILLS, ExitAdapters, exit_forward, exit_logits, load_exits
+from .errors import InvalidParameter
+from .events import Event, LayerExit
+from .exits import FILLS, ExitAdapters, commit_exit, exit_forward, exit_logits, load_exits
 from .models import ModelBundle
 from .params import Param
 from .runtime import new_cache
@@ -57,8 +58,6 @@ PARAMS = (
 def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
     exits = load_exits(bundle)
     if not float(exits.token_counts.sum()):
-        from .errors import InvalidParameter
-
         raise InvalidParameter(
             f"hash_ee: the exit adapters for {bundle.model_id} carry no token counts to hash; "
             f"retrain them with `python -m decoders.train exits --model {bundle.model_id}`"
@@ -117,8 +116,4 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         )
         yield event
         yield LayerExit(step, t, depth, n_layers, (), (), 0.0, "hash")
-        token = int(logits.argmax())
-        prob = round(float(torch.softmax(logits, -1)[token]), 6)
-        origin = "exit" if depth < n_layers else "target"
-        taken = budget.take([token])
-        yield Commit(step, tuple(taken), (origin,) * len(taken), (prob,) * len(taken))
+        yield commit_exit(step, logits, depth, n_layers, budget)

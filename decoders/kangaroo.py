@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import (
 from .artifacts import ASSETS, artifact_path, full_logits, load_artifact
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import Draft, DraftStop, Event, Forward, Prefill
+from .events import DraftStop, Event, Forward, Prefill
 from .models import ModelBundle, slug
 from .params import Param
 from .runtime import (
@@ -53,7 +53,7 @@ from .runtime import (
     forward_shallow,
     new_cache,
 )
-from .steps import settle_chain
+from .steps import chain_draft, settle_chain
 from .tree import chain, tree_mask
 
 KIND = "kangaroo"
@@ -131,12 +131,7 @@ def best_exit_layer(model_id: str) -> int | None:
 def load_adapter(bundle: ModelBundle, exit_layer: int | None = None) -> KangarooAdapter:
     """The trained adapter at ℓ = `exit_layer` (default: the sweep's choice) for `bundle`'s model."""
     if exit_layer is None:
-        exit_layer = best_exit_layer(bundle.model_id)
-        if exit_layer is None:
-            raise InvalidParameter(
-                f"kangaroo: no trained adapter for {bundle.model_id}; train one with "
-                f"`python -m decoders.train kangaroo --model {bundle.model_id}`"
-            )
+        exit_layer = resolve_exit_layer(bundle, "auto")
     if not 1 <= exit_layer < bundle.n_layers:
         raise InvalidParameter(
             f"kangaroo: the exit layer ℓ must be in 1..{bundle.n_layers - 1}, got {exit_layer}"
@@ -273,8 +268,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 break
         yield DraftStop(step, eta, tuple(confidences), reason)
         if draft:
-            q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
-            yield Draft(step, label, tuple(draft), chain(len(draft)), q_draft)
+            yield chain_draft(step, label, draft, q_rows)
 
         # Verify: layers ℓ+1..L only, on the states drafting left; the last draft token (x when
         # nothing was drafted) has not been through layers 1..ℓ yet and runs them first.

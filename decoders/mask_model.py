@@ -32,7 +32,7 @@ from .artifacts import artifact_path, load_artifact
 from .errors import InvalidParameter
 from .events import Forward
 from .models import ModelBundle
-from .runtime import ForwardResult
+from .runtime import ForwardResult, elapsed_ms
 
 KIND = "space"  # assets/space/<model>.safetensors
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -208,9 +208,7 @@ def forward_masked(
         attention.to(device=device, dtype=bundle.dtype),
     )
     logits = bundle.model.lm_head(feats)[0].float()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall_ms = round((time.perf_counter() - start) * 1000.0, 3)
+    wall_ms = elapsed_ms(bundle, start)
     event = Forward(
         step=step, kind=kind, n_input_tokens=len(tokens), layers=bundle.n_layers, wall_ms=wall_ms
     )

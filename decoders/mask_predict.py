@@ -43,7 +43,7 @@ from .mask_model import forward_masked, load_adapter
 from .models import ModelBundle
 from .params import Param
 from .runtime import crop_cache, new_cache
-from .steps import _visible
+from .steps import visible_rows
 
 PARAMS = (
     # Defaults from a sweep on assets/tuning_prompts.jsonl (CPU, 64 tokens): m = 3, T = 2 kept the
@@ -190,5 +190,5 @@ def _mask_event(step, order, tokens, attention, cached, pending, masked) -> Atte
             labels.append(f"u{i + 1}")
             branches.append("mask" if masked[i] else "kept")
     return AttentionMask(
-        step, tuple(labels), _visible(attention, cached), tuple(tokens), tuple(branches)
+        step, tuple(labels), visible_rows(attention, cached), tuple(tokens), tuple(branches)
     )

@@ -23,6 +23,7 @@ from torch import nn
 from .artifacts import artifact_path, load_artifact
 from .events import Event, Forward, HeadProposals
 from .models import ModelBundle
+from .runtime import elapsed_ms
 
 KIND = "medusa"
 
@@ -112,10 +113,8 @@ class HeadReader:
         # Softmax over the draft vocabulary = the full vocabulary's with -inf outside it.
         probs, index = torch.topk(torch.softmax(rows.float(), dim=-1), top_k, dim=-1)
         tokens = self.heads.vocab[index]
-        if self.bundle.device.type == "cuda":
-            torch.cuda.synchronize(self.bundle.device)
-        wall_ms = (time.perf_counter() - start) * 1000.0
-        event = Forward(step, "draft", n_input_tokens=1, layers=0, wall_ms=round(wall_ms, 3))
+        wall_ms = elapsed_ms(self.bundle, start)
+        event = Forward(step, "draft", n_input_tokens=1, layers=0, wall_ms=wall_ms)
         return Proposal(
             tuple(tuple(int(t) for t in row) for row in tokens.tolist()),
             tuple(tuple(round(float(p), 6) for p in row) for row in probs.tolist()),

@@ -1,4 +1,4 @@
-"""How far a lossy method's output is from autoregressive greedy, three ways:
+"""How far a lossy method's output is from autoregressive greedy, four ways:
 
 - token agreement: the share of positions where both outputs hold the same token (over the longer
   output, so a missing tail counts against it), and the first position where they differ;

@@ -142,12 +142,8 @@ def forward(
         n_layers = len(run)
     if feats is not None:  # [1, n, d] after the final norm: the LM head reads the kept rows
         logits = model.lm_head(feats[:, -logits_to_keep:] if logits_to_keep else feats)[0]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall_ms = (time.perf_counter() - start) * 1000.0
-    event = Forward(
-        step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=round(wall_ms, 3)
-    )
+    wall_ms = elapsed_ms(bundle, start)
+    event = Forward(step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=wall_ms)
     return ForwardResult(logits.float(), hidden, event, feats[0] if features else None)
 
 

@@ -11,8 +11,8 @@ import torch
 class Relax:
     """SpecDec's top-β acceptance with tolerance τ (log-probability, i.e. logit, distance)."""
 
-    beta: int = 1
-    tolerance: float = 0.0
+    beta: int  # no defaults: RELAX_PARAMS holds them (a second copy here once disagreed)
+    tolerance: float
 
     def __bool__(self) -> bool:
         return self.beta > 1

@@ -27,12 +27,11 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import Draft, DraftStop, Event
+from .events import DraftStop, Event
 from .models import ModelBundle, slug
 from .params import Param
 from .runtime import SkipSet, crop_cache, forward, new_cache, require_layers
-from .steps import start, verify_chain
-from .tree import chain
+from .steps import chain_draft, start, verify_chain
 
 SKIP_SETS = Path(__file__).resolve().parent.parent / "assets" / "skip_sets"
 ALPHA, EPSILON, BETA1, BETA2 = 0.85, 0.01, 0.5, 0.9  # target acceptance rate and update rates
@@ -169,8 +168,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         crop_cache(cache, in_cache)  # drop the draft's KV from the layers it ran
         yield DraftStop(step, round(threshold, 6), tuple(confidences), reason, round(rate, 6))
         if draft:
-            q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
-            yield Draft(step, label, tuple(draft), chain(len(draft)), q_draft)
+            yield chain_draft(step, label, draft, q_rows)
 
         verdict, _ = yield from verify_chain(
             bundle, cache, context, draft, sampler, budget, step, q_rows

@@ -29,14 +29,13 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import AttentionMask, Commit, Draft, Event, MaskGroups, Prefill
+from .events import AttentionMask, Commit, Event, MaskGroups, Prefill
 from .mask_model import forward_masked, load_adapter
 from .models import ModelBundle
 from .params import Param
 from .runtime import crop_cache, new_cache
 from .sampling import Sampler
-from .steps import _visible, commit, verify_event
-from .tree import chain
+from .steps import chain_draft, commit, verify_event, visible_rows
 from .verify import greedy_chain, sample_deterministic_chain, speculative_chain
 
 PARAMS = (
@@ -143,7 +142,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         if cfg.detail:
             yield _mask_event(step, inputs, real, group, mask, in_cache, k)
         if cands:
-            yield Draft(step, "mask guesses", tuple(cands), chain(m), _probs(q_cands, cands))
+            yield chain_draft(step, "mask guesses", cands, q_cands)
         out = forward_masked(
             bundle,
             adapter,
@@ -187,7 +186,7 @@ def _mask_event(step, inputs, real, group, mask, in_cache, k) -> AttentionMask:
             labels.append("x" if i == 0 else f"c{real.index(i)}")
             branches.append("x" if i == 0 else "verify")
     return AttentionMask(
-        step, tuple(labels), _visible(mask, in_cache), tuple(inputs), tuple(branches)
+        step, tuple(labels), visible_rows(mask, in_cache), tuple(inputs), tuple(branches)
     )
 
 
@@ -212,7 +211,3 @@ def _tops(rows: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
     shows, whatever the sampler does)."""
     p, t = torch.softmax(rows.float(), -1).max(-1)
     return tuple(t.tolist()), tuple(round(float(x), 6) for x in p)
-
-
-def _probs(q_rows: Sequence[torch.Tensor], tokens: Sequence[int]) -> tuple[float, ...]:
-    return tuple(round(float(q[t]), 6) for q, t in zip(q_rows, tokens, strict=True))

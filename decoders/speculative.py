@@ -30,12 +30,11 @@ import torch
 
 from .base import Budget, DecodeConfig
 from .drafters import make_drafter
-from .events import Draft, DraftStop, Event
+from .events import DraftStop, Event
 from .models import ModelBundle
 from .params import Param
 from .runtime import input_cost, new_cache, pays
-from .steps import start, verify_chain
-from .tree import chain
+from .steps import chain_draft, start, verify_chain
 
 DRAFT_HELP = (
     "auto = the trained EAGLE head shipped for this model if there is one, else self; "
@@ -112,8 +111,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         if stop > 0 or cost is not None:  # a rule ended the draft: say which
             yield DraftStop(step, stop, tuple(confidences), reason)
         if draft:
-            q_draft = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
-            yield Draft(step, drafter.label, tuple(draft), chain(len(draft)), q_draft)
+            yield chain_draft(step, drafter.label, draft, q_rows)
 
         verdict, _ = yield from verify_chain(
             bundle, cache, context, draft, sampler, budget, step, q_rows, drafter

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
 from .base import Budget
-from .drafters import Drafter
-from .events import AttentionMask, Commit, Event, Prefill, Verify
+from .events import AttentionMask, Commit, Draft, Event, Prefill, Verify
 from .models import ModelBundle
 from .runtime import crop_cache, forward, keep_cache
 from .sampling import Sampler
-from .tree import depths, tree_mask, tree_positions, with_root
+from .tree import chain, depths, tree_mask, tree_positions, with_root
 from .verify import (
     Verdict,
     greedy_chain,
@@ -31,13 +31,22 @@ from .verify import (
 )
 
 
+class FeatureReader(Protocol):
+    """What the shared steps hand the target's final features to: a feature-level drafter
+    (drafters.Drafter, EAGLE) or Medusa's heads (medusa_heads.HeadReader)."""
+
+    needs_features: bool
+
+    def observe(self, features: torch.Tensor) -> None: ...
+
+
 def start(
     bundle: ModelBundle,
     cache: DynamicCache,
     prompt_ids: list[int],
     sampler: Sampler,
     budget: Budget,
-    drafter: Drafter | None = None,
+    drafter: FeatureReader | None = None,
 ) -> Generator[Event, None, list[int]]:
     """Prefill the prompt and commit the target's first token; returns the context so far.
     A feature-level `drafter` is handed the prompt's features."""
@@ -58,6 +67,14 @@ def start(
     return [*prompt_ids, *budget.tokens]
 
 
+def chain_draft(
+    step: int, source: str, draft: Sequence[int], q_rows: Sequence[torch.Tensor]
+) -> Draft:
+    """A drafted chain as its trace event: each token with the probability its drafter gave it."""
+    probs = tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
+    return Draft(step, source, tuple(draft), chain(len(draft)), probs)
+
+
 def commit(step: int, verdict: Verdict, budget: Budget, context: list[int]) -> Commit:
     """Append the verdict's tokens (as far as the budget and EOS allow) to the context."""
     taken = budget.take(verdict.tokens)
@@ -74,7 +91,7 @@ def verify_chain(
     budget: Budget,
     step: int,
     q_rows: Sequence[torch.Tensor] | None = None,
-    drafter: Drafter | None = None,
+    drafter: FeatureReader | None = None,
 ) -> Generator[Event, None, tuple[Verdict, torch.Tensor]]:
     """ONE target forward over [x, *draft]; keep the verdict's tokens, crop the rest of the cache.
     `q_rows`: the draft's distributions (speculative sampling); None for point-mass drafts.
@@ -150,7 +167,7 @@ def verify_tree(
     step: int,
     *,
     ride: RideAlong | None = None,
-    drafter: Drafter | None = None,
+    drafter: FeatureReader | None = None,
     record_mask: bool = False,
 ) -> Generator[Event, None, tuple[Verdict, torch.Tensor]]:
     """ONE target forward over [x, *ride-along inputs, *tree] with a tree attention mask (each node
@@ -176,7 +193,7 @@ def verify_tree(
         yield AttentionMask(
             step,
             tuple(labels),
-            _visible(mask, in_cache),
+            visible_rows(mask, in_cache),
             input_ids=(x, *extra, *tokens),
             branches=tuple(branches),
         )
@@ -218,7 +235,7 @@ def verify_event(step: int, verdict: Verdict) -> Verify:
     )
 
 
-def _visible(mask: torch.Tensor, in_cache: int) -> tuple[tuple[int, ...], ...]:
+def visible_rows(mask: torch.Tensor, in_cache: int) -> tuple[tuple[int, ...], ...]:
     """Read the mask tensor actually passed to the model back into lists of visible inputs."""
     new = mask[0, 0, :, in_cache:] == 0
     return tuple(tuple(int(j) for j in row.nonzero().flatten()) for row in new)

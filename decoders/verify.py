@@ -45,7 +45,7 @@ class Verdict:
     relaxed: tuple[int, ...] = ()  # accepted nodes the exact rule would have rejected
 
 
-def _row(parents: Sequence[int], node: int) -> int:
+def _row(node: int) -> int:
     """The logits row that predicts `node`'s children (-1 = the root = row 0)."""
     return 0 if node == -1 else node + 1
 
@@ -61,7 +61,7 @@ def _node_probs(tokens: Sequence[int], parents: Sequence[int], probs: torch.Tens
     """The target's probability of each draft node given its ancestors (for the views)."""
     if not tokens:
         return ()
-    rows = torch.as_tensor([_row(parents, p) for p in parents])
+    rows = torch.as_tensor([_row(p) for p in parents])
     picked = probs[rows, torch.as_tensor(list(tokens))]
     return tuple(round(float(v), 6) for v in picked)
 
@@ -79,7 +79,7 @@ def _verdict(
     end = path[-1] if path else -1
     at_leaf = bool(tokens) and end not in set(parents)
     committed = (*(tokens[i] for i in path), last)
-    rows = [_row(parents, parents[i]) for i in path] + [_row(parents, end)]
+    rows = [_row(parents[i]) for i in path] + [_row(end)]
     return Verdict(
         accepted=tuple(path),
         tokens=tuple(committed),
@@ -119,7 +119,7 @@ def greedy_tree(
     relaxed: list[int] = []
     node = -1
     while True:
-        row = _row(parents, node)
+        row = _row(node)
         want = predicted[row]
         match = next((c for c in kids.get(node, ()) if tokens[c] == want), None)
         if match is None and logp is not None:
@@ -189,7 +189,7 @@ def sample_tree(
     path: list[int] = []
     node = -1
     while True:
-        residual = p[_row(parents, node)].clone()
+        residual = p[_row(node)].clone()
         kept = None
         for c in kids.get(node, ()):
             mass = float(residual[tokens[c]])
