@@ -22,21 +22,20 @@ The prefill runs [prompt, M·k] at once, so the first step already has guesses.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import AttentionMask, Commit, Event, MaskGroups, Prefill
+from .events import AttentionMask, Event, MaskGroups, Prefill
 from .mask_model import forward_masked, load_adapter
 from .models import ModelBundle
 from .params import Param
-from .runtime import crop_cache, new_cache
+from .runtime import new_cache
 from .sampling import Sampler
-from .steps import chain_draft, commit, verify_event, visible_rows
-from .verify import greedy_chain, sample_deterministic_chain, speculative_chain
+from .steps import chain_draft, settle_chain, visible_rows
 
 PARAMS = (
     # Defaults tuned on assets/tuning_prompts.jsonl (CPU): k = 2, 2 groups ran at ~1.1x, while
@@ -119,13 +118,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         attention=mask.view(1, 1, n + k, n + k),
     )
     yield out.event
-    rows = out.logits[n - 1 : n]
-    first = (
-        greedy_chain([], rows) if sampler.greedy else sample_deterministic_chain([], rows, sampler)
-    )
-    yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
-    crop_cache(cache, n)
-    context = [*prompt_ids, *budget.tokens]
+    context = list(prompt_ids)
+    yield from settle_chain(cache, context, [], out.logits[n - 1 : n], sampler, budget, 0)
     guesses, q_rows = _guesses(out.logits[n:], sampler)
     top, p = _tops(out.logits[n:])
     yield MaskGroups(0, 0, (), (top,), (p,), 0, tuple(guesses))
@@ -155,24 +149,24 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             attention=mask,
         )
         yield out.event
-        verdict = _verify(cands, q_cands, out.logits[real], sampler)
-        if cands:
-            yield verify_event(step, verdict)
+        position = len(context) - len(prompt_ids)
+        # x and the accepted guesses stay in the cache; the masks and the rejected guesses go.
+        verdict = yield from settle_chain(
+            cache, context, cands, out.logits[real], sampler, budget, step, q_cands
+        )
         a = len(verdict.accepted)
-        crop_cache(cache, in_cache + a + 1)  # x and the accepted guesses stay; the masks go
         groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]
         guesses, q_rows = _guesses(groups[a], sampler)
         tops = [_tops(g) for g in groups]
         yield MaskGroups(
             step,
-            len(context) - len(prompt_ids),
+            position,
             tuple(cands),
             tuple(t for t, _ in tops),
             tuple(p for _, p in tops),
             a,
             tuple(guesses),
         )
-        yield commit(step, verdict, budget, context)
 
 
 def _mask_event(step, inputs, real, group, mask, in_cache, k) -> AttentionMask:
@@ -188,15 +182,6 @@ def _mask_event(step, inputs, real, group, mask, in_cache, k) -> AttentionMask:
     return AttentionMask(
         step, tuple(labels), visible_rows(mask, in_cache), tuple(inputs), tuple(branches)
     )
-
-
-def _verify(
-    cands: Sequence[int], q_rows: Sequence[torch.Tensor], logits: torch.Tensor, sampler: Sampler
-):
-    if sampler.greedy:
-        return greedy_chain(cands, logits, sampler.relax)
-    q = torch.stack(list(q_rows)) if q_rows else logits[:0]
-    return speculative_chain(cands, q, logits, sampler)
 
 
 def _guesses(rows: torch.Tensor, sampler: Sampler) -> tuple[list[int], list[torch.Tensor]]:
