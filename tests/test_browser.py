@@ -119,6 +119,28 @@ def test_url_parameters_prefill_and_bad_input_message(server, page):
     page.screenshot(path=str(ARTIFACTS / "bad-input.png"), full_page=True)
 
 
+def test_a_link_too_long_for_the_server_gets_a_page_that_says_so(server, page):
+    """Past ~64 k characters Gradio's page route fails in httpx ("URL too long", a bare 500);
+    the app answers such a link itself, and the page still serves ordinary links."""
+    import urllib.error
+    import urllib.request
+
+    from ui.guard import MAX_LINK_CHARS
+
+    long_link = server + "?method=kangaroo&prompt=" + "x" * (MAX_LINK_CHARS + 10_000)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(long_link, timeout=30)
+    assert refused.value.code == 414
+    assert "paste the prompt" in refused.value.read().decode()
+    page.goto(long_link)
+    page.get_by_text("This link is").wait_for(timeout=30_000)
+    assert "Internal Server Error" not in page.content()
+    page.goto(server + "?prompt=" + "y" * 20_000)  # a long prompt that fits still opens
+    page.wait_for_function(
+        "document.querySelector('#prompt textarea')?.value.length === 20000", timeout=30_000
+    )
+
+
 def start_a_long_run(page, server: str, query: str, more_than: int, timeout: int) -> None:
     """A 400-token story on the embedded model, streaming: long enough to stop in the middle."""
     page.goto(server + "?model=SmolLM2-135M-Instruct&max_new_tokens=400" + query)
