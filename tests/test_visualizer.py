@@ -184,6 +184,8 @@ def test_token_labels_show_whitespace_cut_and_escape():
     assert short_token("a\tb\nc", 6) == "a⇥b↵c"
     assert short_token("<script>", 3) == "&lt;sc…"  # cut before escaping: 3 visible characters
     assert short_token("", 3) == ""
+    assert short_token(" ", 3) == "␣" and short_token("   ", 2) == "␣␣…"  # never a blank label
+    assert short_token(" x", 3) == " x"  # a leading space is read as one
     assert cut("abcdef", 4) == "abc…" and cut("abcd", 4) == "abcd"
     assert token_hover("<a>\n", 7) == "'&lt;a&gt;\\n' · id 7" and token_hover("x", None).endswith(
         "?"
@@ -202,3 +204,13 @@ def test_a_caption_grows_the_figure_by_its_lines():
     assert all(len(line) <= 52 for line in lines) and "&lt;b&gt;" in text
     assert fig.layout.height == 200 + 20 + 15 * len(lines)
     assert fig.layout.margin.b == 30 + 15 * len(lines)
+
+
+def test_at_the_prefill_extra_views_with_nothing_to_draw_are_left_out(tiny):
+    from decoders import generate
+    from visualizer.panels import extra_panels
+
+    res = generate(tiny, "def add(a, b):\n    return a + b\n\ndef add(a, b):", "lookahead", 12)
+    assert extra_panels("lookahead", res.events, {}, 0) == []  # the window, pool: not yet
+    later = extra_panels("lookahead", res.events, {}, 1)
+    assert len(later) == len(EXTRA_PANELS["lookahead"]) and any(f.data for f in later)

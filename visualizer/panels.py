@@ -73,4 +73,8 @@ MAX_EXTRA_PANELS = 4
 def extra_panels(
     method: str, events: Sequence[Event], texts: Mapping[int, str], step: int
 ) -> list[go.Figure]:
-    return [panel(events, texts, step) for panel in EXTRA_PANELS.get(method, ())]
+    """The method's extra figures at `step`. At step 0, the prefill, those with nothing to draw
+    are left out (the page hides their slots): a column of "nothing at step 0" notes says less
+    than the one main panel."""
+    figures = [panel(events, texts, step) for panel in EXTRA_PANELS.get(method, ())]
+    return [f for f in figures if f.data] if step == 0 else figures

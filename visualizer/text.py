@@ -25,7 +25,10 @@ def escape(text: str) -> str:
 
 
 def visible(text: str) -> str:
-    """A token's newlines and tabs as visible marks (a label on one line must still show them)."""
+    """A token's newlines and tabs as visible marks (a label on one line must still show them),
+    and a token of spaces only as ␣ each (it would be a blank cell or node otherwise)."""
+    if text and text.strip(" ") == "":
+        return "␣" * len(text)
     return text.replace("\n", "↵").replace("\t", "⇥")
 
 
