@@ -157,7 +157,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             name="mask_predict",
-            title="Mask-Predict (parallel fill and re-mask; lossy, no verification)",
+            title="Mask-Predict (lossy: parallel fill and re-mask, unverified)",
             decode=mask_predict.decode,
             params=mask_predict.PARAMS,
             # Ghazvininejad et al. 2019: T = 10 iterations over a whole target sentence with linear
@@ -170,7 +170,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             name="calm",
-            title="CALM (confident adaptive early exit; lossy)",
+            title="CALM (lossy: confident adaptive early exit)",
             decode=calm.decode,
             params=calm.PARAMS,
             # Schuster et al. 2022: softmax response with the decaying threshold (τ = 4), exits
@@ -183,7 +183,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             name="free",
-            title="FREE (shallow exit + synchronized catch-up; lossy)",
+            title="FREE (lossy: shallow exit + synchronized catch-up)",
             decode=free.decode,
             params=free.PARAMS,
             # Bae et al. 2023: a shallow model of about a fifth of the layers, λ from the
@@ -196,7 +196,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             name="hash_ee",
-            title="HASH EE (hash-based early exit; lossy)",
+            title="HASH EE (lossy: hash-based early exit)",
             decode=hash_ee.decode,
             params=hash_ee.PARAMS,
             # Sun et al. 2022: every layer may be an exit; here every trained exit may be one

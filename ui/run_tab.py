@@ -70,6 +70,8 @@ CSS = """
   /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
   .modebar-container {display: none;}
 }
+/* A long name ends in an ellipsis before the dropdown's arrow, not under it. */
+#model input, #method input {text-overflow: ellipsis; padding-right: 1.6em;}
 .dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
   line-height: 1.9; white-space: pre-wrap; word-break: break-word;}
 .dl-seen span {border-radius: 3px; margin-right: 1px; padding: 1px 0;}
@@ -312,15 +314,11 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
                 prompt = gr.Textbox(
                     label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt"
                 )
-                with gr.Row():
-                    model = model_picker(choices, "model")
-                    method = gr.Dropdown(
-                        method_choices,
-                        value=DEFAULT_METHOD,
-                        label="Method",
-                        elem_id="method",
-                        min_width=200,
-                    )
+                # One above the other: side by side, the methods' names were cut mid-word.
+                model = model_picker(choices, "model")
+                method = gr.Dropdown(
+                    method_choices, value=DEFAULT_METHOD, label="Method", elem_id="method"
+                )
                 max_new = budget_slider("max-new-tokens")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
