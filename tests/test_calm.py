@@ -370,6 +370,11 @@ def test_the_views_draw_where_tokens_left_and_why(tiny):
     near = [e for e in exits_of(res) if e.position <= now.position + 8]  # the window around it
     assert list(marks.x) == [e.position for e in near] and heat.data[0].type == "heatmap"
     assert list(marks.y) == [f"ℓ {e.layer}" if e.layer < 4 else "4 (full)" for e in near]
+    assert "shown: tokens" in heat.layout.title.subtitle.text.replace("<br>", " ")  # it says so
+    long = generate(tiny, PROMPTS[0], "calm", 48, chat=False, threshold=0.3, min_depth=0.0)
+    window = exit_heatmap(long.events, texts, 2)
+    first, last = window.data[-1].x[0], window.data[-1].x[-1]
+    assert f"shown: tokens {first}–{last}" in window.layout.title.subtitle.text.replace("<br>", " ")
     conf = exit_confidence(res.events, texts, 5)
     assert list(conf.data[0].y) == list(now.confidences)
     assert any(s.y0 == pytest.approx(now.threshold) for s in conf.layout.shapes)  # the λ_t line

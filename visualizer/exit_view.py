@@ -131,6 +131,8 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
         f"{early} of the {len(exits)} tokens after the prefill's left early, on average at "
         f"{depth:.0%} of the depth"
     ) + ("; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)")
+    if len(shown) < len(exits):  # the window follows the step: say which tokens it shows
+        note += f"; shown: tokens {shown[0].position}–{shown[-1].position}, around this step's"
     return _base_layout(
         fig, title, height=min(520, 200 + 26 * len(rows)), subtitle=wrap(note, SUBTITLE_CHARS)
     )
