@@ -398,6 +398,8 @@ def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
             (mask_fig,) = extra_panels("space", res.events, texts, step)
             assert "mask" in mask_fig.layout.title.text or mask_fig.data
             assert attention_mask(res.events, texts, step).data[0].z
+            words = mask_fig.layout.title.subtitle.text + " ".join(d.name for d in mask_fig.data)
+            assert "lookahead" not in words and "n-gram" not in words  # SPACE's own names
     assert "no SPACE relay" in str(relay([], {}, 1).layout.annotations[0].text)
 
 

@@ -63,7 +63,7 @@ MASK_BRANCH: dict[str, tuple[str, str]] = {
     "masked": ("#f5f5f5", "not visible"),
     "x": ("#78909c", "x (last committed token)"),
     "lookahead": ("#64b5f6", "lookahead branch (Jacobi window)"),
-    "verify": ("#66bb6a", "verification branch (candidate n-grams, guesses)"),
+    "verify": ("#66bb6a", "verification branch (candidate n-grams)"),
     "mask": ("#ffb74d", "mask input (SPACE's groups, Mask-Predict's masks)"),
     "kept": ("#ba68c8", "kept fill (Mask-Predict: a real input)"),
     "committed": ("#b0bec5", "committed token entering the cache"),
@@ -856,9 +856,14 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
             continue
         fig.add_shape(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=n - 0.5, line=line)
         fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=b - 0.5, y1=b - 0.5, line=line)
+    # Lookahead's layout, or a mask model's (SPACE, Mask-Predict): each names its own inputs.
+    masks = "mask" in branches
     for branch in (*INPUT_BRANCHES, "masked"):
         if branch == "masked" or branch in branches:
-            fig.add_trace(_swatch(*MASK_BRANCH[branch]))
+            colour, label = MASK_BRANCH[branch]
+            if masks and branch == "verify":
+                label = "guess being verified (last step's mask guesses)"
+            fig.add_trace(_swatch(colour, label))
     if n <= 32:
         tickvals, ticktext = list(range(n)), names
     else:  # too many to label: name the first input of each branch
@@ -887,7 +892,7 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         automargin=True,
     )
     # Lookahead's three branches are named even when one is empty ("0 verify": no candidate).
-    window = {"x", "lookahead", "verify"}
+    window = set() if masks else {"x", "lookahead", "verify"}
     counts = " · ".join(
         f"{branches.count(b)} {b}"
         for b in INPUT_BRANCHES
