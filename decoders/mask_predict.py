@@ -125,6 +125,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         n = min(m, budget.remaining)
         fill, conf = [0] * n, [0.0] * n
         masked = [True] * n  # masked[j]: y_{j+1} is predicted this iteration, u_{j+1} is a mask
+        shown: AttentionMask | None = None  # the layout the mask view draws for this step
         for t in range(T):
             pending = len(context) - cached
             # u_1 .. u_{n-1} (y_n is never an input): real only while every y before is kept
@@ -132,8 +133,10 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             order, positions, attention = layout(cached, pending, inputs)
             tokens = [context[cached + (-1 - i)] if i < 0 else fill[i] for i in order]
             first = pending + sum(not x for x in inputs)  # rows from here on are masks
-            if cfg.detail and (t == 1 or (t == 0 and cached > 0 and remask_count(n, T, 0) == 0)):
-                yield _mask_event(step, order, tokens, attention, cached, pending, inputs)
+            # Drawn: the first re-mask iteration when a mask is among its inputs (masks and kept
+            # fills side by side), else the block as first fed (after the prefill: all masks).
+            if cfg.detail and ((t == 0 and cached > 0) or (t == 1 and any(inputs))):
+                shown = _mask_event(step, order, tokens, attention, cached, pending, inputs)
             out = forward_masked(
                 bundle,
                 adapter,
@@ -170,6 +173,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             )
             if not remasked:  # nothing left to refine: the block is done
                 break
+        if shown is not None:
+            yield shown
         taken = budget.take(fill)
         origins = tuple("target" if j == 0 else "mask" for j in range(len(taken)))
         yield Commit(step, tuple(taken), origins, tuple(conf[: len(taken)]))
