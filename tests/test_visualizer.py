@@ -214,3 +214,22 @@ def test_at_the_prefill_extra_views_with_nothing_to_draw_are_left_out(tiny):
     assert extra_panels("lookahead", res.events, {}, 0) == []  # the window, pool: not yet
     later = extra_panels("lookahead", res.events, {}, 1)
     assert len(later) == len(EXTRA_PANELS["lookahead"]) and any(f.data for f in later)
+
+
+def test_an_exit_runs_curve_shows_early_exit_families_only():
+    from visualizer.exit_view import quality_point
+
+    points = [
+        {"spec": "calm", "method": "calm", "agreement": 0.5, "layers_per_token": 0.9},
+        {"spec": "free", "method": "free", "agreement": 0.6, "layers_per_token": 0.8},
+        {
+            "spec": "speculative:beta=4",
+            "method": "speculative",
+            "agreement": 0.4,
+            "layers_per_token": 1.7,
+        },
+    ]
+    fig = quality_point(points, "calm", 0.55, 0.92)
+    xs = [x for trace in fig.data for x in trace.x]
+    assert max(xs) <= 1.0  # relaxed verification's rows would stretch the axis to 1.7
+    assert {t.name for t in fig.data} >= {"calm (benchmark)", "free (benchmark)", "this run"}

@@ -24,6 +24,7 @@ from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .lookahead_views import _tok
 from .text import escape, short_token, visible, wrap
 
+EARLY_EXIT = ("calm", "free", "hash_ee")  # the methods these views draw
 WINDOW = 32  # tokens a heatmap shows around the current step (a phone's width of columns)
 MAX_TOKEN_TICKS = 8  # labelled tokens under it (hover names every one): slanted, they fit a phone
 EXIT_MARK = "#37474f"
@@ -288,7 +289,13 @@ def quality_point(
     other early-exit methods, fainter), and this run as a star. `points`: the benchmark's
     `quality_points.json` rows (spec, method, agreement, layers_per_token, speedup)."""
     title = "This run on its benchmarked curve"
-    usable = [p for p in points if p.get("layers_per_token") is not None]
+    # Early exit's curves only: relaxed verification's rows (lossy too) run more than the layers
+    # of one forward per token and would stretch the axis away from these.
+    usable = [
+        p
+        for p in points
+        if p.get("layers_per_token") is not None and str(p["method"]) in EARLY_EXIT
+    ]
     if not usable and agreement is None:
         return _empty(title, "no benchmark curve for this model, and no agreement yet")
     fig = go.Figure()
