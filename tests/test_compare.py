@@ -141,6 +141,21 @@ def test_the_headline_names_the_fastest_and_counts_identical_outputs():
     )
 
 
+def test_the_headline_sums_up_many_lossy_rows_by_the_fastest_and_the_closest():
+    def lossy(method, speedup, agreement):
+        r = row(method, speedup, identical=False, divergence=3)
+        r.update(lossy=True, agreement=agreement, lossless=f"≈ lossy: {agreement:.0%} agree")
+        return r
+
+    one = [row(REFERENCE, 1.0), lossy("calm", 0.91, 0.5)]
+    assert headline(one) == "calm is lossy: 0.91×, 50% agree."
+    many = [*one, lossy("free", 1.3, 0.25), lossy("hash_ee", 1.1, 0.75)]
+    assert headline(many) == (
+        "3 lossy rows: the fastest, free, at 1.30× with 25 % of tokens agreeing; the closest to "
+        "greedy, hash_ee, 75 % at 1.10×."
+    )
+
+
 def test_an_unknown_preset_leaves_the_specs_alone():
     assert preset_value("quick look") == "\n".join(PRESETS["quick look"])
     assert isinstance(preset_value(None), type(gr.skip()))
@@ -215,7 +230,8 @@ def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, t
     assert final.rows[0]["method"] == REFERENCE and final.rows[0]["speedup"] == 1.0
     n = len(PRESETS[DEFAULT_PRESET]) + 2 - len(lossy)  # the exact specs, besides the reference
     assert f"all {n} outputs identical to greedy" in final.headline()
-    assert "mask_predict is lossy: " in final.headline()
+    quick = max(lossy, key=lambda r: r["speedup"])  # more than two lossy rows: the fastest
+    assert f"4 lossy rows: the fastest, {quick['method']}, at " in final.headline()
     fastest = max((r for r in final.rows[1:] if not r["lossy"]), key=lambda r: r["speedup"])
     assert final.headline().startswith(f"Fastest: {fastest['method']} at ") or (
         fastest["speedup"] <= 1.0 and f"the closest: {fastest['method']} at " in final.headline()
@@ -263,7 +279,11 @@ def test_race_points_fall_back_to_the_forward_clock_when_times_do_not_fit(compar
 def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
     rows = compared[-1].rows
     fig = speedup_chart(rows)
-    speed, per_forward = fig.data
+    speed, per_forward, *red = fig.data
+    # Rows whose output is not greedy's are red, and the legend says so.
+    assert [t.name for t in red] == (
+        ["speedup (×), output differs from greedy"] if any(not r["identical"] for r in rows) else []
+    )
     assert speed.orientation == "h" and list(speed.x) == [r["speedup"] for r in rows]
     assert list(speed.y) == [wrap_label(r["method"]) for r in rows]
     assert list(speed.text) == [f"{r['speedup']:.2f}×" for r in rows]
