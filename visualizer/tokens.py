@@ -121,7 +121,8 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
         card(
             "tokens / target forward",
             num("tokens_per_target_forward"),
-            "new tokens / target passes (prefill + verify + target)",
+            "new tokens / target passes (prefill, target, verify; FREE's deep sync passes, each "
+            "completing every token held back at the shallow exit, so FREE can pass 1)",
         ),
         card(
             "mean acceptance length",
