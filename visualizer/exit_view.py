@@ -246,10 +246,24 @@ def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     ]
     fig = go.Figure()
     fig.add_trace(
-        go.Bar(x=x, y=agree, name="deep model agreed", marker_color="#a5d6a7", hovertext=hover)
+        go.Bar(
+            x=x,
+            y=agree,
+            width=0.8,  # one step wide: Plotly widens bars to fill the gaps between sparse steps
+            name="deep model agreed",
+            marker_color="#a5d6a7",
+            hovertext=hover,
+        )
     )
     fig.add_trace(
-        go.Bar(x=x, y=differ, name="deep model differed", marker_color="#ef9a9a", hovertext=hover)
+        go.Bar(
+            x=x,
+            y=differ,
+            width=0.8,
+            name="deep model differed",
+            marker_color="#ef9a9a",
+            hovertext=hover,
+        )
     )
     fig.add_trace(
         go.Scatter(
