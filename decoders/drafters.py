@@ -131,12 +131,13 @@ def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHe
     m = SELF_DRAFT.match(spec)
     if spec == "self" or m:
         k = int(m.group(1)) if m else max(1, round(target.n_layers / 4))
-        require_layers(target, f"draft 'self:{k}' (the target's first layers alone)")
         if not 1 <= k <= target.n_layers:  # k = all layers: the target drafts for itself
             raise InvalidParameter(
                 f"draft 'self:{k}': k must be in 1..{target.n_layers} for this "
                 f"{target.n_layers}-layer model"
             )
+        if k < target.n_layers:  # all of them is a whole-model forward, which any model runs
+            require_layers(target, f"draft 'self:{k}' (the target's first layers alone)")
         return k
     if spec.lower().startswith("self"):
         raise InvalidParameter(f"draft {spec!r}: write self:k with a layer count k, e.g. self:8")

@@ -146,7 +146,6 @@ def exit_logits(bundle: ModelBundle, exits: ExitAdapters, i: int, h: torch.Tenso
 Stop = Callable[[int, int, torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 
-@torch.inference_mode()
 def commit_exit(
     step: int, logits: torch.Tensor, depth: int, n_layers: int, budget: Budget
 ) -> Commit:
@@ -159,6 +158,7 @@ def commit_exit(
     return Commit(step, tuple(taken), (origin,) * len(taken), (prob,) * len(taken))
 
 
+@torch.inference_mode()
 def exit_forward(
     bundle: ModelBundle,
     exits: ExitAdapters,

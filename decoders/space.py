@@ -35,7 +35,7 @@ from .models import ModelBundle
 from .params import Param
 from .runtime import new_cache
 from .sampling import Sampler
-from .steps import chain_draft, settle_chain, visible_rows
+from .steps import chain_draft, commit, judge_chain, settle_chain, visible_rows
 
 PARAMS = (
     # Defaults tuned on assets/tuning_prompts.jsonl (CPU): k = 2, 2 groups ran at ~1.1x, while
@@ -149,24 +149,24 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             attention=mask,
         )
         yield out.event
-        position = len(context) - len(prompt_ids)
         # x and the accepted guesses stay in the cache; the masks and the rejected guesses go.
-        verdict = yield from settle_chain(
-            cache, context, cands, out.logits[real], sampler, budget, step, q_cands
+        verdict = yield from judge_chain(
+            cache, context, cands, out.logits[real], sampler, step, q_cands
         )
         a = len(verdict.accepted)
         groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]
         guesses, q_rows = _guesses(groups[a], sampler)
         tops = [_tops(g) for g in groups]
-        yield MaskGroups(
+        yield MaskGroups(  # before the Commit: a page drawn at any Commit has this step's relay
             step,
-            position,
+            len(context) - len(prompt_ids),
             tuple(cands),
             tuple(t for t, _ in tops),
             tuple(p for _, p in tops),
             a,
             tuple(guesses),
         )
+        yield commit(step, verdict, budget, context)
 
 
 def _mask_event(step, inputs, real, group, mask, in_cache, k) -> AttentionMask:

@@ -128,6 +128,22 @@ def settle_chain(
     """The verdict on a chain draft from the target's `logits` over [x, *draft] (a forward the
     caller ran, e.g. one resumed at an exit layer): the Verify event, the cache cropped to x and
     the accepted drafts, and the Commit. Returns the verdict."""
+    verdict = yield from judge_chain(cache, context, draft, logits, sampler, step, q_rows)
+    yield commit(step, verdict, budget, context)
+    return verdict
+
+
+def judge_chain(
+    cache: DynamicCache,
+    context: list[int],
+    draft: Sequence[int],
+    logits: torch.Tensor,
+    sampler: Sampler,
+    step: int,
+    q_rows: Sequence[torch.Tensor] | None = None,
+) -> Generator[Event, None, Verdict]:
+    """`settle_chain` up to its Commit (the Verify event and the crop), for a method with more
+    to record about the step before its tokens land (SPACE's relay). Returns the verdict."""
     in_cache = len(context) - 1
     if sampler.greedy:
         verdict = greedy_chain(draft, logits, sampler.relax)
@@ -139,7 +155,6 @@ def settle_chain(
     if draft:
         yield verify_event(step, verdict)
     crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
-    yield commit(step, verdict, budget, context)
     return verdict
 
 

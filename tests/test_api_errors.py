@@ -97,11 +97,17 @@ def gpt2(tiny, tmp_path_factory):
 
 @pytest.mark.parametrize(
     ("method", "params"),
-    [("autoregressive", {}), ("prompt_lookup", {}), ("jacobi", {}), ("lookahead", {})],
+    [
+        ("autoregressive", {}),
+        ("prompt_lookup", {}),
+        ("jacobi", {}),
+        ("lookahead", {}),
+        ("speculative", {"draft": "self:2"}),  # all its layers: a whole-model forward
+    ],
 )
 def test_methods_that_call_the_whole_model_run_on_a_non_llama_model(gpt2, method, params):
     ref = generate(gpt2, "def f(x): return x", max_new_tokens=8, chat=False).token_ids
-    assert generate(gpt2, "def f(x): return x", method, 8, chat=False).token_ids == ref
+    assert generate(gpt2, "def f(x): return x", method, 8, chat=False, **params).token_ids == ref
 
 
 @pytest.mark.parametrize(

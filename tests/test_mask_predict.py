@@ -304,3 +304,14 @@ def test_the_mask_view_shows_masks_at_every_step_after_the_prefill(tiny, m, T):
         )
         if min(m, budget_left) > 1:  # a block of one token has no input after x
             assert "mask" in e.branches, (step, e.branches)
+
+
+def test_the_mask_view_of_a_block_without_masks_names_no_lookahead_branch(tiny):
+    from visualizer.lookahead_views import attention_mask
+
+    res = generate(tiny, PROMPTS[1], "mask_predict", 6, m=1, T=1)  # m = 1: no input after x
+    steps = sorted({e.step for e in res.events if isinstance(e, AttentionMask)})
+    assert steps
+    for step in steps:
+        subtitle = attention_mask(res.events, {}, step).layout.title.subtitle.text
+        assert "lookahead" not in subtitle and "verify" not in subtitle, subtitle

@@ -235,3 +235,10 @@ def test_copy_source_view_cuts_a_long_context_to_the_match_and_the_end():
     fig = copy_source(events, texts, 1)
     assert any("rows" in a.text and a.text.startswith("⋯") for a in fig.layout.annotations)
     assert fig.layout.height < 600
+
+
+def test_the_copy_view_lays_out_indentation_as_spaces_not_marks():
+    from visualizer.prompt_lookup_view import _shown
+
+    assert _shown("    ") == "\u00a0" * 4  # indentation reads as text here, never as ␣␣␣␣
+    assert _shown("\n\t") == "↵⇥" and _shown("") == "∅"

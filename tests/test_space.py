@@ -210,6 +210,11 @@ def test_each_step_records_its_groups_its_mask_and_the_handover(tiny):
         assert now.guesses == now.groups[now.handed]  # greedy: the group's argmaxes
         mask = masks[now.step]
         assert mask.labels[0] == "x" and mask.branches.count("mask") == 3 * len(now.groups)
+    # A step's relay comes before its Commit: the page, drawn at each Commit while streaming (or
+    # left there by Stop), always has the relay of the step it shows.
+    for i, e in enumerate(res.events):
+        if isinstance(e, Commit) and e.step > 0:
+            assert any(isinstance(g, MaskGroups) and g.step == e.step for g in res.events[:i])
 
 
 def test_more_masks_than_the_adapter_was_trained_with_is_a_clear_error(tiny):

@@ -2,7 +2,9 @@
 
 A link longer than about 64 k characters (a long prompt in `?prompt=`) makes Gradio's page route
 fail inside httpx ("URL too long") with a bare "Internal Server Error"; the guard answers such a
-link with a page that says what happened and what to do instead.
+link with a page that says what happened and what to do instead. It answers what reaches the
+app: a proxy in front (a Space's), or uvicorn's h11 parser when a long request head arrives in
+pieces, may refuse a long link earlier with its own 4xx.
 """
 
 from __future__ import annotations
@@ -49,5 +51,7 @@ def too_long_page(length: int) -> HTMLResponse:
     return HTMLResponse(body, status_code=414)
 
 
-# demo.launch(app_kwargs=APP_KWARGS): the guard sits in front of every Gradio route.
-APP_KWARGS: dict[str, Any] = {"middleware": [Middleware(LongLinkGuard)]}
+def app_kwargs() -> dict[str, Any]:
+    """For demo.launch(app_kwargs=...): the guard in front of every Gradio route. A new dict per
+    launch, since Gradio writes its own entries into the one it is given."""
+    return {"middleware": [Middleware(LongLinkGuard)]}

@@ -116,14 +116,15 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
         )
     )
-    if "#c62828" in colours:  # the legend names the red bars too (a legend-only entry)
+    if "#c62828" in colours:  # the legend names the red bars too: a legend-only swatch (a
+        # scatter: an empty bar trace would still take a slot in every row's group)
         fig.add_trace(
-            go.Bar(
+            go.Scatter(
                 name="speedup (×), output differs from greedy",
-                y=[None],
                 x=[None],
-                orientation="h",
-                marker_color="#c62828",
+                y=[None],
+                mode="markers",
+                marker=dict(symbol="square", size=10, color="#c62828"),
                 hoverinfo="skip",
             )
         )

@@ -892,7 +892,7 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         automargin=True,
     )
     # Lookahead's three branches are named even when one is empty ("0 verify": no candidate).
-    window = set() if masks else {"x", "lookahead", "verify"}
+    window = {"x", "lookahead", "verify"} if "lookahead" in branches else set()
     counts = " · ".join(
         f"{branches.count(b)} {b}"
         for b in INPUT_BRANCHES

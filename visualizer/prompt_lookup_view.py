@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from decoders.events import Commit, CopySource, Draft, Event, Prefill, Verify
 
 from .figures import _base_layout, _empty, draft_panel
-from .text import add_caption, escape, token_hover, visible
+from .text import add_caption, escape, token_hover
 from .tokens import COLOURS
 
 LINE_CHARS = 44  # characters per row: fits a 390 px phone in an 11 px monospace font
@@ -45,7 +45,9 @@ ROLE_FILL = {
 
 def _shown(text: str) -> str:
     """A token's text with its whitespace visible and kept (SVG collapses plain spaces)."""
-    return visible(text).replace(" ", "\u00a0") or "∅"
+    # Not visible(): it draws a spaces-only token as ␣, and this view lays the context out as
+    # text, indentation included.
+    return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "\u00a0") or "∅"
 
 
 def context_at(events: Sequence[Event], step: int) -> tuple[list[int], int] | None:
