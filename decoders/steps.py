@@ -9,7 +9,7 @@ paper's loop: `context = yield from start(...)`, then per step draft, `yield fro
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -128,7 +128,9 @@ def settle_chain(
     """The verdict on a chain draft from the target's `logits` over [x, *draft] (a forward the
     caller ran, e.g. one resumed at an exit layer): the Verify event, the cache cropped to x and
     the accepted drafts, and the Commit. Returns the verdict."""
-    verdict = yield from judge_chain(cache, context, draft, logits, sampler, step, q_rows)
+    verdict = yield from judge_chain(
+        cache, context, draft, logits, sampler, step, q_rows, budget.eos_ids
+    )
     yield commit(step, verdict, budget, context)
     return verdict
 
@@ -141,9 +143,11 @@ def judge_chain(
     sampler: Sampler,
     step: int,
     q_rows: Sequence[torch.Tensor] | None = None,
+    eos_ids: frozenset[int] = frozenset(),
 ) -> Generator[Event, None, Verdict]:
     """`settle_chain` up to its Commit (the Verify event and the crop), for a method with more
-    to record about the step before its tokens land (SPACE's relay). Returns the verdict."""
+    to record about the step before its tokens land (SPACE's relay). Returns the verdict, ended
+    at the first end token it accepted (`ended_at_eos`)."""
     in_cache = len(context) - 1
     if sampler.greedy:
         verdict = greedy_chain(draft, logits, sampler.relax)
@@ -152,9 +156,29 @@ def judge_chain(
     else:
         q = torch.stack(list(q_rows)) if q_rows else logits[:0]
         verdict = speculative_chain(draft, q, logits, sampler)
+    verdict = ended_at_eos(verdict, eos_ids)
     if draft:
         yield verify_event(step, verdict)
     crop_cache(cache, in_cache + 1 + len(verdict.accepted))  # x and the accepted drafts stay
+    return verdict
+
+
+def ended_at_eos(verdict: Verdict, eos_ids: frozenset[int]) -> Verdict:
+    """The verdict as the output can take it: an accepted draft token that ends the output (EOS)
+    ends the accepted path too, with no correction after it. The drafts the verifier accepted
+    past it are never written, so no event or metric may count them as accepted."""
+    for i, t in enumerate(verdict.tokens[: len(verdict.accepted)]):
+        if t in eos_ids:
+            kept = verdict.accepted[: i + 1]
+            return replace(
+                verdict,
+                accepted=kept,
+                tokens=verdict.tokens[: i + 1],
+                origins=verdict.origins[: i + 1],
+                probs=verdict.probs[: i + 1],
+                correction=None,
+                relaxed=tuple(r for r in verdict.relaxed if r in kept),
+            )
     return verdict
 
 
@@ -229,6 +253,7 @@ def verify_tree(
         verdict = greedy_tree(tokens, parents, rows, sampler.relax)
     else:
         verdict = sample_tree(tokens, parents, rows, sampler)
+    verdict = ended_at_eos(verdict, budget.eos_ids)
     if tokens:
         yield verify_event(step, verdict)
     kept = [0, *(offset + i for i in verdict.accepted)]

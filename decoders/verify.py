@@ -39,7 +39,9 @@ class Verdict:
     tokens: tuple[int, ...]  # what to commit: the accepted drafts, then the target's own token
     origins: tuple[str, ...]
     probs: tuple[float, ...]  # the target's probability of each committed token
-    correction: int  # the target's token after the accepted path (a bonus when it ends at a leaf)
+    # the target's token after the accepted path (a bonus when it ends at a leaf); None when an
+    # accepted end token ended the output first (steps.ended_at_eos)
+    correction: int | None
     rule: str
     target_probs: tuple[float, ...] = ()  # the target's probability of every draft node
     relaxed: tuple[int, ...] = ()  # accepted nodes the exact rule would have rejected

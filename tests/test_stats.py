@@ -43,3 +43,49 @@ def test_acceptance_metrics_follow_the_serving_definitions():
     assert s["acceptance_by_position"] == [0.5, 0.5, 0.0]
     assert s["acceptance_histogram"] == [1, 0, 1]
     assert s["origins"] == {"target": 1, "draft": 2, "correction": 2}
+
+
+def _accepted_then_end(bundle, method, params):
+    """A run whose end token is a draft token accepted with more accepted drafts after it: the
+    first step that committed two or more drafts, rerun with its first draft token as the EOS."""
+    import dataclasses
+
+    from decoders import generate
+
+    prompt = "def fibonacci(n):"
+    plain = generate(bundle, prompt, method, 24, chat=False, **params)
+    for c in (e for e in plain.events if isinstance(e, Commit) and e.step > 0):
+        drafted = [t for t, o in zip(c.tokens, c.origins, strict=True) if o == "draft"]
+        if len(drafted) >= 2:
+            ended = dataclasses.replace(bundle, eos_ids=frozenset({drafted[0]}))
+            return generate(ended, prompt, method, 24, chat=False, **params), drafted[0]
+    raise AssertionError(f"{method}: no step committed two drafts")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [  # the chain and the tree verifiers (steps.judge_chain, steps.verify_tree)
+        ("speculative", {"draft": "tiny-random"}),  # the target drafting for itself
+        ("token_tree", {"draft": "tiny-random", "shape": "static"}),
+    ],
+)
+def test_an_accepted_end_token_ends_the_accepted_drafts_too(tiny, method, params):
+    """Drafts the verifier accepted after an end token are never written: the Verify event stops
+    at the end token, with no correction, and every acceptance metric counts what was written."""
+    res, eos = _accepted_then_end(tiny, method, params)
+    assert res.finish_reason == "eos" and res.token_ids[-1] == eos
+    last = [e for e in res.events if isinstance(e, Verify)][-1]
+    draft = next(e for e in res.events if isinstance(e, Draft) and e.step == last.step)
+    assert draft.tokens[last.accepted[-1]] == eos and last.correction is None
+    written = sum(o == "draft" for e in res.events if isinstance(e, Commit) for o in e.origins)
+    assert res.stats["accepted_drafts"] == written
+    assert sum(i * n for i, n in enumerate(res.stats["acceptance_histogram"])) == written
+    # The views draw the drafts after it as never written, not as accepted or rejected.
+    from visualizer.panels import method_panel
+
+    if len(draft.tokens) > len(last.accepted):
+        drawn = method_panel(method, res.events, {}, last.step).to_json()
+        assert "never written" in drawn

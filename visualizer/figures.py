@@ -315,6 +315,8 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         )
     n_acc = len(verify.accepted) if verify else 0
     relaxed = set(verify.relaxed) if verify else set()
+    # An accepted end token ended the output: the drafts after it were never compared.
+    ended = verify is not None and n_acc > 0 and verify.correction is None
     fig = go.Figure()
     draft_colours = [
         COLOURS["relaxed"]
@@ -322,7 +324,7 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         else COLOURS["draft"]
         if i < n_acc
         else COLOURS["rejected"]
-        if i == n_acc
+        if i == n_acc and not ended
         else COLOURS["pending"]
         for i in range(len(draft.tokens))
     ]
@@ -331,6 +333,8 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         if i in relaxed
         else "accepted"
         if i < n_acc
+        else "never written (after the accepted end token)"
+        if ended
         else "rejected"
         if i == n_acc
         else "not checked (after a rejection)"

@@ -110,12 +110,14 @@ def copy_source(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
         return _empty(f"Step {step}", "the recorded copy source does not match this context", 200)
 
     n_acc = len(verify.accepted) if verify else 0
+    # An accepted end token ended the output: the copy after it was never compared.
+    ended = verify is not None and n_acc > 0 and verify.correction is None
     role: dict[int, str] = {}
     for i in range(len(context) - n, len(context)):
         role[i] = "suffix"
     for j in range(copied):
         role[start + n + j] = (
-            "accepted" if j < n_acc else "rejected" if j == n_acc else "not checked"
+            "accepted" if j < n_acc else "rejected" if j == n_acc and not ended else "not checked"
         )
     for i in range(start, start + n):
         role[i] = "match"

@@ -26,6 +26,7 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (COLOURS key, legend l
     "relaxed": ("relaxed", LABELS["relaxed"]),
     "rejected": ("rejected", LABELS["rejected"]),
     "not checked": ("pending", "not checked (an ancestor was rejected)"),
+    "after the end": ("pending", "never written (after the accepted end token)"),
     "correction": ("correction", LABELS["correction"]),
     "bonus": ("bonus", LABELS["bonus"]),
 }
@@ -130,10 +131,14 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     accepted = [a for a in verify.accepted if 0 <= a < n]
     accepted_set = set(accepted)
     relaxed = set(getattr(verify, "relaxed", ()))
+    # An accepted end token ended the output: nothing below it was compared (no correction).
+    end = accepted[-1] if accepted and verify.correction is None else None
     status: list[str] = []
     for i, p in enumerate(draft.parents):
         if i in accepted_set:
             status.append("relaxed" if i in relaxed else "accepted")
+        elif end is not None and p == end:
+            status.append("after the end")
         elif p == -1 or p in accepted_set:
             status.append("rejected")  # compared with the target's choice and lost
         else:
