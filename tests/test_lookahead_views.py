@@ -491,3 +491,16 @@ def test_every_token_a_view_names_is_listed_for_its_text():
     assert token_ids(AttentionMask(1, ("x",), ((0,),), input_ids=(11,))) == [11]
     assert token_ids(Verify(1, (), 12, "g")) == [12]
     assert token_ids(JacobiIteration(1, 1, (13, 14), (True, True))) == [13, 14]
+
+
+def test_cell_labels_fit_a_phone_wide_cell():
+    """On a 390 px screen the heatmaps' cells are ~300 px / columns wide: a label longer than a
+    cell spilled over its neighbours (Jacobi's trajectory, 19 columns)."""
+    from html import unescape
+
+    from visualizer.lookahead_views import PHONE_PLOT_PX, _cell_label
+
+    for columns in (9, 12, 16, 19, 25, 32, 48):
+        label = unescape(_cell_label("<|assistant|>", columns))
+        assert len(label) * 6 <= PHONE_PLOT_PX / columns, (columns, label)
+    assert _cell_label("<|assistant|>", 6) == "&lt;|assi…"  # wide cells keep the ellipsis

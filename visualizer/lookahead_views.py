@@ -186,10 +186,17 @@ def _frame_column(
     )
 
 
+PHONE_PLOT_PX = 300  # a 390 px screen's plot area: cell labels must fit there too
+
+
 def _cell_label(text: str, columns: int) -> str:
-    """A token inside a heatmap cell, shorter as the cells get narrower (none when too narrow)."""
-    limit = 6 if columns <= 8 else 4 if columns <= 16 else 2 if columns <= 32 else 0
-    return short_token(text, limit) if limit else ""
+    """A token inside a heatmap cell, as many characters as a phone-wide cell holds (about 6 px
+    each, none when too narrow; the hover has the whole token), with an ellipsis only where a
+    cell has room for one."""
+    limit = min(6, PHONE_PLOT_PX // max(columns, 1) // 6)
+    if limit < 4:
+        return escape(visible(text)[:limit])
+    return short_token(text, limit)
 
 
 def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
