@@ -196,7 +196,7 @@ def _cell_label(text: str, columns: int) -> str:
     limit = min(6, PHONE_PLOT_PX // max(columns, 1) // 6)
     if limit < 4:
         return escape(visible(text)[:limit])
-    return short_token(text, limit)
+    return short_token(text, limit - 1)  # the ellipsis takes the last place
 
 
 def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
