@@ -94,7 +94,7 @@ def test_jacobi_rows_are_iterations_columns_absolute_positions():
     assert list(h.z[1]) == [fixed, fixed, conv, conv, wrong, changed]
     assert [list(r) for r in h.text] == [
         [" f", " g", "[", "x)", ";", ""],
-        [" f", "(x", "[", "&lt;b&gt;", ";", "longto…"],
+        [" f", "(x", "[", "&lt;b&gt;", ";", "longt…"],
     ]
     assert colour_of(h, fixed) == COLOURS["target"]
     assert colour_of(h, conv) == COLOURS["draft"]
@@ -228,7 +228,7 @@ def test_window_grid_and_added_columns():
     ]
     assert [list(r) for r in h.text] == [
         ["def", " f", "(x"],
-        ["):", "↵", " retur…"],
+        ["):", "↵", " retu…"],
         ["&lt;b&gt;", " x", ";"],
     ]
     assert list(fig.layout.yaxis.ticktext) == ["level 0 (oldest)", "level 1", "new guesses"]
