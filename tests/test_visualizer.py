@@ -116,6 +116,9 @@ def test_metrics_and_badges():
         {"status": "differs", "first_divergence": 3}
     )
     assert lossless_badge_html(None) == ""
+    rare = metrics_html({"acceptance_rate": 0.003, "mean_acceptance_length": 1.05})
+    assert ">&lt;1%<" in rare  # above zero never reads as 0 %
+    assert ">0%<" in metrics_html({"acceptance_rate": 0.0})
 
 
 def test_draft_panel_colours_accepted_rejected_and_the_correction():

@@ -108,7 +108,7 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
 
     def card(label: str, value: str, hint: str = "") -> str:
         return (
-            f'<div class="dl-card" title="{html.escape(hint)}"><div class="dl-v">{value}</div>'
+            f'<div class="dl-card" title="{html.escape(hint)}"><div class="dl-v">{html.escape(value)}</div>'
             f'<div class="dl-l">{label}</div></div>'
         )
 
@@ -130,7 +130,9 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
             "1 + accepted drafts / verify steps",
         ),
         card(
-            "acceptance rate", num("acceptance_rate", "{:.0%}"), "accepted drafts / drafted tokens"
+            "acceptance rate",
+            _percent(stats.get("acceptance_rate")),
+            "accepted drafts / drafted tokens",
         ),
         card("new tokens", num("new_tokens", "{}"), ""),
     ]
@@ -142,6 +144,14 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
         ".dl-badge{border-radius:8px;padding:6px 12px;font-weight:600;display:flex;align-items:center}</style>"
         f'<div class="dl-cards">{"".join(cards)}{badge}</div>'
     )
+
+
+def _percent(value: float | None) -> str:
+    """A share as a whole percentage; "<1%" when it is above zero but rounds to 0 (a "0%" beside
+    a mean acceptance length above 1 read as a contradiction)."""
+    if value is None:
+        return "—"
+    return "<1%" if 0 < value < 0.005 else f"{value:.0%}"
 
 
 def lossless_badge_html(lossless: Mapping[str, Any] | None) -> str:
