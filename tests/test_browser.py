@@ -112,6 +112,8 @@ def test_url_parameters_prefill_and_bad_input_message(server, page):
     page.wait_for_function(
         "document.querySelector('#prompt textarea')?.value === 'Hello from a link'", timeout=30_000
     )
+    # The views still show the recorded example until Run: the status says so.
+    page.locator("#status").get_by_text("This link filled in the form").wait_for(timeout=30_000)
     page.locator("#prompt textarea").fill("   ")
     page.locator("#run-btn").click()
     page.get_by_text("the prompt is empty").wait_for(timeout=30_000)

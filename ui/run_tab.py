@@ -763,6 +763,13 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
             )
         if link.errors:
             out[t.status] = message("This link has problems: " + "; ".join(link.errors))
+        elif link.fields.keys() & {"prompt", "method", "model", "preset"} or link.params:
+            # The views below still show the recorded example: say so, or a shared link reads as
+            # if its prompt had produced that output.
+            out[t.status] = (
+                f"🔗 This link filled in the form ({method}). Press **Run** to decode it; until "
+                "then the views below show the recorded example."
+            )
         return out
 
     demo.load(
