@@ -693,3 +693,16 @@ def test_the_run_api_answers_a_bad_budget_by_name(tiny, handlers, budget):
     with pytest.raises(gr.Error) as info:
         handlers["run"]("hi", "autoregressive", "tiny-random", budget, "{}")
     assert "max_new_tokens must be a whole number between 1 and" in str(info.value)
+
+
+def test_a_sampled_runs_badge_says_what_it_keeps_for_its_kind_of_method(tiny):
+    from ui.live import lossless_info
+
+    ids = tiny.encode("hello", chat=False)
+    sampled = {"temperature": 0.8}
+    reference = lossless_info(tiny, "autoregressive", sampled, ids, 4, [1, 2])
+    assert reference["status"] == "n/a" and "the reference itself" in reference["note"]
+    exact = lossless_info(tiny, "speculative", sampled, ids, 4, [1, 2])
+    assert "lossless in distribution" in exact["note"]
+    lossy = lossless_info(tiny, "mask_predict", sampled, ids, 4, [1, 2])
+    assert "lossy method" in lossy["note"] and "not the target's distribution" in lossy["note"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from decoders import InvalidInput, compare_tokens, prepare, quality
+from decoders import METHODS, InvalidInput, compare_tokens, prepare, quality
 from decoders.engine import Run, check_request, get_method, greedy_reference, run_events
 from decoders.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
 from decoders.models import ModelBundle
@@ -63,6 +63,17 @@ class Trace:
         return cls(meta, events, texts)
 
 
+def sampling_info(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The badge of a sampled run: nothing to compare token by token; what it keeps instead."""
+    if method == "autoregressive":
+        note = "sampling run: the reference itself, sampled (nothing to compare token by token)"
+    elif method in METHODS and METHODS[method].claims_lossless(params):
+        note = "sampling run: lossless in distribution, not token by token"
+    else:
+        note = "sampling run of a lossy method: not checked, and not the target's distribution"
+    return {"status": "n/a", "note": note}
+
+
 def lossless_info(
     bundle: ModelBundle,
     method: str,
@@ -73,10 +84,7 @@ def lossless_info(
 ) -> dict[str, Any]:
     """The badge's content: compare with autoregressive greedy, honestly labelled."""
     if params.get("temperature", 0.0) > 0:
-        return {
-            "status": "n/a",
-            "note": "sampling run: lossless in distribution, not token by token",
-        }
+        return sampling_info(method, params)
     if method == "autoregressive":
         return {"status": "reference"}
     reference = cached_reference(bundle, tuple(prompt_ids), max_new_tokens)

@@ -40,7 +40,7 @@ from decoders.params import validate_params
 from decoders.stats import compute_stats
 
 from .links import UI_MAX_NEW_TOKENS
-from .live import Trace, cached_reference, lossy_info
+from .live import Trace, cached_reference, lossy_info, sampling_info
 from .models import get_bundle, model_choices, vocab_size
 
 # The page's example prompts; the first is the cold page's (and assets/example_trace.json's).
@@ -467,10 +467,7 @@ def recheck_lossless(trace: Trace) -> dict[str, Any]:
     params = meta.get("params") or {}
     temperature = params.get("temperature", 0.0)
     if isinstance(temperature, int | float) and temperature > 0:
-        return {
-            "status": "n/a",
-            "note": "sampling run: lossless in distribution, not token by token",
-        }
+        return sampling_info(str(meta.get("method")), params)
     if model not in {v for _, v in model_choices()}:
         return {
             "status": "not checked",
