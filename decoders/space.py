@@ -151,7 +151,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield out.event
         # x and the accepted guesses stay in the cache; the masks and the rejected guesses go.
         verdict = yield from judge_chain(
-            cache, context, cands, out.logits[real], sampler, step, q_cands, budget.eos_ids
+            cache, context, cands, out.logits[real], sampler, step, q_cands, eos_ids=budget.eos_ids
         )
         a = len(verdict.accepted)
         groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]

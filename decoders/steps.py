@@ -129,7 +129,7 @@ def settle_chain(
     caller ran, e.g. one resumed at an exit layer): the Verify event, the cache cropped to x and
     the accepted drafts, and the Commit. Returns the verdict."""
     verdict = yield from judge_chain(
-        cache, context, draft, logits, sampler, step, q_rows, budget.eos_ids
+        cache, context, draft, logits, sampler, step, q_rows, eos_ids=budget.eos_ids
     )
     yield commit(step, verdict, budget, context)
     return verdict
@@ -143,7 +143,8 @@ def judge_chain(
     sampler: Sampler,
     step: int,
     q_rows: Sequence[torch.Tensor] | None = None,
-    eos_ids: frozenset[int] = frozenset(),
+    *,
+    eos_ids: frozenset[int],  # required: a caller that forgot it would count drafts past EOS
 ) -> Generator[Event, None, Verdict]:
     """`settle_chain` up to its Commit (the Verify event and the crop), for a method with more
     to record about the step before its tokens land (SPACE's relay). Returns the verdict, ended

@@ -32,6 +32,7 @@ from visualizer import (
     token_spans_html,
     tokens_per_step,
 )
+from visualizer.exit_view import EARLY_EXIT
 from visualizer.panels import MAX_EXTRA_PANELS
 from visualizer.tokens import display_text
 
@@ -127,14 +128,11 @@ def _describe(trace: Trace) -> str:
     return f"{meta.get('method')} on {meta.get('model')}, {len(trace.token_ids)} tokens"
 
 
-EXIT_METHODS = ("calm", "free", "hash_ee")  # lossy by leaving early: a quality-vs-layers point
-
-
 def result_panel(trace: Trace):
     """The panel beside the metrics: an early-exit run as a point on its method's benchmarked
     quality-against-compute curve; every other run, its acceptance."""
     method = trace.meta.get("method")
-    if method not in EXIT_METHODS:
+    if method not in EARLY_EXIT:  # lossy by leaving early: a quality-vs-layers point
         return acceptance_panel(trace.stats)
     badge = trace.meta.get("lossless") or {}
     agreement = badge.get("agreement") if badge.get("status") == "lossy" else None

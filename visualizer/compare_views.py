@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from decoders.events import Commit, Event, Forward
 
 from .figures import _base_layout, _empty
+from .lookahead_views import _swatch
 from .text import fmt_ratio, fmt_speedup
 
 # One colour per row, in row order (autoregressive, the reference, is grey and dashed).
@@ -118,16 +119,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     )
     if "#c62828" in colours:  # the legend names the red bars too: a legend-only swatch (a
         # scatter: an empty bar trace would still take a slot in every row's group)
-        fig.add_trace(
-            go.Scatter(
-                name="speedup (×), output differs from greedy",
-                x=[None],
-                y=[None],
-                mode="markers",
-                marker=dict(symbol="square", size=10, color="#c62828"),
-                hoverinfo="skip",
-            )
-        )
+        fig.add_trace(_swatch("#c62828", "speedup (×), output differs from greedy"))
     fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b")
     # Plotly gives every row the same band: make it tall enough for the two bars and for the
     # label with the most lines, so neighbouring labels never run into each other.
