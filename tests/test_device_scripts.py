@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT
 
@@ -139,3 +140,32 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     card = json.loads((out2 / "eagle.json").read_text())
     assert card["minutes_budget"] == 0.1 and '"top1_probe' in json.dumps(card)
     assert "held_out_oracle" in json.loads((out2 / "exits.json").read_text())
+
+
+@pytest.mark.parametrize("method", ["space", "kangaroo"])
+def test_judge_compares_a_new_artifact_with_the_shipped_one(tmp_path, method):
+    """docs/GPU.md step 3: judge.py runs the shipped and the new artifact side by side on the
+    tuning prompts. A copy of the shipped one must read the same, and a different artifact must
+    actually be loaded (its tokens per forward move)."""
+    shipped = {
+        "space": "assets/space/tiny-random.safetensors",
+        "kangaroo": "assets/kangaroo/tiny-random-l1.safetensors",
+    }[method]
+    params = {"space": {}, "kangaroo": {"exit_layer": "1"}}[method]
+    sys.path.insert(0, str(ROOT / "scripts/device"))
+    import judge
+    from safetensors.torch import load_file, save_file
+
+    same = judge.judge(method, ROOT / shipped, "tiny-random", params, 12, 1)
+    assert not same["mismatches"]
+    assert same["code_shipped"]["tokens_per_forward"] == same["code_new"]["tokens_per_forward"]
+    # A drafter with its weights scrambled still decodes losslessly, but guesses differently.
+    torch.manual_seed(0)
+    state = {
+        k: v + torch.randn_like(v) if v.is_floating_point() and v.ndim >= 2 else v
+        for k, v in load_file(str(ROOT / shipped)).items()
+    }
+    save_file(state, str(tmp_path / "scrambled.safetensors"))
+    other = judge.judge(method, tmp_path / "scrambled.safetensors", "tiny-random", params, 12, 1)
+    assert not other["mismatches"]
+    assert other["code_new"] != other["code_shipped"] or other["chat_new"] != other["chat_shipped"]

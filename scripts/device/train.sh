@@ -18,7 +18,7 @@ DEVICE=${DEVICE:-cuda}
 # Seed 0's corpus trained the artifacts shipped on 2026-11-26 (docs/GPU.md): another seed is new
 # data for the warm starts. Raise it each time a GPU run ships.
 SEED=${SEED:-1}
-CORPUS=${CORPUS:-"--chat 3200 --tasks 960 --code 1024 --chunks 512 --gen-batch 256 --seed $SEED"}
+CORPUS=${CORPUS:-"--chat 3200 --tasks 960 --code 1024 --chunks 512 --gen-batch 512 --seed $SEED"}
 FALLBACK=${FALLBACK:-"--chat 1280 --tasks 384 --code 512 --chunks 256"} # carried from here
 DEADLINE=${DEADLINE:-555} # seconds from the start: every stage ends by then, inside the call
 BUILD_S=${BUILD_S:-170} # 145 s on an H200 (2026-11-26)
