@@ -121,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if scores is not None:
             print(
-                f"lossy method: {100 * scores['agreement']:.0f} % of tokens agree with greedy"
+                f"lossy method: {100 * scores['agreement']:.0f}% of tokens agree with greedy"
                 + (
                     ""
                     if scores["first_difference"] is None
                     else f", first difference at token {scores['first_difference']}"
                 )
                 + f"; ROUGE-L {scores['rouge_l']:.2f}, NLL {scores['nll']:.2f} nats/token, "
-                f"{100 * scores['consistency']:.0f} % the target's own choice",
+                f"{100 * scores['consistency']:.0f}% the target's own choice",
                 file=sys.stderr,
             )
         elif check is not None:

@@ -32,6 +32,7 @@ from .engine import generate, get_method
 from .errors import DecodingLabError, InvalidInput
 from .models import ModelBundle, load_model
 from .params import validate_params
+from .runtime import measured_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -364,6 +365,13 @@ def summarize(
     return row
 
 
+def _costs_note(costs: dict[str, float] | None) -> str:
+    """The measured prices, said beside the table (results.json files from before them have none)."""
+    if not costs or "input_cost" not in costs:
+        return ""
+    return f", one more input priced at {costs['input_cost']:.3f} of a one-token forward"
+
+
 def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
     def fmt(v: Any, spec: str = ".2f") -> str:
         return "—" if v is None else format(v, spec)
@@ -377,7 +385,7 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
         f"Model {meta['model']} ({meta['device']}, {meta['dtype']}{drafts}), {meta['dataset']}"
         f"{' / ' + meta['category'] if meta.get('category') else ''}, {meta['n_prompts']} prompts, "
         f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads"
-        f"{repeated}.",
+        f"{_costs_note(meta.get('costs'))}{repeated}.",
         "",
         f"| method | tokens/s | speedup vs our AR |{runs_column[0]} tokens / target forward "
         "| mean acceptance length | identical to greedy |",
@@ -662,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        # The prices a cost-sized draft was built by (token_tree's size=cost), if a method measured
+        # them: one noisy measurement sizes every tree of the run.
+        "costs": measured_costs(bundle),
     }
     table = markdown_table(result, meta)
     print(table)

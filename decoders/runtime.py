@@ -16,6 +16,7 @@ Each call times itself (synchronizing CUDA) into a `Forward` event.
 from __future__ import annotations
 
 import inspect
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -388,22 +389,26 @@ _cost_lock = threading.Lock()
 
 
 def input_cost(
-    bundle: ModelBundle, *, context: int = 64, extra: int = 16, repeats: int = 5
+    bundle: ModelBundle, *, context: int = 64, extra: int = 16, repeats: int = 7
 ) -> float:
     """What one more input costs a forward on this machine, as a fraction of a one-token forward.
 
-    Measured once per loaded model (median of `repeats` forwards of 1 and 1 + `extra` tokens after
-    a `context`-token cache, each shape warmed up first): about 0.035 on a 2-core Intel CPU and
-    0.045 on a 2-core AMD one, where compute grows with every input,
-    and near 0 on a GPU, where a forward of a few dozen tokens costs what one does. Tree drafts
-    use it to verify only the nodes worth their price here (`token_tree`'s size=cost).
+    Measured once per loaded model, after a `context`-token cache, each shape warmed up first: the
+    median over `repeats` rounds of one forward of 1 token and one of 1 + `extra`, taken in turns
+    (a burst of noise on a shared machine then falls on both sides of a round, not on all of one
+    size: measured a size at a time, one burst once priced inputs at half their cost and grew a
+    whole benchmark's trees to 8 layers a token). About 0.035 on a 2-core Intel CPU and 0.045 on a
+    2-core AMD one, where compute grows with every input, and near 0 on a GPU, where a forward of
+    a few dozen tokens costs what one does. Tree drafts use it to verify only the nodes worth
+    their price here (`token_tree`'s size=cost).
     """
     key = id(bundle.model)
     with _cost_lock:
         if key not in _input_costs:
-            one, many = _timed_forwards(bundle, context, (1, 1 + extra), repeats)
-            _input_costs[key] = max(0.0, (many - one) / extra / max(one, 1e-6))
-            _forward_ms.setdefault(key, one)
+            ones, manys = _timed_forwards(bundle, context, (1, 1 + extra), repeats)
+            rounds = [(m - o) / extra / max(o, 1e-6) for o, m in zip(ones, manys, strict=True)]
+            _input_costs[key] = max(0.0, statistics.median(rounds))
+            _forward_ms.setdefault(key, statistics.median(ones))
         return _input_costs[key]
 
 
@@ -413,30 +418,38 @@ def forward_ms(bundle: ModelBundle) -> float:
     key = id(bundle.model)
     with _cost_lock:
         if key not in _forward_ms:
-            _forward_ms[key] = _timed_forwards(bundle, 64, (1,), 3)[0]
+            _forward_ms[key] = statistics.median(_timed_forwards(bundle, 64, (1,), 3)[0])
         return _forward_ms[key]
+
+
+def measured_costs(bundle: ModelBundle) -> dict[str, float]:
+    """What this process has measured of `bundle`'s costs so far (`input_cost`, `forward_ms`),
+    measuring nothing: a benchmark records the prices its trees were sized by."""
+    key = id(bundle.model)
+    with _cost_lock:
+        found = {"input_cost": _input_costs.get(key), "forward_ms": _forward_ms.get(key)}
+    return {k: round(v, 4) for k, v in found.items() if v is not None}
 
 
 def _timed_forwards(
     bundle: ModelBundle, context: int, sizes: Sequence[int], repeats: int
-) -> list[float]:
-    """The median wall ms of `repeats` forwards of each size after a `context`-token cache."""
+) -> list[list[float]]:
+    """Wall ms of `repeats` forwards of each size after a `context`-token cache, per size; the
+    sizes take turns, round by round."""
     vocab = bundle.model.config.vocab_size
     ids = torch.arange(context + max(sizes)) % vocab
     cache = new_cache(bundle)
     forward(bundle, cache, ids[:context], step=0, kind="prefill")
 
     def timed(n: int) -> float:
-        times = []
-        for _ in range(repeats):
-            out = forward(bundle, cache, ids[context : context + n], step=0, kind="verify")
-            crop_cache(cache, context)
-            times.append(out.event.wall_ms)
-        return sorted(times)[repeats // 2]
+        out = forward(bundle, cache, ids[context : context + n], step=0, kind="verify")
+        crop_cache(cache, context)
+        return out.event.wall_ms
 
     for n in sizes:  # warm-up: the first forwards of a shape pay for its kernels (oneDNN's
-        timed(n)  # primitives); a cold 17-token forward once priced inputs 1.6x too dear
-    return [timed(n) for n in sizes]
+        timed(n), timed(n)  # primitives); a cold 17-token forward once priced inputs 1.6x too dear
+    rounds = [[timed(n) for n in sizes] for _ in range(repeats)]
+    return [list(times) for times in zip(*rounds, strict=True)]
 
 
 def pays(score: float, total: float, n: int, cost: float, spent: float = 0.0) -> bool:

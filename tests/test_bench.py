@@ -87,6 +87,11 @@ def test_the_table_says_when_drafters_run_in_another_dtype():
     assert "(cpu, float32)" in bench.markdown_table(result, meta)  # older results.json
     meta["draft_dtype"] = "bfloat16"
     assert "(cpu, float32, trained drafters in bfloat16)" in bench.markdown_table(result, meta)
+    assert "priced" not in bench.markdown_table(result, meta)  # no size=cost tree ran
+    meta["costs"] = {"input_cost": 0.0391, "forward_ms": 23.1}  # what sized the trees, said
+    assert "one more input priced at 0.039 of a one-token forward." in bench.markdown_table(
+        result, meta
+    )
 
 
 def test_datasets():

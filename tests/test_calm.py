@@ -385,6 +385,13 @@ def test_the_views_draw_where_tokens_left_and_why(tiny):
         conf.layout.title.text
     ]
 
+    # The oracle weighs no confidence (1 = the exit gives the full model's token): no λ_t line.
+    peeked = generate(tiny, PROMPTS[0], "calm", 16, chat=False, confidence="oracle", min_depth=0.0)
+    step = next(e.step for e in exits_of(peeked) if e.layers)
+    oracle = exit_confidence(peeked.events, texts, step)
+    assert not oracle.layout.shapes and "λ" not in oracle.layout.title.subtitle.text
+    assert "the full model's token" in oracle.layout.title.subtitle.text
+
     hashed = generate(tiny, PROMPTS[0], "hash_ee", 16, chat=False, min_depth=0.0)
     table = hash_table(hashed.events, texts, 3)
     inputs, layers, _ = table.data[0].cells.values

@@ -151,8 +151,8 @@ def test_the_headline_sums_up_many_lossy_rows_by_the_fastest_and_the_closest():
     assert headline(one) == "calm is lossy: 0.91×, 50% agree."
     many = [*one, lossy("free", 1.3, 0.25), lossy("hash_ee", 1.1, 0.75)]
     assert headline(many) == (
-        "3 lossy rows: the fastest, free, at 1.30× with 25 % of tokens agreeing; the closest to "
-        "greedy, hash_ee, 75 % at 1.10×."
+        "3 lossy rows: the fastest, free, at 1.30× with 25% of tokens agreeing; the closest to "
+        "greedy, hash_ee, 75% at 1.10×."
     )
 
 

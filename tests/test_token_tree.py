@@ -120,6 +120,32 @@ def test_the_input_cost_is_measured_once_per_model(tiny):
     assert one > 0 and forward_ms(tiny) == one
 
 
+def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):
+    """The machine slows 3x for six forwards in a row (another job, a throttled core). Measured a
+    size at a time, the burst lands on one size's forwards only and the price is off by far; with
+    the sizes taking turns it lands on both sides of its rounds and the median holds."""
+    from types import SimpleNamespace
+
+    from decoders import runtime
+
+    calls = []
+
+    def fake_forward(bundle, cache, tokens, *, step, kind):
+        calls.append(len(tokens))
+        burst = 3.0 if 8 <= len(calls) < 14 else 1.0  # right after the warm-up
+        ms = 10.0 * (1 + 0.05 * (len(tokens) - 1)) * burst
+        return SimpleNamespace(event=SimpleNamespace(wall_ms=ms))
+
+    monkeypatch.setattr(runtime, "forward", fake_forward)
+    monkeypatch.setattr(runtime, "crop_cache", lambda cache, n: None)
+    monkeypatch.delitem(runtime._input_costs, id(tiny.model), raising=False)
+    monkeypatch.delitem(runtime._forward_ms, id(tiny.model), raising=False)
+    assert input_cost(tiny) == pytest.approx(0.05)
+    assert forward_ms(tiny) == pytest.approx(10.0)
+    assert runtime.measured_costs(tiny) == {"input_cost": 0.05, "forward_ms": 10.0}
+    assert calls[5:9] == [1, 17, 1, 17]  # the sizes take turns (after prefill + 2 warm-ups each)
+
+
 @pytest.mark.parametrize("size", ["big", "-0.1", "11", ""])
 def test_a_bad_size_is_refused(tiny, size):
     with pytest.raises(InvalidParameter, match="size"):

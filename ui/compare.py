@@ -260,11 +260,11 @@ def _lossy_sentence(lossy: list[Mapping[str, Any]]) -> str:
     close = max(lossy, key=lambda r: (r["agreement"], r["speedup"]))
     text = (
         f" {len(lossy)} lossy rows: the fastest, {fast['method']}, at "
-        f"{fmt_speedup(fast['speedup'])} with {100 * fast['agreement']:.0f} % of tokens agreeing"
+        f"{fmt_speedup(fast['speedup'])} with {100 * fast['agreement']:.0f}% of tokens agreeing"
     )
     if close is not fast:
         text += (
-            f"; the closest to greedy, {close['method']}, {100 * close['agreement']:.0f} % "
+            f"; the closest to greedy, {close['method']}, {100 * close['agreement']:.0f}% "
             f"at {fmt_speedup(close['speedup'])}"
         )
     return text + "."
@@ -404,7 +404,7 @@ def _row(
     if is_ref:
         lossless = "reference"
     elif q is not None:  # lossy: never a tick, even when it happened to match
-        lossless = f"≈ lossy: {100 * q.agreement:.0f} % agree" + (
+        lossless = f"≈ lossy: {100 * q.agreement:.0f}% agree" + (
             "" if q.first_difference is None else f", differs at token {q.first_difference}"
         )
     elif identical:

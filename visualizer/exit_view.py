@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import CatchUp, Commit, Event, LayerExit
+from decoders.events import CatchUp, Commit, Event, Forward, LayerExit
 
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .lookahead_views import _tok
@@ -154,6 +154,9 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
         return _empty(title, reason)
     outputs = _outputs(events)
     tok = outputs[now.position] if now.position < len(outputs) else None
+    # CALM's oracle weighs no confidence: an exit scores 1 when its top-1 is the full model's
+    # token (which it peeked at first), so a threshold line would only mislead.
+    oracle = any(isinstance(e, Forward) and e.kind == "oracle" for e in events)
     colours = [
         "#ef6c00" if ell == now.layer else ("#90caf9" if c <= now.threshold else "#1e88e5")
         for ell, c in zip(now.layers, now.confidences, strict=True)
@@ -166,8 +169,16 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
             text=[f"{c:.2f}" for c in now.confidences],
             textposition="outside",
             hovertext=[
-                f"layer {ell}: confidence {c:.3f}<br>"
-                + ("left here" if ell == now.layer else "below λ: went on")
+                (
+                    f"layer {ell}: {'gives' if c else 'misses'} the full model's token<br>"
+                    if oracle
+                    else f"layer {ell}: confidence {c:.3f}<br>"
+                )
+                + (
+                    "left here"
+                    if ell == now.layer
+                    else ("went on" if oracle else "below λ: went on")
+                )
                 for ell, c in zip(now.layers, now.confidences, strict=True)
             ],
             hoverinfo="text",
@@ -176,18 +187,23 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
     )
     # The threshold's value goes in the subtitle: a label on the line collided with a bar's own
     # value whenever a confidence reached the top (the oracle's are 0 or 1).
-    fig.add_hline(y=now.threshold, line_dash="dash", line_color="#c62828")
-    fig.update_yaxes(range=[0, 1.12], title_text="confidence")
+    if not oracle:
+        fig.add_hline(y=now.threshold, line_dash="dash", line_color="#c62828")
+    fig.update_yaxes(
+        range=[0, 1.12], title_text="oracle: 1 = the full model's token" if oracle else "confidence"
+    )
     fig.update_xaxes(title_text="exit layer")
     where = (
         f"left after layer {now.layer} of {now.n_layers}"
         if now.layer < now.n_layers
-        else "no exit passed λ_t: the full model wrote it"
+        else ("no exit gave it" if oracle else "no exit passed λ_t") + ": the full model wrote it"
     )
-    note = (
-        f"token {now.position} {escape(visible(texts.get(tok, '?')))!s}: {where}"
-        f" · dashed: λ_t\u00a0=\u00a0{now.threshold:.3f}"  # kept on one line by wrap()
+    rule = (
+        " · the oracle: the first exit that gives the full model's token"
+        if oracle
+        else f" · dashed: λ_t\u00a0=\u00a0{now.threshold:.3f}"  # kept on one line by wrap()
     )
+    note = f"token {now.position} {escape(visible(texts.get(tok, '?')))!s}: {where}{rule}"
     return _base_layout(fig, title, height=300, subtitle=wrap(note, SUBTITLE_CHARS))
 
 

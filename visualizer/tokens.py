@@ -181,12 +181,12 @@ def lossy_badge_text(q: Mapping[str, Any]) -> str:
         head = f"lossy method: matched greedy on all {n} tokens this time (not guaranteed)"
     else:
         head = (
-            f"not identical: {100 * q.get('agreement', 0):.0f} % agree, first difference at "
+            f"not identical: {100 * q.get('agreement', 0):.0f}% agree, first difference at "
             f"token {q['first_difference']}"
         )
     tail = f" · ROUGE-L {q.get('rouge_l', 0):.2f}"
     if q.get("consistency") is not None:
-        tail += f" · {100 * q['consistency']:.0f} % of tokens the target's own choice"
+        tail += f" · {100 * q['consistency']:.0f}% of tokens the target's own choice"
     if q.get("nll") is not None:
         tail += f" · NLL {q['nll']:.2f} nats/token (greedy {q.get('nll_greedy', 0):.2f})"
     return head + tail
