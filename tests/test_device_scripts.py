@@ -120,6 +120,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     for name in ("kangaroo-l2", "space"):
         card = json.loads((out / f"{name}.json").read_text())
         assert card["minutes_budget"] == 0.1 and card["init"].startswith("assets/")
+        assert card["data"]["deadline_s"] == 400 - 25  # the corpus ends inside its stage
         assert (out / f"{name}.safetensors").stat().st_size > 0
         if name != "space":  # SPACE scores its masks its own way, without the probe
             assert '"top1_probe' in json.dumps(card), name

@@ -426,6 +426,22 @@ def test_the_corpus_is_the_same_for_a_seed_and_differs_for_another(tiny):
     assert chat != chat_other and code != code_other
 
 
+def test_a_deadline_keeps_what_was_generated_by_then_and_says_what_it_cut(tiny):
+    """A device call must end in time (scripts/device/train.sh): under --deadline the builder
+    stops generating and keeps the finished part, and the report counts what it left out."""
+    bundle = dataclasses.replace(tiny, eos_ids=frozenset(range(3, 49152, 97)))
+    extra = ("--chat", "3", "--code", "4", "--chunks", "2", "--sources", "email")
+    full = corpus_builder.build(bundle, corpus_args(*extra))
+    roomy = corpus_builder.build(bundle, corpus_args(*extra, "--deadline", "3600"))
+    assert (roomy.docs, roomy.sources) == (full.docs, full.sources)  # time enough: the same
+    assert roomy.report["cut_by_deadline"] == {"chat": 0, "code": 0}
+    assert "cut_by_deadline" not in full.report
+    cut = corpus_builder.build(bundle, corpus_args(*extra, "--deadline", "1e-9"))
+    # Nothing generated in time: no user turn, no answer, no completion; raw chunks need none.
+    assert cut.report["cut_by_deadline"] == {"user turns": 3, "chat": 0, "code": 4}
+    assert cut.sources == ["code", "code"] and cut.report["documents"] == {"code": 2}
+
+
 def test_the_held_out_split_is_per_source_and_seeded():
     corpus = Corpus([[1, 2]] * 30, ["chat"] * 20 + ["code"] * 10)
     train, held = corpus.split(0.1, seed=0)

@@ -23,6 +23,7 @@ import gzip
 import importlib.metadata
 import importlib.util
 import json
+import math
 import multiprocessing
 import random
 import re
@@ -98,6 +99,13 @@ def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
         help="the probe: tokens of the target's answer to each tuning prompt on which every "
         "drafter is also scored, outside the corpus (0: no probe)",
     )
+    g.add_argument(
+        "--deadline",
+        type=float,
+        default=0,
+        help="seconds: stop generating by then and keep what is done, each part by its share "
+        "(a device call must end in time; the report counts what was cut); 0 = none",
+    )
     g.add_argument("--no-cache", action="store_true", help="rebuild the corpus, do not cache it")
 
 
@@ -131,10 +139,22 @@ def load_or_build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
     return corpus
 
 
+# Where each part of a build must stop under --deadline, as shares of it: the parts' times on a
+# lent H100 (user turns 59 s, answers 58 s, task answers 21 s, code ~80 s, in batches of 256).
+# A part that finishes early leaves its time to the next.
+SHARES = {"user turns": 0.25, "answers": 0.5, "tasks": 0.6, "code": 1.0}
+
+
 def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
+    deadline = getattr(args, "deadline", 0)
+
+    def until(part: str) -> float:
+        return t0 + SHARES[part] * deadline if deadline else math.inf
+
+    cut: dict[str, int] = {}
     banned = benchmark_ngrams()
     removed: dict[str, int] = {}
 
@@ -149,10 +169,17 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
     chat_turns: list[str] = []
     if args.chat:
         t = time.perf_counter()
-        chat_turns = clean("chat", magpie_turns(bundle, args.chat, args.gen_batch, rng))
-        answers = answer(bundle, chat_turns, args.answer_tokens, args.gen_batch, "answering")
-        keep = [i for i, a in enumerate(answers) if not contaminated(bundle.decode(a), banned)]
-        removed["chat_answers"] = len(answers) - len(keep)
+        turns = magpie_turns(bundle, args.chat, args.gen_batch, rng, until=until("user turns"))
+        if time.perf_counter() >= until("user turns"):
+            cut["user turns"] = args.chat - len(turns)
+        chat_turns = clean("chat", turns)
+        answers = answer(
+            bundle, chat_turns, args.answer_tokens, args.gen_batch, "answering", until("answers")
+        )
+        cut["chat"] = answers.count(None)
+        done = [i for i, a in enumerate(answers) if a is not None]
+        keep = [i for i in done if not contaminated(bundle.decode(answers[i]), banned)]
+        removed["chat_answers"] = len(done) - len(keep)
         chat_turns = [chat_turns[i] for i in keep]
         docs += [answers[i] for i in keep]
         sources += ["chat"] * len(keep)
@@ -173,8 +200,11 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
             for p in passages[: args.tasks]
         ]
         turns = clean("task", turns)
-        answers = answer(bundle, turns, args.answer_tokens, args.gen_batch, "task answers")
-        answers = [a for a in answers if not contaminated(bundle.decode(a), banned)]
+        answers = answer(
+            bundle, turns, args.answer_tokens, args.gen_batch, "task answers", until("tasks")
+        )
+        cut["task"] = answers.count(None)
+        answers = [a for a in answers if a and not contaminated(bundle.decode(a), banned)]
         docs += answers
         sources += ["task"] * len(answers)
         timings["task_s"] = round(time.perf_counter() - t)
@@ -184,7 +214,9 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
         prompts = function_prompts(files)
         rng.shuffle(prompts)
         prompts = clean("code", sorted(prompts[: args.code], key=len))
-        code = complete(bundle, prompts, args.code_tokens, args.gen_batch)
+        done = complete(bundle, prompts, args.code_tokens, args.gen_batch, until("code"))
+        cut["code"] = done.count(None)
+        code = [c for c in done if c is not None]
         chunks = clean("code_chunks", code_chunks(files, args.chunks, args.chunk_chars, rng))
         code += [bundle.encode(c, chat=False)[:512] for c in chunks]
         docs += code
@@ -204,6 +236,8 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
             "removed": removed,
         },
         "build_minutes": round((time.perf_counter() - t0) / 60, 1),
+        # What --deadline left ungenerated (user turns never sampled, answers never written).
+        **({"cut_by_deadline": cut, "deadline_s": deadline} if deadline else {}),
         **timings,
         "device": str(bundle.device),
     }
@@ -229,18 +263,24 @@ def pre_query(bundle: ModelBundle) -> list[int]:
 
 @torch.inference_mode()
 def magpie_turns(
-    bundle: ModelBundle, n: int, batch: int, rng: random.Random, max_tokens: int = 80
+    bundle: ModelBundle,
+    n: int,
+    batch: int,
+    rng: random.Random,
+    max_tokens: int = 80,
+    until: float = math.inf,
 ) -> list[str]:
     """`n` distinct user messages the model writes itself when handed the template up to a user
     turn (temperature 1). A message must end on its own (EOS before `max_tokens`), have 3 to 80
-    words, and differ from every kept one in its normalised text and its first six words."""
+    words, and differ from every kept one in its normalised text and its first six words. Fewer
+    when time.perf_counter() passes `until`."""
     prefix = pre_query(bundle)
     x = torch.tensor([prefix] * batch, device=bundle.device)
     kept: list[str] = []
     seen: set[str] = set()
     tries = 0
     with tqdm(total=n, desc="user turns", file=sys.stderr) as bar:
-        while len(kept) < n and tries < 4 * n:
+        while len(kept) < n and tries < 4 * n and time.perf_counter() < until:
             torch.manual_seed(rng.randrange(2**31))
             out = bundle.model.generate(
                 input_ids=x,
@@ -271,31 +311,50 @@ def magpie_turns(
 
 
 def answer(
-    bundle: ModelBundle, turns: list[str], max_new_tokens: int, batch: int, desc: str
-) -> list[list[int]]:
-    """Each turn in the chat template, answered greedily by the target: template + answer ids."""
+    bundle: ModelBundle,
+    turns: list[str],
+    max_new_tokens: int,
+    batch: int,
+    desc: str,
+    until: float = math.inf,
+) -> list[list[int] | None]:
+    """Each turn in the chat template, answered greedily by the target: template + answer ids
+    (None: not reached by `until`)."""
     prompts = [chat_prefix(bundle, t) for t in turns]
-    return _greedy(bundle, prompts, max_new_tokens, batch, desc)
+    return _greedy(bundle, prompts, max_new_tokens, batch, desc, until)
 
 
 def complete(
-    bundle: ModelBundle, prompts: list[str], max_new_tokens: int, batch: int
-) -> list[list[int]]:
-    """Greedy continuations of raw-text prompts (no chat template): prompt + completion ids."""
+    bundle: ModelBundle,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch: int,
+    until: float = math.inf,
+) -> list[list[int] | None]:
+    """Greedy continuations of raw-text prompts (no chat template): prompt + completion ids
+    (None: not reached by `until`)."""
     ids = [bundle.encode(p, chat=False) for p in prompts]
-    return _greedy(bundle, ids, max_new_tokens, batch, "code completions")
+    return _greedy(bundle, ids, max_new_tokens, batch, "code completions", until)
 
 
 @torch.inference_mode()
 def _greedy(
-    bundle: ModelBundle, prompts: list[list[int]], max_new_tokens: int, batch: int, desc: str
-) -> list[list[int]]:
+    bundle: ModelBundle,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch: int,
+    desc: str,
+    until: float = math.inf,
+) -> list[list[int] | None]:
     """Batched greedy generation, left-padded, prompts of similar length together; results in
-    the input order, each cut after its first EOS."""
+    the input order, each cut after its first EOS. Batches that would start after
+    time.perf_counter() passes `until` are left out (None)."""
     pad = min(bundle.eos_ids)
     out: list[list[int] | None] = [None] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for k in tqdm(range(0, len(order), batch), desc=desc, file=sys.stderr):
+        if time.perf_counter() >= until:
+            break
         group = order[k : k + batch]
         width = max(len(prompts[i]) for i in group)
         ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in group])
@@ -312,7 +371,7 @@ def _greedy(
         for i, row in zip(group, gen[:, width:].tolist(), strict=True):
             stop = next((j + 1 for j, t in enumerate(row) if t in bundle.eos_ids), len(row))
             out[i] = prompts[i] + row[:stop]
-    return out  # type: ignore[return-value]
+    return out
 
 
 # --- code ---------------------------------------------------------------------------------------

@@ -87,7 +87,11 @@ main() {
     #    Its documents come back too (a few MB; the states are recomputed from them), so that a
     #    session without a GPU can train on it.
     touch "$DEV/corpus-stage"
-    if stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS; then
+    # --deadline: past it the builder keeps what it has generated (each part by its share), so
+    # that the trainers get new data even when the machine generates slower than planned (an H100
+    # on 2026-11-26 ran out of the stage's time and the call trained on old data, docs/GPU.md).
+    if stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS \
+        --deadline $((BUILD_S - 25)); then
         # The documents built here and now (a corpus already cached came back the first time).
         find "$DEV/cache/corpus" -maxdepth 1 -name '*.pt' ! -name '*.states.pt' ! -name 'probe-*' \
             -newer "$DEV/corpus-stage" -exec cp {} "$OUT"/ \;
