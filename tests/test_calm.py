@@ -391,6 +391,13 @@ def test_the_views_draw_where_tokens_left_and_why(tiny):
     oracle = exit_confidence(peeked.events, texts, step)
     assert not oracle.layout.shapes and "λ" not in oracle.layout.title.subtitle.text
     assert "the full model's token" in oracle.layout.title.subtitle.text
+    assert oracle.layout.yaxis.title.text == "oracle score"
+    heat = exit_heatmap(peeked.events, texts, step)
+    assert (
+        "λ" not in heat.layout.title.subtitle.text and "oracle" in heat.layout.title.subtitle.text
+    )
+    assert heat.data[0].colorbar.title.text == "oracle score"
+    assert "λ" not in " ".join(h for row in heat.data[0].text for h in row)
 
     hashed = generate(tiny, PROMPTS[0], "hash_ee", 16, chat=False, min_depth=0.0)
     table = hash_table(hashed.events, texts, 3)

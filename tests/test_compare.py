@@ -202,6 +202,11 @@ def test_the_table_uses_one_number_format():
         "2.00",
         "3.14",
     ]
+    # A long spec may break between its settings (the table wraps its cells), and a spec copied
+    # out of the table still parses.
+    long = table_rows([row("calm:confidence=saturation:threshold=0.995", 0.9)])[0][0]
+    assert long == "calm:\u200bconfidence=saturation:\u200bthreshold=0.995"
+    assert parse_spec(long) == parse_spec("calm:confidence=saturation:threshold=0.995")
 
 
 # --- real runs on tiny-random ---------------------------------------------------------------------
@@ -354,7 +359,8 @@ def test_compare_endpoint_takes_specs(server, tiny):
 
 # Gradio's table draws its body rows as role=row elements holding role=gridcell cells.
 TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table [role=row]')].map(
-  row => [...row.querySelectorAll('[role=gridcell]')].map(cell => cell.innerText.trim()))"""
+  row => [...row.querySelectorAll('[role=gridcell]')].map(
+    cell => cell.innerText.replaceAll('\u200b', '').trim()))"""
 
 
 def compare_preset(page, preset: str, budget: int, timeout_ms: int = 180_000) -> None:

@@ -485,6 +485,28 @@ def test_benchmark_texts_has_every_humaneval_prompt():
     assert len(prompts) == 164 and set(prompts) <= set(benchmark_texts())
 
 
+def test_a_corpus_says_what_it_was_decontaminated_against_and_can_insist(
+    tiny, tmp_path, monkeypatch, capsys
+):
+    """A lent GPU has neither benchmark: its first corpus was built against nothing and said
+    "none removed". Now the report counts the texts checked, a build without them warns, and
+    --require-benchmarks (scripts/device/train.sh) refuses; pack.sh carries them over in a
+    folder named by DECODING_LAB_BENCHMARKS."""
+    monkeypatch.setenv(corpus_builder.BENCHMARKS_ENV, str(tmp_path))  # empty: neither there
+    assert corpus_builder.benchmark_files() == {"spec_bench": None, "humaneval": None}
+    extra = ("--chat", "0", "--code", "2", "--chunks", "1", "--sources", "email")
+    bare = corpus_builder.build(tiny, corpus_args(*extra))
+    assert bare.report["decontamination"]["benchmark_texts"] == {"spec_bench": 0, "humaneval": 0}
+    assert "warning: no spec_bench and no humaneval prompts" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no spec_bench and no humaneval prompts"):
+        corpus_builder.build(tiny, corpus_args(*extra, "--require-benchmarks"))
+    (tmp_path / "question.jsonl").write_text(json.dumps({"turns": ["one", "two"]}) + "\n")
+    with gzip.open(tmp_path / "HumanEval.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"prompt": "def f():"}) + "\n")
+    found = corpus_builder.build(tiny, corpus_args(*extra, "--require-benchmarks"))
+    assert found.report["decontamination"]["benchmark_texts"] == {"spec_bench": 2, "humaneval": 1}
+
+
 def test_benchmark_texts_reads_the_spec_bench_file_it_is_given(tmp_path):
     path = tmp_path / "question.jsonl"
     rows = [{"turns": ["first turn of one", "its second turn"]}, {"turns": ["another question"]}]

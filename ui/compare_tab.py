@@ -170,7 +170,13 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 label="Results: greedy, autoregressive first as the speed and lossless reference "
                 "(a busy machine makes speeds noisy: more rounds steady them)",
                 interactive=False,
-                elem_id="cmp-table",  # cells stay on one line; a narrow screen scrolls the table
+                # Long cells wrap (a spec between its settings, a verdict between words), so
+                # the table fits its column at 1440 px; the first column stays put on a phone,
+                # where the numbers scroll beside it. Tall enough for the presets' 15 rows.
+                wrap=True,
+                pinned_columns=1,
+                max_height=1000,
+                elem_id="cmp-table",
             )
             chart = gr.Plot(label="Speedup", elem_id="cmp-plot", show_label=False)
             quality = gr.Plot(

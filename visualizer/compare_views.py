@@ -131,7 +131,9 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
     fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
     title = "Speedup over autoregressive"
-    return _layout(fig, title, 150 + band * len(rows), top=88, legend_on_top=True)
+    # Three legend entries wrap onto a second row on a phone, which grows upwards: room for it.
+    room = 110 if "#c62828" in colours else 88
+    return _layout(fig, title, 62 + room + band * len(rows), top=room, legend_on_top=True)
 
 
 def race_points(

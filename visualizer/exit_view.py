@@ -44,11 +44,18 @@ def _none(title: str, events: Sequence[Event], step: int) -> go.Figure:
     return _empty(title, "this trace has no layer exits (not a calm, free or hash_ee run)")
 
 
+def _oracle(events: Sequence[Event]) -> bool:
+    """CALM's oracle run: it weighs no confidence (an exit scores 1 when its top-1 is the full
+    model's token, which it peeked at first), so no threshold and no "confidence" is drawn."""
+    return any(isinstance(e, Forward) and e.kind == "oracle" for e in events)
+
+
 def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
     title = "Where each token left the model"
     exits = _exits(events)
     if not exits:
         return _none(title, events, step)
+    oracle = _oracle(events)
     n_layers = exits[0].n_layers
     now = next((e for e in exits if e.step == step), None)
     centre = now.position if now is not None else exits[-1].position
@@ -66,9 +73,13 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
             where = "left here" if ell == e.layer else ("passed" if ell < e.layer else "not run")
             if ell in conf:
                 z[r][c] = conf[ell]
+                score = (
+                    f"{'gives' if conf[ell] else 'misses'} the full model's token"
+                    if oracle
+                    else f"confidence {conf[ell]:.3f} vs λ {e.threshold:.3f}"
+                )
                 hover[r][c] = (
-                    f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: confidence "
-                    f"{conf[ell]:.3f} vs λ {e.threshold:.3f}<br>{where}"
+                    f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: {score}<br>{where}"
                 )
             else:
                 hover[r][c] = f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: {where}"
@@ -82,7 +93,11 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
                 zmin=0.0,
                 zmax=1.0,
                 colorscale="Blues",
-                colorbar=dict(title=dict(text="confidence", side="right"), thickness=10, len=0.8),
+                colorbar=dict(
+                    title=dict(text="oracle score" if oracle else "confidence", side="right"),
+                    thickness=10,
+                    len=0.8,
+                ),
                 text=hover,
                 hoverinfo="text",
                 xgap=1,
@@ -131,7 +146,13 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
     note = (
         f"{early} of the {len(exits)} tokens after the prefill's left early, on average at "
         f"{depth:.0%} of the depth"
-    ) + ("; λ_t per token in the hover" if rule == "confidence" else "; layer = hash(input)")
+    ) + (
+        "; layer = hash(input)"
+        if rule == "hash"
+        else "; the oracle: 1 where an exit gives the full model's token"
+        if oracle
+        else "; λ_t per token in the hover"
+    )
     if len(shown) < len(exits):  # the window follows the step: say which tokens it shows
         note += f"; shown: tokens {shown[0].position}–{shown[-1].position}, around this step's"
     return _base_layout(
@@ -154,9 +175,7 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
         return _empty(title, reason)
     outputs = _outputs(events)
     tok = outputs[now.position] if now.position < len(outputs) else None
-    # CALM's oracle weighs no confidence: an exit scores 1 when its top-1 is the full model's
-    # token (which it peeked at first), so a threshold line would only mislead.
-    oracle = any(isinstance(e, Forward) and e.kind == "oracle" for e in events)
+    oracle = _oracle(events)
     colours = [
         "#ef6c00" if ell == now.layer else ("#90caf9" if c <= now.threshold else "#1e88e5")
         for ell, c in zip(now.layers, now.confidences, strict=True)
@@ -189,9 +208,7 @@ def exit_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int
     # value whenever a confidence reached the top (the oracle's are 0 or 1).
     if not oracle:
         fig.add_hline(y=now.threshold, line_dash="dash", line_color="#c62828")
-    fig.update_yaxes(
-        range=[0, 1.12], title_text="oracle: 1 = the full model's token" if oracle else "confidence"
-    )
+    fig.update_yaxes(range=[0, 1.12], title_text="oracle score" if oracle else "confidence")
     fig.update_xaxes(title_text="exit layer")
     where = (
         f"left after layer {now.layer} of {now.n_layers}"

