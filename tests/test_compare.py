@@ -417,6 +417,11 @@ def check_compare_page(page, rows: list[list[str]]) -> None:
 @pytest.mark.browser
 def test_compare_tab_at_1440(server, page):
     check_compare_page(page, run_compare_in_the_page(page, server, "desktop"))
+    # The whole table fits beside the form: no sideways scrolling (long cells wrap instead).
+    view = page.locator("#cmp-table .virtual-table-viewport")
+    assert view.evaluate("v => v.scrollWidth <= v.clientWidth + 1"), view.evaluate(
+        "v => [v.scrollWidth, v.clientWidth]"
+    )
 
 
 @pytest.mark.slow

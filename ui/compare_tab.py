@@ -170,10 +170,12 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 label="Results: greedy, autoregressive first as the speed and lossless reference "
                 "(a busy machine makes speeds noisy: more rounds steady them)",
                 interactive=False,
-                # Long cells wrap (a spec between its settings, a verdict between words), so
-                # the table fits its column at 1440 px; the first column stays put on a phone,
-                # where the numbers scroll beside it. Tall enough for the presets' 15 rows.
+                # Long cells wrap (a spec between its settings, a verdict between words) in
+                # columns of fixed widths that fit the results column at 1440 px (shares would
+                # squeeze a phone's cells to a letter a line); on a phone the numbers scroll
+                # beside the pinned spec. Tall enough for the presets' 15 rows.
                 wrap=True,
+                column_widths=["176px", "76px", "146px", "70px", "84px", "70px", "74px"],
                 pinned_columns=1,
                 max_height=1000,
                 elem_id="cmp-table",
