@@ -207,6 +207,9 @@ def test_the_table_uses_one_number_format():
     long = table_rows([row("calm:confidence=saturation:threshold=0.995", 0.9)])[0][0]
     assert long == "calm:\u200bconfidence=saturation:\u200bthreshold=0.995"
     assert parse_spec(long) == parse_spec("calm:confidence=saturation:threshold=0.995")
+    from decoders.bench import parse_method  # and pasted into the benchmark's --methods
+
+    assert parse_method(long) == ("calm", {"confidence": "saturation", "threshold": "0.995"})
 
 
 # --- real runs on tiny-random ---------------------------------------------------------------------

@@ -57,6 +57,7 @@ def test_the_parts_join_back_into_the_model_and_each_call_carries_one(tmp_path):
         GGUF=str(tmp_path / "model.gguf"),
         ROOM="100000",
         DECODING_LAB_CACHE=str(tmp_path / "cache"),
+        DECODING_LAB_BENCHMARKS=str(tmp_path),  # none here: part 0 carries nothing else
     )
     parts = [dev / f"part-{i}" for i in range(4)]
     assert sorted(dev.glob("part-*")) == parts
@@ -125,7 +126,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     for name in ("kangaroo-l2", "space"):
         card = json.loads((out / f"{name}.json").read_text())
         assert card["minutes_budget"] == 0.1 and card["init"].startswith("assets/")
-        assert card["data"]["deadline_s"] == 400 - 25  # the corpus ends inside its stage
+        assert card["data"]["deadline_s"] == 400 - 20  # the corpus ends inside its stage
         against = card["data"]["decontamination"]["benchmark_texts"]
         assert not complete or (against["spec_bench"] > 0 and against["humaneval"] == 164)
         assert (out / f"{name}.safetensors").stat().st_size > 0
@@ -176,4 +177,8 @@ def test_judge_compares_a_new_artifact_with_the_shipped_one(tmp_path, method):
     save_file(state, str(tmp_path / "scrambled.safetensors"))
     other = judge.judge(method, tmp_path / "scrambled.safetensors", "tiny-random", params, 12, 1)
     assert not other["mismatches"]
-    assert other["code_new"] != other["code_shipped"] or other["chat_new"] != other["chat_shipped"]
+    moved = [
+        other[f"{k}_new"]["tokens_per_forward"] != other[f"{k}_shipped"]["tokens_per_forward"]
+        for k in ("code", "chat")
+    ]
+    assert any(moved), other  # speeds differ between any two runs: tokens per forward must

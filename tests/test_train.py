@@ -15,6 +15,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -434,12 +435,26 @@ def test_a_deadline_keeps_what_was_generated_by_then_and_says_what_it_cut(tiny):
     full = corpus_builder.build(bundle, corpus_args(*extra))
     roomy = corpus_builder.build(bundle, corpus_args(*extra, "--deadline", "3600"))
     assert (roomy.docs, roomy.sources) == (full.docs, full.sources)  # time enough: the same
-    assert roomy.report["cut_by_deadline"] == {"chat": 0, "code": 0}
+    assert roomy.report["cut_by_deadline"] == {"user turns": 0, "answers": 0, "code": 0}
     assert "cut_by_deadline" not in full.report
     cut = corpus_builder.build(bundle, corpus_args(*extra, "--deadline", "1e-9"))
     # Nothing generated in time: no user turn, no answer, no completion; raw chunks need none.
-    assert cut.report["cut_by_deadline"] == {"user turns": 3, "chat": 0, "code": 4}
+    assert cut.report["cut_by_deadline"] == {"user turns": 3, "answers": 0, "code": 4}
     assert cut.sources == ["code", "code"] and cut.report["documents"] == {"code": 2}
+    with pytest.raises(SystemExit, match="--deadline must be 0"):
+        corpus_builder.build(bundle, corpus_args(*extra, "--deadline", "-5"))
+
+
+def test_the_deadline_gives_each_part_its_share_of_the_work_left():
+    """Chat is most of a default GPU corpus (72% on an H200): the shares follow the sizes asked
+    for, and a part that starts late gets the time left, split over the parts still to run."""
+    sizes = ("--chat", "3200", "--tasks", "960", "--code", "1024", "--code-tokens", "128")
+    args = corpus_args(*sizes, "--deadline", "100")
+    clock = corpus_builder.Clock(args, start=time.perf_counter())
+    turns = clock.until("user turns") - time.perf_counter()
+    assert 38 < turns < 40  # 2·3200·80 = 512k of 1.31M units of work: 39 s
+    clock.end = time.perf_counter() + 20  # 20 s left when the code starts: all of it
+    assert clock.until("code") == pytest.approx(clock.end, abs=0.01)
 
 
 def test_the_held_out_split_is_per_source_and_seeded():

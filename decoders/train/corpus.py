@@ -104,8 +104,9 @@ def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
         "--deadline",
         type=float,
         default=0,
-        help="seconds: stop generating by then and keep what is done, each part by its share "
-        "(a device call must end in time; the report counts what was cut); 0 = none",
+        help="seconds from the command's start: stop generating by then and keep what is done, "
+        "each part by its share of the work (a device call must end in time; the report counts "
+        "what was cut, the longest prompts first); 0 = none",
     )
     g.add_argument(
         "--require-benchmarks",
@@ -132,34 +133,69 @@ def corpus_key(bundle: ModelBundle, args: argparse.Namespace) -> str:
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", "-".join(map(str, parts)))
 
 
-def load_or_build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
+def load_or_build(
+    bundle: ModelBundle, args: argparse.Namespace, started: float | None = None
+) -> Corpus:
     """The corpus for these options, from the cache (~/.cache/decoding-lab/corpus) when built
     before: the drafters of one model share it."""
     path = cache_dir() / "corpus" / f"{corpus_key(bundle, args)}.pt"
     if path.is_file() and not args.no_cache:
         saved = torch.load(path)
+        checked = saved["report"].get("decontamination", {}).get("benchmark_texts", {})
+        if getattr(args, "require_benchmarks", False) and not (
+            checked.get("spec_bench") and checked.get("humaneval")
+        ):
+            raise SystemExit(
+                f"error: the cached corpus {path.name} was not decontaminated against both "
+                "benchmarks; delete it to rebuild, or drop --require-benchmarks"
+            )
         return Corpus(saved["docs"], saved["sources"], saved["report"])
-    corpus = build(bundle, args)
+    corpus = build(bundle, args, started)
     if not args.no_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"docs": corpus.docs, "sources": corpus.sources, "report": corpus.report}, path)
     return corpus
 
 
-# Where each part of a build must stop under --deadline, as shares of it: the parts' times on a
-# lent H100 (user turns 59 s, answers 58 s, task answers 21 s, code ~80 s, in batches of 256).
-# A part that finishes early leaves its time to the next.
-SHARES = {"user turns": 0.25, "answers": 0.5, "tasks": 0.6, "code": 1.0}
+class Clock:
+    """--deadline: each part of a build (user turns, answers, tasks, code) gets, when it starts,
+    the time left times its share of the work left, so a part that finishes early hands its time
+    on. A part's work is its count times its tokens, user turns weighted 2 (sampled, and tried
+    again when a turn is not kept): the parts' times on a lent H100 (59, 58, 21 and ~80 s for
+    2560 turns, 2560 answers, 768 tasks, 4096 functions) and an H200 (chat 72%, tasks 16%, code
+    12% of 3200 / 960 / 1024) both fit it. `start`: when the command began (the model's loading
+    counts against the deadline too)."""
+
+    def __init__(self, args: argparse.Namespace, start: float) -> None:
+        self.end = start + args.deadline
+        self.work = {
+            "user turns": 2 * args.chat * 80,
+            "answers": args.chat * args.answer_tokens,
+            "tasks": args.tasks * args.answer_tokens if args.chat else 0,
+            "code": args.code * args.code_tokens,
+        }
+
+    def until(self, part: str) -> float:
+        """When `part`, starting now, must stop generating."""
+        parts = list(self.work)
+        left = sum(self.work[p] for p in parts[parts.index(part) :])
+        if self.end == math.inf or not left:
+            return self.end
+        now = time.perf_counter()
+        return now + max(0.0, self.end - now) * self.work[part] / left
 
 
-def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
+def build(bundle: ModelBundle, args: argparse.Namespace, started: float | None = None) -> Corpus:
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    deadline = getattr(args, "deadline", 0)
+    deadline = getattr(args, "deadline", 0) or 0
+    if deadline < 0:
+        raise SystemExit(f"error: --deadline must be 0 (none) or positive, got {deadline}")
+    clock = Clock(args, started if started is not None else t0) if deadline else None
 
     def until(part: str) -> float:
-        return t0 + SHARES[part] * deadline if deadline else math.inf
+        return clock.until(part) if clock is not None else math.inf
 
     cut: dict[str, int] = {}
     against = {name: len(texts) for name, texts in benchmark_sources().items()}
@@ -188,14 +224,15 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
     chat_turns: list[str] = []
     if args.chat:
         t = time.perf_counter()
-        turns = magpie_turns(bundle, args.chat, args.gen_batch, rng, until=until("user turns"))
-        if time.perf_counter() >= until("user turns"):
-            cut["user turns"] = args.chat - len(turns)
+        stop = until("user turns")
+        turns = magpie_turns(bundle, args.chat, args.gen_batch, rng, until=stop)
+        if stop != math.inf:
+            cut["user turns"] = args.chat - len(turns)  # (a few may be tries that failed)
         chat_turns = clean("chat", turns)
         answers = answer(
             bundle, chat_turns, args.answer_tokens, args.gen_batch, "answering", until("answers")
         )
-        cut["chat"] = answers.count(None)
+        cut["answers"] = answers.count(None)
         done = [i for i, a in enumerate(answers) if a is not None]
         keep = [i for i in done if not contaminated(bundle.decode(answers[i]), banned)]
         removed["chat_answers"] = len(done) - len(keep)
@@ -222,7 +259,7 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
         answers = answer(
             bundle, turns, args.answer_tokens, args.gen_batch, "task answers", until("tasks")
         )
-        cut["task"] = answers.count(None)
+        cut["tasks"] = answers.count(None)
         answers = [a for a in answers if a and not contaminated(bundle.decode(a), banned)]
         docs += answers
         sources += ["task"] * len(answers)
@@ -256,8 +293,9 @@ def build(bundle: ModelBundle, args: argparse.Namespace) -> Corpus:
             "removed": removed,
         },
         "build_minutes": round((time.perf_counter() - t0) / 60, 1),
-        # What --deadline left ungenerated (user turns never sampled, answers never written).
-        **({"cut_by_deadline": cut, "deadline_s": deadline} if deadline else {}),
+        # What --deadline left ungenerated (user turns never sampled, answers never written):
+        # prompts run shortest first, so a cut drops the longest ones.
+        **({"cut_by_deadline": cut, "deadline_s": deadline} if clock else {}),
         **timings,
         "device": str(bundle.device),
     }
@@ -300,7 +338,9 @@ def magpie_turns(
     seen: set[str] = set()
     tries = 0
     with tqdm(total=n, desc="user turns", file=sys.stderr) as bar:
-        while len(kept) < n and tries < 4 * n and time.perf_counter() < until:
+        last = 0.0  # the last batch's seconds: a batch that would not end in time is not begun
+        while len(kept) < n and tries < 4 * n and time.perf_counter() + last < until:
+            began = time.perf_counter()
             torch.manual_seed(rng.randrange(2**31))
             out = bundle.model.generate(
                 input_ids=x,
@@ -312,6 +352,7 @@ def magpie_turns(
                 pad_token_id=min(bundle.eos_ids),
             )
             tries += batch
+            last = time.perf_counter() - began
             for row in out[:, len(prefix) :].tolist():
                 end = next((i for i, t in enumerate(row) if t in bundle.eos_ids), None)
                 if end is None:
@@ -367,13 +408,15 @@ def _greedy(
     until: float = math.inf,
 ) -> list[list[int] | None]:
     """Batched greedy generation, left-padded, prompts of similar length together; results in
-    the input order, each cut after its first EOS. Batches that would start after
-    time.perf_counter() passes `until` are left out (None)."""
+    the input order, each cut after its first EOS. Batches that would not end by
+    time.perf_counter() `until` (as long as the last one took) are left out (None)."""
     pad = min(bundle.eos_ids)
     out: list[list[int] | None] = [None] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    last = 0.0  # the last batch's seconds: a batch that would not end in time is not begun
     for k in tqdm(range(0, len(order), batch), desc=desc, file=sys.stderr):
-        if time.perf_counter() >= until:
+        began = time.perf_counter()
+        if began + last >= until:
             break
         group = order[k : k + batch]
         width = max(len(prompts[i]) for i in group)
@@ -391,6 +434,7 @@ def _greedy(
         for i, row in zip(group, gen[:, width:].tolist(), strict=True):
             stop = next((j + 1 for j, t in enumerate(row) if t in bundle.eos_ids), len(row))
             out[i] = prompts[i] + row[:stop]
+        last = time.perf_counter() - began
     return out
 
 
@@ -546,9 +590,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     """Build (or find in the cache) the corpus and report it."""
     from ..models import load_model
 
+    started = time.perf_counter()  # --deadline counts the model's loading too
     # float32: the drafters learn the features the CPU default (float32) will feed them.
     bundle = load_model(args.model, device=args.device, dtype="float32")
-    return load_or_build(bundle, args).report
+    return load_or_build(bundle, args, started).report
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -23,8 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from decoders import generate, kangaroo, load_model, mask_model  # noqa: E402
 
-# The module whose adapter_path locates each method's artifact (artifacts are cached per path).
-LOCATORS = {"kangaroo": kangaroo, "space": mask_model, "mask_predict": mask_model}
+# The module whose adapter_path locates each lossless method's artifact (artifacts are cached
+# per path). Mask-Predict shares SPACE's masks but is lossy: judge the masks through `space`.
+LOCATORS = {"kangaroo": kangaroo, "space": mask_model}
 
 
 def judge(

@@ -26,7 +26,7 @@ cp "$cache"/corpus/*-stdlib-0.pt "$DEV/corpus/" 2>/dev/null || true
 mkdir -p "$DEV/benchmarks"
 $PY -c 'from decoders.train.corpus import benchmark_files
 for f in benchmark_files().values():
-    if f: print(f)' | xargs -r cp -t "$DEV/benchmarks/"
+    if f: print(f, end="\0")' | xargs -0 -r cp -t "$DEV/benchmarks/"
 [ "$(ls "$DEV/benchmarks" | wc -l)" = 2 ] ||
     echo "warning: Spec-Bench's questions or HumanEval's prompts are not on this machine; set" \
         "REQUIRE_BENCHMARKS=0 for train.sh to build a corpus not decontaminated against them" >&2
