@@ -321,6 +321,19 @@ def test_cold_page_shows_the_example_trace_and_its_explainer(server, page):
     page.screenshot(path=str(ARTIFACTS / "cold-1440.png"), full_page=True)
 
 
+def test_long_model_names_end_before_the_dropdown_arrow_on_both_tabs(server, page):
+    page.goto(server)
+    page.locator("#prompt textarea").wait_for()  # the app has hydrated
+    style = "e => [getComputedStyle(e).textOverflow, parseFloat(getComputedStyle(e).paddingRight)]"
+    for name in ("#model input", "#method input"):
+        assert page.locator(name).evaluate(style)[0] == "ellipsis"
+        assert page.locator(name).evaluate(style)[1] >= 16, name
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#cmp-model input").wait_for()
+    assert page.locator("#cmp-model input").evaluate(style)[0] == "ellipsis"
+    assert page.locator("#cmp-model input").evaluate(style)[1] >= 16
+
+
 def test_run_sits_with_the_prompt_above_the_parameters(server, page):
     page.goto(server)
     page.locator("#prompt textarea").wait_for()

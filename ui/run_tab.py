@@ -71,8 +71,8 @@ CSS = """
   /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
   .modebar-container {display: none;}
 }
-/* A long name ends in an ellipsis before the dropdown's arrow, not under it. */
-#model input, #method input {text-overflow: ellipsis; padding-right: 1.6em;}
+/* A long name ends in an ellipsis before the dropdown's arrow, not under it (both tabs). */
+#model input, #method input, #cmp-model input {text-overflow: ellipsis; padding-right: 1.6em;}
 .dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
   line-height: 1.9; white-space: pre-wrap; word-break: break-word;}
 .dl-seen span {border-radius: 3px; margin-right: 1px; padding: 1px 0;}
