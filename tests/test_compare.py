@@ -29,6 +29,7 @@ from ui.compare import (
 )
 from ui.compare_tab import preset_value
 from visualizer import race_chart, speedup_chart
+from visualizer.compare_views import LOSSY_COLOUR as LOSSY
 from visualizer.compare_views import race_points, wrap_label
 
 PROMPT = "def add(a, b):"
@@ -287,16 +288,50 @@ def test_race_points_fall_back_to_the_forward_clock_when_times_do_not_fit(compar
 def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
     rows = compared[-1].rows
     fig = speedup_chart(rows)
-    speed, per_forward, *red = fig.data
-    # Rows whose output is not greedy's are red, and the legend says so.
-    assert [t.name for t in red] == (
-        ["speedup (×), output differs from greedy"] if any(not r["identical"] for r in rows) else []
-    )
+    speed, per_forward, *swatches = fig.data
+    # Rows of lossless methods whose output is not greedy's are red, lossy rows amber, and the
+    # legend says so.
+    differ = any(not r["identical"] and not r.get("lossy") for r in rows)
+    assert [t.name for t in swatches] == (
+        ["speedup (×), output differs from greedy"] if differ else []
+    ) + (["speedup (×), lossy method"] if any(r.get("lossy") for r in rows) else [])
     assert speed.orientation == "h" and list(speed.x) == [r["speedup"] for r in rows]
     assert list(speed.y) == [wrap_label(r["method"]) for r in rows]
     assert list(speed.text) == [f"{r['speedup']:.2f}×" for r in rows]
     assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin
     assert fig.layout.xaxis.range[1] > max(max(speed.x), max(per_forward.x))  # room for the text
+
+
+def test_speedup_bars_are_green_only_for_lossless_rows_identical_to_greedy():
+    def row(method, speedup, identical, lossy=False):
+        return {
+            "method": method,
+            "speedup": speedup,
+            "tokens_per_target_forward": 1.0,
+            "identical": identical,
+            "lossy": lossy,
+        }
+
+    rows = [
+        row("autoregressive", 1.0, True),
+        row("jacobi", 0.98, True),
+        row("prompt_lookup", 1.2, False),
+        row("calm:lambda=0.9", 1.4, True, lossy=True),  # matched greedy this time: still amber
+        row("mask_predict", 2.0, False, lossy=True),
+    ]
+    fig = speedup_chart(rows)
+    assert list(fig.data[0].marker.color) == ["#2e7d32", "#2e7d32", "#c62828", LOSSY, LOSSY]
+    assert [t.name for t in fig.data[2:]] == [
+        "speedup (×), output differs from greedy",
+        "speedup (×), lossy method",
+    ]
+    # The 1× line runs under the bars and their value texts (a bar ending near 1 drew its
+    # "0.98×" across it).
+    (line,) = fig.layout.shapes
+    assert line.x0 == 1.0 and line.layer == "below"
+    # Without red or amber rows, no swatch and no room kept for them.
+    plain = speedup_chart(rows[:2])
+    assert len(plain.data) == 2 and plain.layout.margin.t < fig.layout.margin.t
 
 
 def test_long_specs_wrap_at_their_colons():

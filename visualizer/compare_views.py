@@ -39,6 +39,7 @@ PALETTE = (
     "#283593",  # navy
 )  # 16 hues or shades apart: Compare's default preset (15 rows) never repeats one
 REFERENCE_COLOUR = "#78909c"
+LOSSY_COLOUR = "#ef8f00"  # a lossy method's speedup bar: never the lossless green
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
 
 
@@ -87,9 +88,14 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     labels = [wrap_label(str(r["method"])) for r in rows]
     speedups = [float(r["speedup"]) for r in rows]
     per_forward = [float(r["tokens_per_target_forward"]) for r in rows]
+    # Green only for a lossless method whose output is greedy's: a lossy one is amber even when
+    # this run happened to match (its agreement is luck, not a guarantee); red: it differs.
     colours = [
-        "#c62828" if r.get("identical") is False else "#2e7d32" for r in rows
-    ]  # red: this row's output is not greedy's
+        "#c62828"
+        if r.get("identical") is False and not r.get("lossy")
+        else (LOSSY_COLOUR if r.get("lossy") else "#2e7d32")
+        for r in rows
+    ]
     fig = go.Figure()
     fig.add_trace(
         go.Bar(
@@ -117,10 +123,14 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
         )
     )
-    if "#c62828" in colours:  # the legend names the red bars too: a legend-only swatch (a
-        # scatter: an empty bar trace would still take a slot in every row's group)
+    # The legend names the red and amber bars too: legend-only swatches (scatters: an empty bar
+    # trace would still take a slot in every row's group).
+    if "#c62828" in colours:
         fig.add_trace(_swatch("#c62828", "speedup (×), output differs from greedy"))
-    fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b")
+    if LOSSY_COLOUR in colours:
+        fig.add_trace(_swatch(LOSSY_COLOUR, "speedup (×), lossy method"))
+    # Under the bars and their "1.05×" texts, which it used to cross when a bar ended near 1.
+    fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b", layer="below")
     # Plotly gives every row the same band: make it tall enough for the two bars and for the
     # label with the most lines, so neighbouring labels never run into each other.
     lines = max(label.count("<br>") + 1 for label in labels)
@@ -131,8 +141,9 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
     fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
     title = "Speedup over autoregressive"
-    # Three legend entries wrap onto a second row on a phone, which grows upwards: room for it.
-    room = 110 if "#c62828" in colours else 88
+    # Each swatch past the two bars' entries may wrap the legend onto one more row on a phone,
+    # which grows upwards: room for it.
+    room = 88 + 22 * ("#c62828" in colours) + 22 * (LOSSY_COLOUR in colours)
     return _layout(fig, title, 62 + room + band * len(rows), top=room, legend_on_top=True)
 
 
