@@ -69,7 +69,9 @@ class PackedLinear(nn.Module):
     backward, so an input that needs gradients (training an adapter that feeds this layer, e.g.
     SPACE's mask rows) takes the plain weight instead."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, keep_weight: bool = True) -> None:
+        """keep_weight=False: only the packed copy stays (an inference-only linear built for
+        decoding, e.g. SPACE's stacked one: no state_dict, no gradients, half the memory)."""
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -77,11 +79,15 @@ class PackedLinear(nn.Module):
             packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
         self.register_buffer("packed_weight", packed, persistent=False)
         # The plain weight stays too, so state_dict / save_pretrained / tied embeddings still work.
-        self.weight = linear.weight
+        self.weight = linear.weight if keep_weight else None
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        if (
+            self.weight is not None
+            and torch.is_grad_enabled()
+            and (x.requires_grad or self.weight.requires_grad)
+        ):
             return nn.functional.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
