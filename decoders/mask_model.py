@@ -75,9 +75,9 @@ class MaskAdapter(nn.Module):
                 nn.init.kaiming_uniform_(a, a=5**0.5)
                 self.lora[f"{layer}_{name}_A"] = nn.Parameter(a)
                 self.lora[f"{layer}_{name}_B"] = nn.Parameter(torch.zeros(n_out, rank))
-        # set by freeze(): per layer, group -> (the bases and A in one linear, their output
-        # widths, B block-diagonal [g·r, Σ out])
-        self.fused: list[dict[str, tuple[nn.Module, list[int], torch.Tensor]]] | None = None
+        # set by freeze(): per layer, group -> (the first base and the A's in one linear,
+        # [(B scaled and transposed, the A rows it reads), ...])
+        self.fused: list[dict[str, tuple[nn.Module, list]]] | None = None
 
     @classmethod
     def from_state(cls, config, state: dict[str, torch.Tensor]) -> MaskAdapter:
@@ -89,14 +89,17 @@ class MaskAdapter(nn.Module):
     ) -> list[torch.Tensor]:
         """The base linears of one input-sharing `group` (GROUPS) on x, each plus the adapter's
         low-rank update on the mask rows, x[:, first:]."""
-        if self.fused is not None:  # frozen: one linear for the group's bases and A, one B
-            linear, widths, b = self.fused[layer][group]
-            z = linear(x)  # [b, n, Σ out + g·r]: every row's base outputs, then A x
-            y, t = z[..., : b.shape[1]], z[..., b.shape[1] :]
+        if self.fused is not None:  # frozen: the first base and the group's A in one linear
+            linear, outputs = self.fused[layer][group]
+            z = linear(x)  # [b, n, out + g·r]: every row's first base output, then A x
+            width = bases[0].out_features
+            ys = [z[..., :width], *(base(x) for base in bases[1:])]
             if first < x.shape[1]:
-                for row in range(x.shape[0]):  # addmm_ takes 2-D views; decoding has one row
-                    y[row, first:].addmm_(t[row, first:], b)
-            return list(y.split(widths, dim=-1))
+                t = z[:, first:, width:]
+                for y, (b, cols) in zip(ys, outputs, strict=True):
+                    for row in range(x.shape[0]):  # addmm_ takes 2-D views; decoding has one
+                        y[row, first:].addmm_(t[row, :, cols], b)
+            return ys
         ys = [base(x) for base in bases]
         if self.rank and first < x.shape[1]:
             xm = x[:, first:]
@@ -106,16 +109,19 @@ class MaskAdapter(nn.Module):
         return ys
 
     def freeze(self, model: nn.Module, packed: bool = False) -> MaskAdapter:
-        """For decoding on `model` (the base causal LM, frozen): per layer and group (q, k and v
-        read the same input, so do gate and up), ONE linear whose weight stacks the group's base
-        weights and the adapter's A [g·r, in], and one B [g·r, Σ out] (block-diagonal, the scale
-        folded in) added on the mask rows. A forward then costs 4 linears and 4 small products a
-        layer instead of 7 linears and 11 small ops: on this repo's 2-core CPU the ops, not the
-        arithmetic, were what a 9-input SPACE forward paid for its adapter. `packed`: oneDNN
-        packed weights, as the base model's (packing.py), and only those kept. The stacked weights
-        are a second copy of the layers' weights (~0.4 GB for the embedded model); a real row's outputs are the same bits as its base linears' (the
-        kernel reduces each output over the same inputs in the same order; tested). The weights
-        must not change afterwards (`load_adapter` hands out frozen adapters)."""
+        """For decoding on `model` (the base causal LM, frozen): per layer and input-sharing group
+        (q, k and v read the same input, so do gate and up), the first projection's base weight
+        and the group's A's stacked into ONE linear, and each B transposed with the scale folded
+        in, added in place on the mask rows. The A's then cost no op of their own: on this
+        repo's 2-core CPU the ops, not the arithmetic, were what a 9-input SPACE forward paid for
+        its adapter. The other base projections (k, v, up) stay the model's own, so a layer runs
+        as many base linears as a plain forward does: the speedup over autoregressive owes
+        nothing to stacking base weights (stacking q, k, v and gate, up too would make every
+        forward ~5% cheaper, the baseline's included). `packed`: oneDNN packed weights, as the
+        base model's (packing.py), and only those kept. A real row's outputs are the same bits
+        as the base linear's (the kernel reduces each output over the same inputs in the same
+        order; tested). The weights must not change afterwards (`load_adapter` hands out frozen
+        adapters)."""
         if not self.rank or self.fused is not None:
             return self
         r = self.rank
@@ -123,36 +129,34 @@ class MaskAdapter(nn.Module):
             self.fused = []
             for i, layer in enumerate(model.model.layers):
                 attn, mlp = layer.self_attn, layer.mlp
-                bases = {
-                    "q": attn.q_proj,
-                    "k": attn.k_proj,
-                    "v": attn.v_proj,
+                first = {
+                    "qkv": attn.q_proj,
                     "o": attn.o_proj,
-                    "gate": mlp.gate_proj,
-                    "up": mlp.up_proj,
+                    "gate_up": mlp.gate_proj,
                     "down": mlp.down_proj,
                 }
                 groups = {}
                 for group, names in GROUPS.items():
+                    base = first[group]
                     a = [self.lora[f"{i}_{n}_A"] for n in names]
-                    b = [self.lora[f"{i}_{n}_B"] * self.scale for n in names]
-                    widths = [bases[n].out_features for n in names]
-                    weight = torch.cat([*(bases[n].weight for n in names), *a])
-                    has_bias = any(bases[n].bias is not None for n in names)
-                    linear = nn.Linear(*weight.shape[::-1], bias=has_bias, device="meta")
+                    weight = torch.cat([base.weight, *a])
+                    linear = nn.Linear(
+                        *weight.shape[::-1], bias=base.bias is not None, device="meta"
+                    )
                     linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
-                    if has_bias:  # A adds no bias
-                        bias = [
-                            bases[n].bias if bases[n].bias is not None else weight.new_zeros(w)
-                            for n, w in zip(names, widths, strict=True)
-                        ]
-                        linear.bias = nn.Parameter(
-                            torch.cat([*bias, weight.new_zeros(len(names) * r)]),
-                            requires_grad=False,
-                        )
+                    if base.bias is not None:  # A adds no bias
+                        bias = torch.cat([base.bias, base.bias.new_zeros(len(names) * r)])
+                        linear.bias = nn.Parameter(bias.detach(), requires_grad=False)
                     if packed:
                         linear = PackedLinear(linear, keep_weight=False)
-                    groups[group] = (linear, widths, torch.block_diag(*b).T.contiguous())
+                    outputs = [
+                        (
+                            (self.lora[f"{i}_{n}_B"] * self.scale).T.contiguous(),
+                            slice(j * r, (j + 1) * r),
+                        )
+                        for j, n in enumerate(names)
+                    ]
+                    groups[group] = (linear, outputs)
                 self.fused.append(groups)
         return self
 
