@@ -118,7 +118,8 @@ class MaskAdapter(nn.Module):
         as many base linears as a plain forward does: the speedup over autoregressive owes
         nothing to stacking base weights (stacking q, k, v and gate, up too would make every
         forward ~5% cheaper, the baseline's included). `packed`: oneDNN packed weights, as the
-        base model's (packing.py), and only those kept. A real row's outputs are the same bits
+        base model's (packing.py), and only those kept (a second copy of the first projections'
+        weights: ~0.3 GB for the embedded model). A real row's outputs are the same bits
         as the base linear's (the kernel reduces each output over the same inputs in the same
         order; tested). The weights must not change afterwards (`load_adapter` hands out frozen
         adapters)."""

@@ -121,8 +121,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     context = list(prompt_ids)
     yield from settle_chain(cache, context, [], out.logits[n - 1 : n], sampler, budget, 0)
     guesses, q_rows = _guesses(out.logits[n:], sampler)
-    top, p = _tops(out.logits[n:])
-    yield MaskGroups(0, 0, (), (top,), (p,), 0, tuple(guesses))
+    if cfg.detail:
+        top, p = _tops(out.logits[n:])
+        yield MaskGroups(0, 0, (), (top,), (p,), 0, tuple(guesses))
 
     step = 0
     while not budget.done:
@@ -156,16 +157,17 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         a = len(verdict.accepted)
         groups = [out.logits[m + 1 + g * k : m + 1 + (g + 1) * k] for g in range(m + 1)]
         guesses, q_rows = _guesses(groups[a], sampler)
-        tops = [_tops(g) for g in groups]
-        yield MaskGroups(  # before the Commit: a page drawn at any Commit has this step's relay
-            step,
-            len(context) - len(prompt_ids),
-            tuple(cands),
-            tuple(t for t, _ in tops),
-            tuple(p for _, p in tops),
-            a,
-            tuple(guesses),
-        )
+        if cfg.detail:  # the relay view's: every group's top guesses (a softmax per mask row)
+            tops = [_tops(g) for g in groups]
+            yield MaskGroups(  # before the Commit: a page drawn at any Commit has this relay
+                step,
+                len(context) - len(prompt_ids),
+                tuple(cands),
+                tuple(t for t, _ in tops),
+                tuple(p for _, p in tops),
+                a,
+                tuple(guesses),
+            )
         yield commit(step, verdict, budget, context)
 
 
