@@ -325,10 +325,11 @@ def test_speedup_bars_are_green_only_for_lossless_rows_identical_to_greedy():
         "speedup (×), output differs from greedy",
         "speedup (×), lossy method",
     ]
-    # The 1× line runs under the bars and their value texts (a bar ending near 1 drew its
-    # "0.98×" across it).
+    # The 1× line runs under the bars, and a bar ending just short of it carries its value inside
+    # (written outside, "0.98×" ran across the line).
     (line,) = fig.layout.shapes
     assert line.x0 == 1.0 and line.layer == "below"
+    assert list(fig.data[0].textposition) == ["outside", "inside", "outside", "outside", "outside"]
     # Without red or amber rows, no swatch and no room kept for them.
     plain = speedup_chart(rows[:2])
     assert len(plain.data) == 2 and plain.layout.margin.t < fig.layout.margin.t
