@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -57,8 +58,11 @@ def read_card(path: Path) -> dict:
 
 
 # Loaded artifacts are shared read-only by every run (each decode keeps its own caches); the lock
-# makes concurrent first uses load a file once.
-_loaded: dict[tuple, nn.Module] = {}
+# makes concurrent first uses load a file once. Kept per model object, not per model id: an
+# artifact copies from the model it was loaded for (the LM head's rows, SPACE's stacked weights),
+# and two bundles of one id may hold different weights (a test's doctored copy); an artifact
+# goes when its model does.
+_loaded: weakref.WeakKeyDictionary[nn.Module, dict[tuple, nn.Module]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -73,14 +77,15 @@ def load_artifact(
     """The module saved at `path`, built by `build(state)` for `bundle`'s config, in the target's
     device and dtype, frozen, with `lm_head` = the target's LM head cut to its `vocab` buffer.
     `drafts`: the module only proposes tokens the target verifies, so it may run in the cheaper
-    `bundle.draft_dtype` (packing.draft_dtype). Cached per (model, file, device, dtype). A missing
-    or ill-fitting file is an InvalidParameter that says how to train one."""
+    `bundle.draft_dtype` (packing.draft_dtype). Cached per (loaded model, file, device, dtype). A
+    missing or ill-fitting file is an InvalidParameter that says how to train one."""
     dtype = bundle.drafting_dtype if drafts else bundle.dtype
-    key = (bundle.model_id, str(path), str(bundle.device), str(dtype))
+    key = (str(path), str(bundle.device), str(dtype))
     with _lock:
-        if key not in _loaded:
-            _loaded[key] = _load(bundle, path, build, what, train_hint, dtype)
-        return _loaded[key]  # type: ignore[return-value]
+        loaded = _loaded.setdefault(bundle.model, {})
+        if key not in loaded:
+            loaded[key] = _load(bundle, path, build, what, train_hint, dtype)
+        return loaded[key]  # type: ignore[return-value]
 
 
 def _load(bundle, path: Path, build, what: str, train_hint: str, dtype: torch.dtype) -> nn.Module:

@@ -19,6 +19,7 @@ Training (`python -m decoders.train space`) and decoding (`decoders/space.py`) b
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,9 +76,10 @@ class MaskAdapter(nn.Module):
                 nn.init.kaiming_uniform_(a, a=5**0.5)
                 self.lora[f"{layer}_{name}_A"] = nn.Parameter(a)
                 self.lora[f"{layer}_{name}_B"] = nn.Parameter(torch.zeros(n_out, rank))
-        # set by freeze(): per layer, group -> (the first base and the A's in one linear,
-        # [(B scaled and transposed, the A rows it reads), ...])
-        self.fused: list[dict[str, tuple[nn.Module, list]]] | None = None
+        # set by freeze(): per layer, group -> (packed: the first base and the A's in one
+        # linear, else None; the A's stacked [in, g·r]; [(B scaled, transposed; its A rows)])
+        self.fused: list[dict[str, tuple[nn.Module | None, torch.Tensor, list]]] | None = None
+        self.frozen_for: weakref.ref | None = None  # the model `fused` was built for
 
     @classmethod
     def from_state(cls, config, state: dict[str, torch.Tensor]) -> MaskAdapter:
@@ -89,13 +91,17 @@ class MaskAdapter(nn.Module):
     ) -> list[torch.Tensor]:
         """The base linears of one input-sharing `group` (GROUPS) on x, each plus the adapter's
         low-rank update on the mask rows, x[:, first:]."""
-        if self.fused is not None:  # frozen: the first base and the group's A in one linear
-            linear, outputs = self.fused[layer][group]
-            z = linear(x)  # [b, n, out + g·r]: every row's first base output, then A x
-            width = bases[0].out_features
-            ys = [z[..., :width], *(base(x) for base in bases[1:])]
-            if first < x.shape[1]:
+        if self.fused is not None:  # frozen: one product for the group's A's, each B in place
+            stacked, a, outputs = self.fused[layer][group]
+            if stacked is not None:  # packed: the A's ride in the first base projection's linear
+                z = stacked(x)  # [b, n, out + g·r]: every row's first base output, then A x
+                width = bases[0].out_features
+                ys = [z[..., :width], *(base(x) for base in bases[1:])]
                 t = z[:, first:, width:]
+            else:
+                ys = [base(x) for base in bases]
+                t = x[:, first:] @ a  # [b, m, g·r]
+            if first < x.shape[1]:
                 for y, (b, cols) in zip(ys, outputs, strict=True):
                     for row in range(x.shape[0]):  # addmm_ takes 2-D views; decoding has one
                         y[row, first:].addmm_(t[row, :, cols], b)
@@ -109,22 +115,29 @@ class MaskAdapter(nn.Module):
         return ys
 
     def freeze(self, model: nn.Module, packed: bool = False) -> MaskAdapter:
-        """For decoding on `model` (the base causal LM, frozen): per layer and input-sharing group
-        (q, k and v read the same input, so do gate and up), the first projection's base weight
-        and the group's A's stacked into ONE linear, and each B transposed with the scale folded
-        in, added in place on the mask rows. The A's then cost no op of their own: on this
-        repo's 2-core CPU the ops, not the arithmetic, were what a 9-input SPACE forward paid for
-        its adapter. The other base projections (k, v, up) stay the model's own, so a layer runs
-        as many base linears as a plain forward does: the speedup over autoregressive owes
-        nothing to stacking base weights (stacking q, k, v and gate, up too would make every
-        forward ~5% cheaper, the baseline's included). `packed`: oneDNN packed weights, as the
-        base model's (packing.py), and only those kept (a second copy of the first projections'
-        weights: ~0.3 GB for the embedded model). A real row's outputs are the same bits
-        as the base linear's (the kernel reduces each output over the same inputs in the same
-        order; tested). The weights must not change afterwards (`load_adapter` hands out frozen
-        adapters)."""
-        if not self.rank or self.fused is not None:
+        """For decoding on `model` (the base causal LM, frozen; the adapter then serves it only):
+        per layer and input-sharing group (q, k and v read the same input, so do gate and up),
+        the group's A's stacked [in, g·r] for one product, and each B transposed with the scale
+        folded in, added in place on the mask rows.
+
+        `packed` (oneDNN, the CPU path; packing.py): the stacked A's join the packed linear of
+        the group's first base projection (q, o, gate, down), so they cost no op of their own:
+        on this repo's 2-core CPU the ops, not the arithmetic, were what a 9-input SPACE forward
+        paid for its adapter. That linear is a second, packed-only copy of those weights (~0.3 GB
+        for the embedded model); a real row's outputs are the same bits as the base linear's (the
+        kernel reduces each output over the same inputs in the same order; tested). The other
+        base projections (k, v, up) stay the model's own, so a layer runs as many base linears
+        as a plain forward does: the speedup over autoregressive owes nothing to stacking base
+        weights (stacking q, k, v and gate, up too would make every forward ~5% cheaper, the
+        baseline's included). Unpacked (a GPU), no weight is copied and every base projection
+        is the model's own."""
+        if self.fused is not None:
+            if self.frozen_for is None or self.frozen_for() is not model:
+                raise RuntimeError("this mask adapter was frozen for another model")
             return self
+        if not self.rank:
+            return self
+        self.frozen_for = weakref.ref(model)  # not an attribute module: not in state_dict
         r = self.rank
         with torch.no_grad():
             self.fused = []
@@ -138,18 +151,8 @@ class MaskAdapter(nn.Module):
                 }
                 groups = {}
                 for group, names in GROUPS.items():
-                    base = first[group]
-                    a = [self.lora[f"{i}_{n}_A"] for n in names]
-                    weight = torch.cat([base.weight, *a])
-                    linear = nn.Linear(
-                        *weight.shape[::-1], bias=base.bias is not None, device="meta"
-                    )
-                    linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
-                    if base.bias is not None:  # A adds no bias
-                        bias = torch.cat([base.bias, base.bias.new_zeros(len(names) * r)])
-                        linear.bias = nn.Parameter(bias.detach(), requires_grad=False)
-                    if packed:
-                        linear = PackedLinear(linear, keep_weight=False)
+                    a = torch.cat([self.lora[f"{i}_{n}_A"] for n in names])  # [g·r, in]
+                    stacked = _stacked(first[group], a) if packed else None
                     outputs = [
                         (
                             (self.lora[f"{i}_{n}_B"] * self.scale).T.contiguous(),
@@ -157,9 +160,21 @@ class MaskAdapter(nn.Module):
                         )
                         for j, n in enumerate(names)
                     ]
-                    groups[group] = (linear, outputs)
+                    groups[group] = (stacked, a.T.contiguous(), outputs)
                 self.fused.append(groups)
         return self
+
+
+def _stacked(base: nn.Module, a: torch.Tensor) -> PackedLinear:
+    """One packed linear computing [base(x), A x]: the base's weight with A's rows under it (A
+    adds no bias). Only the packed copy is kept."""
+    weight = torch.cat([base.weight, a])
+    linear = nn.Linear(*weight.shape[::-1], bias=base.bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if base.bias is not None:
+        bias = torch.cat([base.bias, base.bias.new_zeros(a.shape[0])])
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    return PackedLinear(linear, keep_weight=False)
 
 
 def masked_forward(

@@ -71,14 +71,16 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, keep_weight: bool = True) -> None:
         """keep_weight=False: only the packed copy stays (an inference-only linear built for
-        decoding, e.g. SPACE's stacked one: no state_dict, no gradients, half the memory)."""
+        decoding, e.g. SPACE's stacked one: its weight is not saved, takes no gradients, and
+        costs half the memory)."""
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
         self.register_buffer("packed_weight", packed, persistent=False)
-        # The plain weight stays too, so state_dict / save_pretrained / tied embeddings still work.
+        # The plain weight stays too (unless asked not to), so state_dict / save_pretrained / tied
+        # embeddings still work.
         self.weight = linear.weight if keep_weight else None
         self.bias = linear.bias
 

@@ -23,7 +23,7 @@ from test_speculative import (
 
 import decoders.space as space
 from conftest import PROMPTS, one_thread, oracle_masks
-from decoders import InvalidParameter, generate
+from decoders import InvalidParameter, generate, models
 from decoders.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
 from decoders.mask_model import MaskAdapter, load_adapter, masked_forward
 from decoders.train import space as trainer
@@ -117,10 +117,13 @@ def test_real_rows_never_see_the_adapter(tiny):
     torch.testing.assert_close(tiny.model.lm_head(out["loud"][real]), plain, atol=1e-4, rtol=1e-4)
 
 
-def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny):
-    """Decoding's adapter (frozen: each group's A's stacked under its first base projection, in
-    one linear) gives the mask rows the per-projection adapter's values, and the real rows the
-    same bits as the base linears."""
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny, packed):
+    """Decoding's adapter (frozen: each group's A's stacked for one product; packed, under the
+    group's first base projection in one linear) gives the mask rows the per-projection adapter's
+    values, and the real rows the same bits as the base linears."""
+    if packed and not tiny.packed:
+        pytest.skip("no oneDNN packing in this torch build")
     torch.manual_seed(2)
     trained = MaskAdapter(tiny.model.config, 3, 4, 8)
     with torch.no_grad():
@@ -128,12 +131,15 @@ def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny):
             p.normal_(0, 0.3)
     frozen = MaskAdapter(tiny.model.config, 3, 4, 8)
     frozen.load_state_dict(trained.state_dict())
-    frozen.requires_grad_(False).freeze(tiny.model, tiny.packed)
+    frozen.requires_grad_(False).freeze(tiny.model, packed)
     assert trained.fused is None and len(frozen.fused) == tiny.n_layers
-    linear, outputs = frozen.fused[0]["qkv"]
-    # q's base weight and the three A's in one linear (k and v stay the model's own linears).
-    assert (linear.out_features, linear.in_features) == (64 + 3 * 4, 64)
-    assert [b.shape for b, _ in outputs] == [(4, 64), (4, 32), (4, 32)]
+    stacked, a, outputs = frozen.fused[0]["qkv"]
+    assert a.shape == (64, 3 * 4) and [b.shape for b, _ in outputs] == [(4, 64), (4, 32), (4, 32)]
+    if packed:  # q's base weight and the three A's in one linear (k, v: the model's own)
+        assert (stacked.out_features, stacked.in_features) == (64 + 3 * 4, 64)
+    else:  # no copy of a base weight
+        assert stacked is None
+    assert frozen.state_dict().keys() == trained.state_dict().keys()  # nothing new to save
     ids = tiny.encode(PROMPTS[0], chat=False)
     real, positions, mask, _ = space.layout(3, 3, 0)
     tokens = torch.tensor([[*ids[:4], *[0] * 12]])
@@ -145,6 +151,19 @@ def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny):
     assert torch.equal(one[real], fused[real])
     torch.testing.assert_close(one[4:], fused[4:], atol=1e-4, rtol=1e-4)  # summed in another order
     assert not torch.allclose(one[4:], fused[4:].roll(1, 0))  # the mask rows do differ
+    # It serves the model it copied from, and no other.
+    assert frozen.freeze(tiny.model, packed) is frozen
+    with pytest.raises(RuntimeError, match="another model"):
+        frozen.freeze(models._load("tiny-random", torch.device("cpu"), torch.float32).model)
+
+
+def test_a_loaded_adapter_belongs_to_the_model_object_it_was_loaded_for(tiny):
+    """Artifacts are cached per loaded model, not per model id: a second bundle of the same id
+    with other weights gets its own adapter, frozen for its own weights."""
+    private = models._load("tiny-random", torch.device("cpu"), torch.float32)
+    mine, theirs = load_adapter(tiny), load_adapter(private)
+    assert mine is load_adapter(tiny) and theirs is not mine
+    assert mine.frozen_for() is tiny.model and theirs.frozen_for() is private.model
 
 
 @pytest.fixture()

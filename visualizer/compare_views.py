@@ -39,6 +39,7 @@ PALETTE = (
     "#283593",  # navy
 )  # 16 hues or shades apart: Compare's default preset (15 rows) never repeats one
 REFERENCE_COLOUR = "#78909c"
+INK = "#263238"  # text on a pale or amber bar
 LOSSY_COLOUR = "#ef8f00"  # a lossy method's speedup bar: never the lossless green
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
 
@@ -106,7 +107,8 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             marker_color=colours,
             text=[fmt_speedup(x) for x in speedups],
             textposition=_text_positions(speedups),
-            insidetextfont=dict(color="white"),
+            # Written inside: white on green and red, dark on amber (white on it is hard to read).
+            insidetextfont=dict(color=[INK if c == LOSSY_COLOUR else "white" for c in colours]),
             cliponaxis=False,
             hovertemplate="%{y}<br>%{x:.2f}× over autoregressive<extra></extra>",
         )
@@ -120,6 +122,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             marker_color="#90caf9",
             text=[fmt_ratio(x) for x in per_forward],
             textposition=_text_positions(per_forward),
+            insidetextfont=dict(color=INK),
             cliponaxis=False,
             hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
         )

@@ -40,7 +40,11 @@ def relay(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Fi
     if groups is None:
         if any(isinstance(e, MaskGroups) for e in events):
             return _empty(title, f"no mask groups at step {step}", 220)
-        return _empty(title, "this trace has no SPACE relay (not a SPACE run)", 220)
+        return _empty(
+            title,
+            "this trace has no SPACE relay (not a SPACE run, or recorded without detail)",
+            220,
+        )
     verify = _at(events, Verify, step)
     commit = _at(events, Commit, step)
     cands = list(groups.candidates)
