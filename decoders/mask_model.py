@@ -97,11 +97,10 @@ class MaskAdapter(nn.Module):
                 z = stacked(x)  # [b, n, out + g·r]: every row's first base output, then A x
                 width = bases[0].out_features
                 ys = [z[..., :width], *(base(x) for base in bases[1:])]
-                t = z[:, first:, width:]
             else:
                 ys = [base(x) for base in bases]
-                t = x[:, first:] @ a  # [b, m, g·r]
             if first < x.shape[1]:
+                t = z[:, first:, width:] if stacked is not None else x[:, first:] @ a  # [b, m, g·r]
                 for y, (b, cols) in zip(ys, outputs, strict=True):
                     for row in range(x.shape[0]):  # addmm_ takes 2-D views; decoding has one
                         y[row, first:].addmm_(t[row, :, cols], b)

@@ -289,7 +289,7 @@ def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
     rows = compared[-1].rows
     fig = speedup_chart(rows)
     speed, per_forward, *swatches = fig.data
-    # Rows of lossless methods whose output is not greedy's are red, lossy rows amber, and the
+    # Rows of lossless methods whose output is not greedy's are red, lossy rows purple, and the
     # legend says so.
     differ = any(not r["identical"] and not r.get("lossy") for r in rows)
     assert [t.name for t in swatches] == (
@@ -316,7 +316,7 @@ def test_speedup_bars_are_green_only_for_lossless_rows_identical_to_greedy():
         row("autoregressive", 1.0, True),
         row("jacobi", 0.98, True),
         row("prompt_lookup", 1.2, False),
-        row("calm:lambda=0.9", 1.4, True, lossy=True),  # matched greedy this time: still amber
+        row("calm:lambda=0.9", 1.4, True, lossy=True),  # matched greedy this time: still purple
         row("mask_predict", 2.0, False, lossy=True),
     ]
     fig = speedup_chart(rows)
@@ -330,7 +330,7 @@ def test_speedup_bars_are_green_only_for_lossless_rows_identical_to_greedy():
     (line,) = fig.layout.shapes
     assert line.x0 == 1.0 and line.layer == "below"
     assert list(fig.data[0].textposition) == ["outside", "inside", "outside", "outside", "outside"]
-    # Without red or amber rows, no swatch and no room kept for them.
+    # Without red or purple rows, no swatch and no room kept for them.
     plain = speedup_chart(rows[:2])
     assert len(plain.data) == 2 and plain.layout.margin.t < fig.layout.margin.t
 

@@ -39,8 +39,10 @@ PALETTE = (
     "#283593",  # navy
 )  # 16 hues or shades apart: Compare's default preset (15 rows) never repeats one
 REFERENCE_COLOUR = "#78909c"
-INK = "#263238"  # text on a pale or amber bar
-LOSSY_COLOUR = "#ef8f00"  # a lossy method's speedup bar: never the lossless green
+# A speedup bar says what the lossless badge says (visualizer.tokens): identical to greedy,
+# differs, or lossy (the badge's purple, deeper).
+IDENTICAL_COLOUR, DIFFERS_COLOUR, LOSSY_COLOUR = "#2e7d32", "#c62828", "#8e24aa"
+INK = "#263238"  # a value written inside a pale bar
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
 
 
@@ -89,12 +91,11 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     labels = [wrap_label(str(r["method"])) for r in rows]
     speedups = [float(r["speedup"]) for r in rows]
     per_forward = [float(r["tokens_per_target_forward"]) for r in rows]
-    # Green only for a lossless method whose output is greedy's: a lossy one is amber even when
-    # this run happened to match (its agreement is luck, not a guarantee); red: it differs.
+    # A lossy method is never green, even when this run happened to match greedy.
     colours = [
-        "#c62828"
-        if r.get("identical") is False and not r.get("lossy")
-        else (LOSSY_COLOUR if r.get("lossy") else "#2e7d32")
+        LOSSY_COLOUR
+        if r.get("lossy")
+        else (DIFFERS_COLOUR if r.get("identical") is False else IDENTICAL_COLOUR)
         for r in rows
     ]
     fig = go.Figure()
@@ -107,8 +108,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             marker_color=colours,
             text=[fmt_speedup(x) for x in speedups],
             textposition=_text_positions(speedups),
-            # Written inside: white on green and red, dark on amber (white on it is hard to read).
-            insidetextfont=dict(color=[INK if c == LOSSY_COLOUR else "white" for c in colours]),
+            insidetextfont=dict(color="white"),
             cliponaxis=False,
             hovertemplate="%{y}<br>%{x:.2f}× over autoregressive<extra></extra>",
         )
@@ -127,10 +127,10 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
         )
     )
-    # The legend names the red and amber bars too: legend-only swatches (scatters: an empty bar
+    # The legend names the red and purple bars too: legend-only swatches (scatters: an empty bar
     # trace would still take a slot in every row's group).
-    if "#c62828" in colours:
-        fig.add_trace(_swatch("#c62828", "speedup (×), output differs from greedy"))
+    if DIFFERS_COLOUR in colours:
+        fig.add_trace(_swatch(DIFFERS_COLOUR, "speedup (×), output differs from greedy"))
     if LOSSY_COLOUR in colours:
         fig.add_trace(_swatch(LOSSY_COLOUR, "speedup (×), lossy method"))
     # Under the bars (a value written past a bar that ends just short of 1 goes inside it instead).
@@ -147,7 +147,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     title = "Speedup over autoregressive"
     # Each swatch past the two bars' entries may wrap the legend onto one more row on a phone,
     # which grows upwards: room for it.
-    room = 88 + 22 * ("#c62828" in colours) + 22 * (LOSSY_COLOUR in colours)
+    room = 88 + 22 * (DIFFERS_COLOUR in colours) + 22 * (LOSSY_COLOUR in colours)
     return _layout(fig, title, 62 + room + band * len(rows), top=room, legend_on_top=True)
 
 
