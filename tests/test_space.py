@@ -322,6 +322,28 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(tiny, states):
     assert sum(float(after[f"top1_m{j}"]) for j in (1, 2, 3)) > 0.3
 
 
+def test_mask_decay_weighs_each_mask_s_rows_by_its_power(tiny, states):
+    batch = windows(states, list(range(len(states.starts))), 32)[:2]
+    torch.manual_seed(0)
+    adapter = MaskAdapter(tiny.model.config, 3, 4, 8)
+    with torch.no_grad():
+        logits, target, valid = trainer.run_masks(tiny, adapter, states, batch, 4, random.Random(0))
+        p = torch.softmax(tiny.model.lm_head(target), -1)
+        ce = -(p * torch.log_softmax(logits, -1)).sum(-1)  # [b, G·k]
+        mask_of = torch.arange(ce.shape[1]) % 3
+        per_mask = [ce[valid & (mask_of == j)].mean() for j in range(3)]
+        alike = trainer.losses(tiny.model.lm_head, logits, target, valid, 3)
+        first = trainer.losses(tiny.model.lm_head, logits, target, valid, 3, decay=0.0)
+        half = trainer.losses(tiny.model.lm_head, logits, target, valid, 3, decay=0.5)
+    torch.testing.assert_close(alike["loss"], ce[valid].mean())
+    torch.testing.assert_close(first["loss"], per_mask[0])  # 0^0 = 1: mask 1 alone
+    n = [int((valid & (mask_of == j)).sum()) for j in range(3)]
+    w = [0.5**j * n[j] for j in range(3)]
+    expected = sum(wj * m for wj, m in zip(w, per_mask, strict=True)) / sum(w)
+    torch.testing.assert_close(half["loss"], expected)
+    assert alike["top1_m1"] == first["top1_m1"]  # agreement is not weighted
+
+
 def test_full_sft_lowers_the_loss_and_leaves_the_shared_model_alone(tiny, states):
     """(b), the paper's SFT: every weight of a copy learns; the served model is never touched."""
     batch = windows(states, list(range(len(states.starts))), 32)[:2]

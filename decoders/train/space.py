@@ -56,6 +56,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--groups", type=int, default=16, help="mask groups (cut points) per window")
     g.add_argument("--window", type=int, default=192, help="real tokens per window")
     g.add_argument(
+        "--mask-decay",
+        type=float,
+        default=1.0,
+        help="mask j's loss weighs decay^j (1: every mask alike; < 1: the early guesses, which "
+        "decide how many are accepted, count more)",
+    )
+    g.add_argument(
         "--mask-lr",
         type=float,
         default=1e-3,
@@ -143,15 +150,21 @@ def run_masks(bundle, adapter: MaskAdapter, states: States, spans, groups: int, 
     return bundle.model.lm_head(feats), target, valid.to(dev)
 
 
-def losses(lm_head, logits, target_feats, valid, k: int) -> dict[str, torch.Tensor]:
-    """Soft cross-entropy against the base model's distribution; top-1 agreement per mask."""
+def losses(
+    lm_head, logits, target_feats, valid, k: int, decay: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """Soft cross-entropy against the base model's distribution, mask j's rows weighted decay^j
+    (a weighted mean: decay 1 weighs every row alike); top-1 agreement per mask. A later guess
+    counts only once every guess before it was accepted, so decay < 1 spends the adapter's
+    capacity where acceptance is decided (Medusa weighs its heads the same way)."""
     with torch.no_grad():
         target = torch.softmax(lm_head(target_feats[valid]), -1)
     rows = logits[valid]
-    ce = -(target * torch.log_softmax(rows, -1)).sum(-1).mean()
-    hit = (rows.argmax(-1) == target.argmax(-1)).float()
     which = (torch.arange(logits.shape[1], device=logits.device) % k)[None].expand_as(valid)[valid]
-    out = {"loss": ce}
+    weight = decay ** which.to(rows.dtype)
+    ce = -(target * torch.log_softmax(rows, -1)).sum(-1)
+    hit = (rows.argmax(-1) == target.argmax(-1)).float()
+    out = {"loss": (weight * ce).sum() / weight.sum()}
     for j in range(k):
         out[f"top1_m{j + 1}"] = hit[which == j].mean() if (which == j).any() else hit.sum() * 0
     return out
@@ -185,6 +198,7 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
             bundle.model.lm_head,
             *run_masks(bundle, adapter, states, batch, args.groups, draw),
             args.k,
+            args.mask_decay,
         )
 
     def evaluate() -> dict[str, float]:
@@ -223,6 +237,7 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
             "rank": args.rank,
             "alpha": args.alpha,
             "groups_per_window": args.groups,
+            "mask_decay": args.mask_decay,
             "parameters": sum(p.numel() for p in adapter.parameters()),
             "held_out_top1": result["held_out"],
             "train_tokens": sum(b - a for a, b in spans),
@@ -293,11 +308,13 @@ def run_full(sft: FullSFT, original, states: States, spans, groups: int, rng: ra
     )
 
 
-def full_losses(lm_head, real_logits, real_target, real_valid, *mask_part, k: int):
+def full_losses(
+    lm_head, real_logits, real_target, real_valid, *mask_part, k: int, decay: float = 1.0
+):
     """The masks' loss (as the frozen variant) plus the real rows' soft cross-entropy to the
     original model, which keeps the tuned model near it (the paper mixes in plain SFT data);
     `real_top1` = how often the tuned model's own next token is still the original's."""
-    out = losses(lm_head, *mask_part, k)
+    out = losses(lm_head, *mask_part, k, decay)
     with torch.no_grad():
         target = torch.softmax(lm_head(real_target[real_valid]), -1)
     rows = real_logits[real_valid]
@@ -327,7 +344,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
 
     def step_loss(batch):
         out = run_full(sft, bundle, states, batch, args.groups, draw)
-        return full_losses(head, *out, k=args.k)
+        return full_losses(head, *out, k=args.k, decay=args.mask_decay)
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
@@ -362,6 +379,7 @@ def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dic
             "variant": "full SFT (every weight, no LoRA)",
             "k": args.k,
             "groups_per_window": args.groups,
+            "mask_decay": args.mask_decay,
             "parameters": sum(p.numel() for p in sft.parameters()),
             "held_out_top1": result["held_out"],
             "train_tokens": sum(b - a for a, b in spans),
