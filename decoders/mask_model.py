@@ -59,6 +59,9 @@ def _shapes(config) -> dict[str, tuple[int, int]]:
     }
 
 
+FusedGroup = tuple[nn.Module | None, torch.Tensor | None, list]  # see MaskAdapter.fused
+
+
 class MaskAdapter(nn.Module):
     """The trained part: the [MASK] embedding `mask` [d], and per layer and projection a LoRA pair
     `A` [r, in], `B` [out, r] scaled by alpha / r. B starts at zero (LoRA's init), so an untrained
@@ -77,8 +80,9 @@ class MaskAdapter(nn.Module):
                 self.lora[f"{layer}_{name}_A"] = nn.Parameter(a)
                 self.lora[f"{layer}_{name}_B"] = nn.Parameter(torch.zeros(n_out, rank))
         # set by freeze(): per layer, group -> (packed: the first base and the A's in one
-        # linear, else None; the A's stacked [in, g·r]; [(B scaled, transposed; its A rows)])
-        self.fused: list[dict[str, tuple[nn.Module | None, torch.Tensor, list]]] | None = None
+        # linear, else None; unpacked: the A's stacked [in, g·r], else None (the packed linear
+        # has them); [(B scaled, transposed; its A rows)])
+        self.fused: list[dict[str, FusedGroup]] | None = None
         self.frozen_for: weakref.ref | None = None  # the model `fused` was built for
 
     @classmethod
@@ -159,7 +163,7 @@ class MaskAdapter(nn.Module):
                         )
                         for j, n in enumerate(names)
                     ]
-                    groups[group] = (stacked, a.T.contiguous(), outputs)
+                    groups[group] = (stacked, None if packed else a.T.contiguous(), outputs)
                 self.fused.append(groups)
         return self
 

@@ -134,11 +134,12 @@ def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny, packed):
     frozen.requires_grad_(False).freeze(tiny.model, packed)
     assert trained.fused is None and len(frozen.fused) == tiny.n_layers
     stacked, a, outputs = frozen.fused[0]["qkv"]
-    assert a.shape == (64, 3 * 4) and [b.shape for b, _ in outputs] == [(4, 64), (4, 32), (4, 32)]
+    assert [b.shape for b, _ in outputs] == [(4, 64), (4, 32), (4, 32)]
     if packed:  # q's base weight and the three A's in one linear (k, v: the model's own)
         assert (stacked.out_features, stacked.in_features) == (64 + 3 * 4, 64)
-    else:  # no copy of a base weight
-        assert stacked is None
+        assert a is None  # the A's live in that linear only
+    else:  # no copy of a base weight; the A's stacked for one product
+        assert stacked is None and a.shape == (64, 3 * 4)
     assert frozen.state_dict().keys() == trained.state_dict().keys()  # nothing new to save
     ids = tiny.encode(PROMPTS[0], chat=False)
     real, positions, mask, _ = space.layout(3, 3, 0)
