@@ -345,6 +345,16 @@ def test_mask_decay_weighs_each_mask_s_rows_by_its_power(tiny, states):
     assert alike["top1_m1"] == first["top1_m1"]  # agreement is not weighted
 
 
+@pytest.mark.parametrize("decay", ["-0.5", "1.5", "lots"])
+def test_a_mask_decay_outside_0_1_is_refused_before_any_work(decay, capsys):
+    from decoders.train.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["space", "--model", "tiny-random", "--mask-decay", decay])
+    assert exit_.value.code == 2
+    assert "--mask-decay" in capsys.readouterr().err
+
+
 def test_full_sft_lowers_the_loss_and_leaves_the_shared_model_alone(tiny, states):
     """(b), the paper's SFT: every weight of a copy learns; the served model is never touched."""
     batch = windows(states, list(range(len(states.starts))), 32)[:2]

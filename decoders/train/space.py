@@ -57,7 +57,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=int, default=192, help="real tokens per window")
     g.add_argument(
         "--mask-decay",
-        type=float,
+        type=_unit_interval,
         default=1.0,
         help="mask j's loss weighs decay^j (1: every mask alike; < 1: the early guesses, which "
         "decide how many are accepted, count more)",
@@ -75,6 +75,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "save the model with its mask to the model cache (--out: a directory); decoding is then "
         "lossless against that model",
     )
+
+
+def _unit_interval(text: str) -> float:
+    """--mask-decay: a weight ratio in [0, 1] (0: mask 1 alone; above 1 would favour late masks)."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: not in [0, 1]")
+    return value
 
 
 def group_layout(
