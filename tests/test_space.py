@@ -388,10 +388,11 @@ def test_a_fully_tuned_model_decodes_losslessly_against_its_own_greedy(tiny, sta
     prep = Prepared(tiny, Corpus([], []), states, docs[:-1], docs[-1:], 0.0)
     args = argparse.Namespace(
         k=3, groups=4, window=32, batch_size=2, epochs=1, lr=2e-3, mask_lr=1e-2, warmup=0.1, max_steps=4,
-        minutes=0.0, resume=False, seed=0, out=tmp_path / "sft",
+        minutes=0.0, resume=False, seed=0, out=tmp_path / "sft", mask_decay=0.8,
     )  # fmt: skip
     card = trainer.train_full(prep, args, ["space", "--full"])
     assert card["variant"].startswith("full SFT") and card["steps"] == 4
+    assert card["mask_decay"] == 0.8
     assert {f"top1_code_m{j}" for j in (1, 2, 3)} <= set(card["held_out_top1"])
     tuned = load_model(str(tmp_path / "sft"))
     assert load_adapter(tuned).rank == 0  # the mask alone: the model itself learned it
