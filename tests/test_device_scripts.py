@@ -182,3 +182,22 @@ def test_judge_compares_a_new_artifact_with_the_shipped_one(tmp_path, method):
         for k in ("code", "chat")
     ]
     assert any(moved), other  # speeds differ between any two runs: tokens per forward must
+
+
+@pytest.mark.parametrize(
+    ("value", "elapsed", "expected"),
+    [("auto", 300, "3.83"), ("2.1", 300, "2.1"), ("auto", 560, "0.10")],
+)
+def test_auto_minutes_fill_what_the_deadline_leaves(value, elapsed, expected):
+    """SPACE_MIN=auto (train.sh's default): the stage trains for the minutes the call's deadline
+    leaves, less its overhead (here 45 s), and never for less than 6 s."""
+    script = (ROOT / "scripts/device/train.sh").read_text()
+    body = re.search(r"^minutes\(\) \{.*?^\}$", script, re.S | re.M)
+    assert body, "train.sh defines minutes()"
+    run = subprocess.run(
+        ["bash", "-c", f'{body.group(0)}\nDEADLINE=575; SECONDS={elapsed}; minutes "{value}" 45'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout == expected
