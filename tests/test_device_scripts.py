@@ -195,7 +195,7 @@ def test_auto_minutes_fill_what_the_deadline_leaves(value, elapsed, expected):
     body = re.search(r"^minutes\(\) \{.*?^\}$", script, re.S | re.M)
     assert body, "train.sh defines minutes()"
     run = subprocess.run(
-        ["bash", "-c", f'{body.group(0)}\nDEADLINE=575; SECONDS={elapsed}; minutes "{value}" 45'],
+        ["bash", "-c", f'{body.group(0)}\nDEADLINE=575; NOW={elapsed}; minutes "{value}" 45'],
         capture_output=True,
         text=True,
         check=True,
