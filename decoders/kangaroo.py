@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import (
 from .artifacts import ASSETS, artifact_path, full_logits, load_artifact
 from .base import Budget, DecodeConfig
 from .errors import InvalidParameter
-from .events import DraftStop, Event, Forward, Prefill
+from .events import Draft, DraftStop, Event, Forward, Prefill
 from .models import ModelBundle, slug
 from .params import Param
 from .runtime import (
@@ -53,10 +53,11 @@ from .runtime import (
     forward_shallow,
     new_cache,
 )
-from .steps import chain_draft, settle_chain
-from .tree import chain, tree_mask
+from .steps import chain_draft, settle_chain, settle_tree
+from .tree import chain, tree_mask, tree_positions, with_root
 
 KIND = "kangaroo"
+MAX_SIBLINGS = 4
 
 
 class KangarooAdapter(nn.Module):
@@ -167,6 +168,16 @@ PARAMS = (
         1.0,
     ),
     Param("gamma", int, 6, "γ: most draft tokens per step", 1, 16),
+    Param(
+        "siblings",
+        int,
+        1,
+        "runners-up: at each drafted position, also verify the adapter's next most likely "
+        "tokens, as leaves of a small tree (they cost an input each, no draft forward); "
+        "0 = the paper's chain",
+        0,
+        MAX_SIBLINGS,
+    ),
 )
 
 
@@ -205,7 +216,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     p = cfg.params
     exit_layer = resolve_exit_layer(bundle, p["exit_layer"])  # ℓ
     adapter = load_adapter(bundle, exit_layer)
-    eta, gamma = p["eta"], p["gamma"]
+    eta, gamma, siblings = p["eta"], p["gamma"], p["siblings"]
     label = f"kangaroo: exit at layer {exit_layer} + adapter"
     sampler = cfg.sampler()
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
@@ -254,7 +265,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             behind = behind[:0]
             states.append(d_out.hidden[exit_layer])
             q = sampler.distribution(d_out.logits[-1])
-            feed = sampler.pick(d_out.logits[-1], q)
+            # With runners-up, verification treats drafts as point masses: draft the top token
+            feed = int(q.argmax()) if siblings else sampler.pick(d_out.logits[-1], q)
             draft.append(feed)
             q_rows.append(q)
             confidences.append(round(float(q.max()), 6))
@@ -267,11 +279,31 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 reason = "eos"
                 break
         yield DraftStop(step, eta, tuple(confidences), reason)
-        if draft:
+        # Runners-up (an extension, not the paper's): leaves beside each drafted token, read off
+        # the same draft distributions, so the tree costs inputs but no extra draft forward.
+        tokens, parents, probs = list(draft), list(chain(len(draft))), []
+        for j, q in enumerate(q_rows[: len(draft)] if siblings else ()):
+            for t in runners_up(q, draft[j], siblings):
+                tokens.append(t)
+                parents.append(j - 1)
+                probs.append(float(q[t]))
+        if len(tokens) > len(draft):
+            yield Draft(
+                step,
+                f"{label} + runners-up",
+                tuple(tokens),
+                tuple(parents),
+                tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
+                + tuple(round(v, 6) for v in probs),
+            )
+        elif draft:
             yield chain_draft(step, label, draft, q_rows)
 
         # Verify: layers ℓ+1..L only, on the states drafting left; the last draft token (x when
-        # nothing was drafted) has not been through layers 1..ℓ yet and runs them first.
+        # nothing was drafted) and the runners-up have not been through layers 1..ℓ yet and run
+        # them first.
+        leaves = tokens[len(draft) :]
+        tree = with_root(parents)
         v_out = forward_from(
             bundle,
             cache,
@@ -279,15 +311,29 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             exit_layer,
             step=step,
             kind="verify" if draft else "target",
-            tokens=[draft[-1] if draft else context[-1]],
+            tokens=[draft[-1] if draft else context[-1], *leaves],
+            positions=tree_positions(tree, in_cache) if leaves else None,
+            mask=tree_mask(tree, in_cache) if leaves else None,
         )
         yield v_out.event
-        verdict = yield from settle_chain(
-            cache, context, draft, v_out.logits, sampler, budget, step, q_rows
-        )
-        crop_cache(adapter_cache, in_cache + 1 + len(verdict.accepted))
-        if len(verdict.accepted) == len(draft):  # the last input was kept: the adapter owes it
-            behind = torch.cat([behind, v_out.hidden[exit_layer][-1:]])
+        if leaves or (siblings and not sampler.greedy):
+            # a tree, or a chain of point-mass drafts (the runners-up rule; none were left)
+            verdict = yield from settle_tree(
+                cache, context, tokens, parents, v_out.logits, sampler, budget, step
+            )
+        else:
+            verdict = yield from settle_chain(
+                cache, context, draft, v_out.logits, sampler, budget, step, q_rows
+            )
+        # The adapter holds x, d_1 .. d_{n-1}; the accepted path's last node may be one it has not
+        # read (d_n, or a runner-up): its layer-ℓ state rides along with the next adapter pass.
+        path = list(verdict.accepted)
+        read = [i for i in path if i < len(draft) - 1]
+        crop_cache(adapter_cache, in_cache + 1 + len(read))
+        owed = path[len(read) :] if draft else [-1]  # -1: x itself (nothing was drafted)
+        if owed:
+            row = 1 + owed[-1]
+            behind = torch.cat([behind, v_out.hidden[exit_layer][row : row + 1]])
 
 
 @torch.inference_mode()
@@ -324,6 +370,12 @@ def _draft_head(
         return full_logits(bundle, adapter.vocab, adapter.lm_head(feats[0, -1:]))
 
     return head
+
+
+def runners_up(q: torch.Tensor, drafted: int, n: int) -> list[int]:
+    """The n most likely tokens of the draft distribution q after `drafted` (none q rules out)."""
+    values, ids = torch.topk(q, n + 1)
+    return [int(t) for v, t in zip(values, ids, strict=True) if v > 0 and int(t) != drafted][:n]
 
 
 def _as(adapter: KangarooAdapter, h: torch.Tensor) -> torch.Tensor:

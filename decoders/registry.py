@@ -88,8 +88,9 @@ METHODS: dict[str, Method] = {
             title="Kangaroo (self-speculative, double early exit + adapter)",
             decode=kangaroo.decode,
             params=kangaroo.PARAMS,
-            # Liu et al. 2024: η = 0.6, γ = 6 (their code's threshold and steps); ℓ from the sweep
-            presets={"paper": {"eta": 0.6, "gamma": 6}},
+            # Liu et al. 2024: η = 0.6, γ = 6 (their code's threshold and steps), a chain (no
+            # runners-up); ℓ from the sweep
+            presets={"paper": {"eta": 0.6, "gamma": 6, "siblings": 0}},
             check=kangaroo.check,
             summary="The first ℓ layers and a small trained adapter draft; the remaining layers verify.",
             relaxable=True,

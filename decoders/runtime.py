@@ -303,6 +303,8 @@ def forward_from(
     step: int,
     kind: str,
     tokens: Tokens = (),
+    positions: Sequence[int] | None = None,
+    mask: torch.Tensor | None = None,
 ) -> ForwardResult:
     """Resume a forward at layer `depth`: `hidden` [m, d] are the layer-`depth` states of inputs
     whose KV for the first `depth` layers is already in `cache` (an early exit computed them);
@@ -310,7 +312,10 @@ def forward_from(
     first. Then all m + len(tokens) inputs run layers depth..L-1, the final norm and the LM head,
     at the positions right after what the deeper layers have cached. Returns every input's logits
     and their layer-`depth` states (`hidden[depth]`); Forward.layers counts the decoder layers
-    run: L when there were `tokens`, else L - depth."""
+    run: L when there were `tokens`, else L - depth.
+    positions / mask: for a tree (see `tree.py`), every input's position and the additive mask
+    [1, 1, m + k, past + m + k] over the deep layers' cache; `tokens` take its last k rows in the
+    shallow layers, whose cache already holds the m states' keys. Default: a causal chain."""
     inner = bundle.model.model
     past = cache.get_seq_length(depth)  # the deep layers hold the context, not the drafts
     m = hidden.shape[0]
@@ -319,19 +324,21 @@ def forward_from(
     assert not k or cache.get_seq_length(0) == past + m, "the shallow layers must hold the states"
     start = time.perf_counter()
     h = hidden.view(1, m, bundle.model.config.hidden_size).to(bundle.dtype)
+    pos = _positions(bundle, positions, past, m + k)
+    if mask is not None:
+        mask = mask.to(device=bundle.device, dtype=bundle.dtype)
     if k:
-        pos = _positions(bundle, None, past + m, k)
-        shallow = _run_layers(bundle, cache, inner.embed_tokens(ids), pos, range(depth))
+        shallow = _run_layers(
+            bundle,
+            cache,
+            inner.embed_tokens(ids),
+            pos[:, m:],
+            range(depth),
+            mask=None if mask is None else mask[:, :, m:],
+        )
         h = torch.cat([h, shallow], dim=1)
     states = h[0]
-    h = _run_layers(
-        bundle,
-        cache,
-        h,
-        _positions(bundle, None, past, m + k),
-        range(depth, bundle.n_layers),
-        depth,
-    )
+    h = _run_layers(bundle, cache, h, pos, range(depth, bundle.n_layers), depth, mask)
     logits = bundle.model.lm_head(inner.norm(h))[0]
     event = Forward(
         step=step,
@@ -350,19 +357,22 @@ def _positions(bundle: ModelBundle, positions, past: int, n: int) -> torch.Tenso
     return torch.as_tensor(positions, dtype=torch.long, device=bundle.device).view(1, -1)
 
 
-def _run_layers(bundle, cache, h, pos, layer_ids, mask_layer: int = 0) -> torch.Tensor:
+def _run_layers(
+    bundle, cache, h, pos, layer_ids, mask_layer: int = 0, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Decoder layers `layer_ids`, in order, on states h [1, n, d] at positions `pos`, causally
     against what `cache` holds for them (sized by layer `mask_layer`: layers of one split hold the
-    same tokens, the two sides of an exit may not)."""
+    same tokens, the two sides of an exit may not), or under the given additive `mask`."""
     inner = bundle.model.model
-    mask = create_causal_mask(
-        config=bundle.model.config,
-        inputs_embeds=h,
-        attention_mask=None,
-        **cache_arg(cache),
-        position_ids=pos,
-        layer_idx=mask_layer,
-    )
+    if mask is None:
+        mask = create_causal_mask(
+            config=bundle.model.config,
+            inputs_embeds=h,
+            attention_mask=None,
+            **cache_arg(cache),
+            position_ids=pos,
+            layer_idx=mask_layer,
+        )
     rope = inner.rotary_emb(h, position_ids=pos)
     for i in layer_ids:
         h = inner.layers[i](

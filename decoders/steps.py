@@ -250,19 +250,40 @@ def verify_tree(
     )
     yield out.event
     rows = torch.cat([out.logits[:1], out.logits[offset:]]) if extra else out.logits
+    verdict = yield from settle_tree(
+        cache, context, tokens, parents, rows, sampler, budget, step, offset
+    )
+    if wants:
+        drafter.observe(out.features[[0, *(offset + i for i in verdict.accepted)]])
+    return verdict, out.logits
+
+
+def settle_tree(
+    cache: DynamicCache,
+    context: list[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    logits: torch.Tensor,
+    sampler: Sampler,
+    budget: Budget,
+    step: int,
+    offset: int = 1,
+) -> Generator[Event, None, Verdict]:
+    """The verdict on a tree draft from the target's `logits` over [x, *tree] (a forward the
+    caller ran, e.g. one resumed at an exit layer; greedy: follow its argmax; sampling: the
+    multi-draft residual rule): the Verify event, the cache compacted to x and the accepted path
+    (the tree's first node sat at input `offset` of that forward), and the Commit."""
     if sampler.greedy:
-        verdict = greedy_tree(tokens, parents, rows, sampler.relax)
+        verdict = greedy_tree(tokens, parents, logits, sampler.relax)
     else:
-        verdict = sample_tree(tokens, parents, rows, sampler)
+        verdict = sample_tree(tokens, parents, logits, sampler)
     verdict = ended_at_eos(verdict, budget.eos_ids)
     if tokens:
         yield verify_event(step, verdict)
-    kept = [0, *(offset + i for i in verdict.accepted)]
-    keep_cache(cache, in_cache, kept)  # x and the accepted path stay; the rest of the KV goes
-    if wants:
-        drafter.observe(out.features[kept])
+    # x and the accepted path stay; the rest of the KV goes
+    keep_cache(cache, len(context) - 1, [0, *(offset + i for i in verdict.accepted)])
     yield commit(step, verdict, budget, context)
-    return verdict, out.logits
+    return verdict
 
 
 def verify_event(step: int, verdict: Verdict) -> Verify:

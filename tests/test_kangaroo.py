@@ -67,9 +67,12 @@ def by_step(events) -> dict[int, dict]:
     return dict(sorted(steps.items()))
 
 
-def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({2})):
+def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({2}), siblings=None):
     """Each step: one (ℓ + adapter)-layer draft forward per drafted token, a draft that ends for
-    the reason it names, one verify forward over x and the draft, and a commit within budget."""
+    the reason it names, one verify forward over x, the draft and its runners-up (at most
+    `siblings` beside each drafted token, as leaves; default: the run's), and a commit within
+    budget."""
+    siblings = res.params["siblings"] if siblings is None else siblings
     done = 0
     for step, ev in by_step(res.events).items():
         commit = ev["commit"]
@@ -79,7 +82,9 @@ def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({
             done += len(commit.tokens)
             continue
         stop, draft = ev["draftstop"], ev.get("draft")
-        drafted = draft.tokens if draft else ()
+        drafted = draft.tokens[: len(stop.confidences)] if draft else ()
+        leaves = draft.tokens[len(drafted) :] if draft else ()
+        assert len(leaves) <= siblings * len(drafted)
         room = min(gamma, budget - done - 1)
         assert 0 <= len(drafted) <= room
         assert len(stop.confidences) == len(drafted) and stop.threshold == eta
@@ -88,8 +93,17 @@ def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({
             drafted
         )
         if draft:
-            assert draft.source.startswith("kangaroo") and draft.parents == chain(len(drafted))
-            assert draft.probs == stop.confidences  # greedy: q(d) is the top-1 probability
+            assert draft.source.startswith("kangaroo")
+            assert draft.parents[: len(drafted)] == chain(len(drafted))
+            assert draft.probs[: len(drafted)] == stop.confidences  # q(d) is the top-1 probability
+            beside = Counter(draft.parents[len(drafted) :])  # runners-up: leaves beside d_j
+            for j, n in beside.items():
+                assert 0 <= j + 1 < len(drafted) and n <= siblings
+            for i, (t, parent) in enumerate(
+                zip(leaves, draft.parents[len(drafted) :], strict=True)
+            ):
+                assert t != drafted[parent + 1]  # never the drafted token again
+                assert draft.probs[len(drafted) + i] <= stop.confidences[parent + 1]
         # Why the draft ended: the first token below η (kept), γ, an end token, or the budget.
         assert all(c >= eta for c in stop.confidences[:-1])
         if stop.reason == "confidence":
@@ -101,7 +115,7 @@ def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({
         else:
             assert stop.reason == "budget" and len(drafted) == room < gamma
         verify = [f for f in ev["forwards"] if f.kind in ("verify", "target")]
-        assert len(verify) == 1 and verify[0].n_input_tokens == len(drafted) + 1
+        assert len(verify) == 1 and verify[0].n_input_tokens == len(drafted) + len(leaves) + 1
         assert verify[0].layers == n_layers  # the last input ran layers 1..ℓ first
         assert verify[0].kind == ("verify" if drafted else "target")
         done += len(commit.tokens)
@@ -127,7 +141,24 @@ def test_lossless_grid_on_tiny(tiny, case, exit_layer, eta, gamma):
         res = run(tiny, prompt, 24, exit_layer=str(exit_layer), eta=eta, gamma=gamma)
         check_steps(res, exit_layer, eta, gamma, 24)
         if eta == 1.0:  # no top-1 probability reaches 1: every draft is one token
-            assert all(len(e.tokens) == 1 for e in res.events if isinstance(e, Draft))
+            assert all(len(e.confidences) <= 1 for e in res.events if isinstance(e, DraftStop))
+
+
+SIBLING_GRID = [(s, eta, gamma) for s in (1, 2, 4) for eta in (0.0, 0.6) for gamma in (1, 4)]
+
+
+@pytest.mark.parametrize(
+    ("case", "siblings", "eta", "gamma"),
+    [(i, *c) for i, c in enumerate(SIBLING_GRID)],
+    ids=[f"s{s}-eta{eta}-g{gamma}" for s, eta, gamma in SIBLING_GRID],
+)
+def test_runners_up_stay_lossless_on_tiny(tiny, case, siblings, eta, gamma):
+    for prompt in (PROMPTS[case % len(PROMPTS)], PROMPTS[(case + 2) % len(PROMPTS)]):
+        for budget in (5, 24):  # 5: drafts and their runners-up cut by the budget
+            res = run(tiny, prompt, budget, exit_layer="2", eta=eta, gamma=gamma, siblings=siblings)
+            check_steps(res, 2, eta, gamma, budget, siblings=siblings)
+            drafts = [e for e in res.events if isinstance(e, Draft)]
+            assert any(len(e.tokens) > len(set(e.parents[:1])) for e in drafts)
 
 
 def test_auto_is_the_sweeps_choice_else_the_smallest_shipped(tiny):
@@ -135,8 +166,8 @@ def test_auto_is_the_sweeps_choice_else_the_smallest_shipped(tiny):
     assert best_exit_layer("tiny-random") == 1  # no sweep card: the smallest shipped ℓ
     res = run(tiny, PROMPTS[2], 12)  # defaults: exit_layer=auto, η = 0.6, γ = 6
     check_steps(res, 1, 0.6, 6, 12)
-    assert next(e for e in res.events if isinstance(e, Draft)).source == (
-        "kangaroo: exit at layer 1 + adapter"
+    assert next(e for e in res.events if isinstance(e, Draft)).source.startswith(
+        "kangaroo: exit at layer 1 + adapter"  # (+ runners-up, where there were any)
     )
 
 
@@ -154,11 +185,11 @@ def test_budget_ends_mid_draft_and_drafts_never_outrun_it(tiny, budget):
 def test_eos_inside_a_rejected_draft(tiny):
     # A token the adapter drafts mid-draft becomes the end token: drafting stops right after it,
     # and the output still ends exactly where autoregressive greedy ends.
-    free = run(tiny, PROMPTS[0], 40, exit_layer="1", eta=0.0, gamma=4)
+    free = run(tiny, PROMPTS[0], 40, exit_layer="1", eta=0.0, gamma=4, siblings=0)
     draft = next(e for e in free.events if isinstance(e, Draft) and len(e.tokens) >= 3)
     eos = draft.tokens[1]
     bundle = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
-    out = run(bundle, PROMPTS[0], 40, exit_layer="1", eta=0.0, gamma=4)
+    out = run(bundle, PROMPTS[0], 40, exit_layer="1", eta=0.0, gamma=4, siblings=0)
     check_steps(out, 1, 0.0, 4, 40, eos=bundle.eos_ids)
     assert any(e.reason == "eos" for e in out.events if isinstance(e, DraftStop))
     for e in out.events:
@@ -212,6 +243,20 @@ def mirror_adapter(bundle, exit_layer: int) -> KangarooAdapter:
     return adapter
 
 
+class SwapTopTwo(nn.Module):
+    """A draft head whose two best scores trade places: its top-1 is the target's runner-up."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, x):
+        logits = self.head(x).clone()
+        top = logits.topk(2, dim=-1)
+        logits.scatter_(-1, top.indices, top.values.flip(-1))
+        return logits
+
+
 @pytest.fixture(params=[1, 2], ids=["l1", "l2"])
 def mirrored(request, monkeypatch):
     """(bundle, ℓ, layer counts): the transparent target, decoding with the mirror adapter."""
@@ -222,15 +267,28 @@ def mirrored(request, monkeypatch):
     return bundle, exit_layer, counts
 
 
+@pytest.mark.parametrize("siblings", [0, 1])
 @pytest.mark.parametrize(("gamma", "budget"), [(1, 9), (3, 17), (6, 40), (6, 11)])
-def test_accepted_drafts_stay_lossless(mirrored, gamma, budget):
+def test_accepted_drafts_stay_lossless(mirrored, gamma, budget, siblings):
     bundle, exit_layer, _ = mirrored
     for prompt in PROMPTS[:3]:
-        res = run(bundle, prompt, budget, exit_layer=str(exit_layer), eta=0.0, gamma=gamma)
+        kw = dict(exit_layer=str(exit_layer), eta=0.0, gamma=gamma, siblings=siblings)
+        res = run(bundle, prompt, budget, **kw)
         check_steps(res, exit_layer, 0.0, gamma, budget)
         # Full acceptance: the next step's adapter pass also reads the last draft's state.
-        assert res.stats["acceptance_rate"] >= 0.9, res.stats
+        verifies = [e for e in res.events if isinstance(e, Verify)]
+        drafts = [e for e in res.events if isinstance(e, DraftStop) and e.confidences]
+        full = sum(
+            len(v.accepted) == len(d.confidences) for v, d in zip(verifies, drafts, strict=True)
+        )
+        assert full >= 0.9 * len(verifies), (full, len(verifies))
         assert res.stats["tokens_per_target_forward"] > 1.5
+        if siblings:  # the drafts always won: no runner-up was ever taken
+            assert all(
+                i < len(d.confidences)
+                for v, d in zip(verifies, drafts, strict=True)
+                for i in v.accepted
+            )
 
 
 def test_a_bfloat16_adapter_drafts_and_the_output_stays_greedy(mirrored):
@@ -260,11 +318,91 @@ def test_the_shallow_layers_run_once_per_token(mirrored):
             continue
         target = next(f for f in ev["forwards"] if f.kind in ("verify", "target"))
         shallow = sum(f.n_input_tokens for f in ev["forwards"] if f.kind == "draft") + 1
+        if "draft" in ev:  # the runners-up run layers 1..ℓ in the verify pass
+            shallow += len(ev["draft"].tokens) - len(ev["draftstop"].confidences)
         assert shallow == target.n_input_tokens  # x, d_1 .. d_{n-1} drafting; d_n verifying
         verify_inputs += target.n_input_tokens
     expected = len(prompt) + verify_inputs
     assert ran == [expected] * bundle.n_layers
     assert res.stats["accepted_drafts"] > 0  # the catch-up of accepted last drafts was exercised
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_a_runner_up_the_target_takes_commits_and_the_caches_follow_it(mirrored, gamma):
+    """The mirror with its top two swapped: every drafted token is the target's second choice
+    (rejected) and its runner-up the target's first (accepted, a leaf). Each step then commits
+    that runner-up and the target's token after it: the caches must keep the runner-up's keys
+    (not d_1's), and the adapter must read its layer-ℓ state next step, or the output drifts."""
+    bundle, exit_layer, counts = mirrored
+    adapter = kangaroo.load_adapter(bundle)
+    adapter.lm_head = SwapTopTwo(adapter.lm_head)
+    prompt = bundle.encode(PROMPTS[2], chat=False)
+    counts.clear()
+    kw = dict(exit_layer=str(exit_layer), eta=0.0, gamma=gamma, siblings=1)
+    res = generate(bundle, prompt, "kangaroo", 31, **kw)
+    ran = [counts[i] for i in range(bundle.n_layers)]  # before the reference runs them too
+    assert res.token_ids == reference(bundle, prompt, 31).token_ids
+    check_steps(res, exit_layer, 0.0, gamma, 31, siblings=1)
+    steps = [ev for step, ev in by_step(res.events).items() if step > 0]
+    for ev in steps[:-1]:  # the last step may be cut by the budget
+        draft, verify = ev["draft"], ev["verify"]
+        assert verify.accepted == (gamma,)  # the runner-up beside d_1 (after the γ drafts)
+        assert draft.parents[gamma] == -1 and ev["commit"].origins == ("draft", "bonus")
+    assert res.stats["tokens_per_target_forward"] > 1.9
+    # Runners-up ran layers 1..ℓ once, in the verify pass; nothing ran them twice.
+    verify_inputs = sum(
+        f.n_input_tokens for ev in steps for f in ev["forwards"] if f.kind in ("verify", "target")
+    )
+    assert ran[exit_layer:] == [len(prompt) + verify_inputs] * (bundle.n_layers - exit_layer)
+    drafted = sum(f.n_input_tokens for ev in steps for f in ev["forwards"] if f.kind == "draft")
+    leaves = sum(len(ev["draft"].tokens) - len(ev["draftstop"].confidences) for ev in steps)
+    assert ran[:exit_layer] == [len(prompt) + drafted + len(steps) + leaves] * exit_layer
+
+
+def test_eos_as_an_accepted_runner_up_ends_the_output(mirrored):
+    """An end token the target takes as a runner-up (a leaf, not the drafted token): the output
+    ends on it, exactly where greedy ends, with no bonus token after it."""
+    bundle, exit_layer, _ = mirrored
+    adapter = kangaroo.load_adapter(bundle)
+    adapter.lm_head = SwapTopTwo(adapter.lm_head)
+    kw = dict(exit_layer=str(exit_layer), eta=0.0, gamma=3, siblings=1)
+    free = run(bundle, PROMPTS[4], 30, **kw)
+    taken = [  # tokens committed as runners-up, after the first step
+        e.tokens[0] for e in free.events if isinstance(e, Commit) and e.step > 1
+    ]
+    eos = next(t for t in taken if t not in free.token_ids[:3])
+    position = free.token_ids.index(eos)
+    stopping = dataclasses.replace(bundle, eos_ids=frozenset({eos}))
+    out = run(stopping, PROMPTS[4], 30, **kw)
+    check_steps(out, exit_layer, 0.0, 3, 30, eos=stopping.eos_ids)
+    assert out.finish_reason == "eos" and out.token_ids == free.token_ids[: position + 1]
+    last = [e for e in out.events if isinstance(e, Commit)][-1]
+    assert last.tokens[-1] == eos and last.origins[-1] == "draft"
+
+
+def test_sampling_with_runners_up_uses_the_point_mass_tree_rule(mirrored):
+    """With runners-up the drafts are the adapter's top tokens, verified as point masses by the
+    multi-draft residual rule; the mirror's swapped top two make the runner-up the likely one."""
+    bundle, exit_layer, _ = mirrored
+    adapter = kangaroo.load_adapter(bundle)
+    adapter.lm_head = SwapTopTwo(adapter.lm_head)
+    res = generate(
+        bundle,
+        PROMPTS[5],
+        "kangaroo",
+        30,
+        exit_layer=str(exit_layer),
+        eta=0.0,
+        gamma=2,
+        siblings=1,
+        temperature=0.3,
+        seed=3,
+    )
+    verifies = [e for e in res.events if isinstance(e, Verify)]
+    assert {e.rule for e in verifies} == {"sample-tree"}
+    drafts = {e.step: e for e in res.events if isinstance(e, Draft)}
+    assert any(v.accepted and v.accepted[-1] >= 2 for v in verifies)  # a runner-up was kept
+    assert all(len(d.tokens) == 4 for d in list(drafts.values())[:-1])
 
 
 def test_eos_inside_an_accepted_draft(mirrored):
@@ -303,6 +441,7 @@ def test_sampling_with_the_mirror_accepts_nearly_everything(mirrored):
             exit_layer=str(exit_layer),
             eta=0.0,
             gamma=4,
+            siblings=0,  # the chain's rule, with q (runners-up make drafts point masses)
             temperature=temperature,
             top_p=top_p,
             seed=1,
@@ -319,10 +458,14 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
 
 
-def test_sampling_follows_the_targets_distribution(tiny):
+@pytest.mark.parametrize(
+    ("siblings", "rule"), [(0, "speculative-sampling"), (2, "sample-tree")], ids=["chain", "tree"]
+)
+def test_sampling_follows_the_targets_distribution(tiny, siblings, rule):
     """The first two tokens over many seeds ~ p(t0) p(t1 | t0): t0 from the prefill, t1 from the
     first draft-and-verify step (a draft from the placeholder adapter, kept with min(1, p/q), else
-    drawn from norm(max(0, p - q))). Chi-square over the likely (t0, t1) pairs, the rest pooled."""
+    drawn from norm(max(0, p - q)); with runners-up, the top three of q as point masses, each kept
+    with its share of the residual). Chi-square over the likely (t0, t1) pairs, the rest pooled."""
     temperature, n = 0.2, 400
     sampler = Sampler(temperature=temperature)
     ids = tiny.encode(PROMPTS[1], False)
@@ -348,13 +491,14 @@ def test_sampling_follows_the_targets_distribution(tiny):
             exit_layer="2",
             eta=0.0,
             gamma=1,
+            siblings=siblings,
             temperature=temperature,
             seed=seed,
         )
         pair = tuple(res.token_ids[:2])
         counts[pair if pair in expected else "other"] += 1
         verify = next(e for e in res.events if isinstance(e, Verify))
-        assert verify.rule == "speculative-sampling"
+        assert verify.rule == rule
         kept += len(verify.accepted)
     chi2 = sum((counts[k] - n * p) ** 2 / (n * p) for k, p in expected.items())
     assert chi2 < chi2_critical(len(expected) - 1), (chi2, counts, expected)
@@ -382,6 +526,8 @@ def test_sampling_is_reproducible_per_seed(tiny):
         ({"eta": 1.5}, r"eta.*\[0.0, 1.0\]"),
         ({"gamma": 0}, r"gamma.*\[1, 16\]"),
         ({"gamma": 17}, r"gamma.*\[1, 16\]"),
+        ({"siblings": 5}, r"siblings.*\[0, 4\]"),
+        ({"siblings": -1}, r"siblings.*\[0, 4\]"),
     ],
 )
 def test_invalid_parameters_are_clear_errors(tiny, params, message):
@@ -398,8 +544,9 @@ def test_a_model_without_adapters_is_told_how_to_train_one():
 def test_registry_entry():
     m = METHODS["kangaroo"]
     exact = {"beta": 1, "tolerance": 1.0}  # relaxed verification off: a preset resets it
-    assert m.preset("paper") == {"exit_layer": "auto", "eta": 0.6, "gamma": 6, **exact}
-    assert m.preset("defaults") == m.preset("paper")
+    paper = {"exit_layer": "auto", "eta": 0.6, "gamma": 6, "siblings": 0, **exact}
+    assert m.preset("paper") == paper
+    assert m.preset("defaults") == {**paper, "siblings": 1}  # one runner-up beside each draft
     assert m.lossless and m.sampling
 
 
@@ -411,6 +558,16 @@ def test_lossless_on_the_embedded_model(embedded):
     res = run(embedded, "Give me three tips for writing clear emails.", 48, chat=True, eta=0.0)
     layer = best_exit_layer(embedded.model_id)
     check_steps(res, layer, 0.0, 6, 48, n_layers=embedded.n_layers)
+    # The defaults (one runner-up beside each draft token) and several: the target takes some
+    prompt = 'def running_max(values):\n    """Return the running maximum of a list."""\n'
+    took = 0
+    for siblings in (1, 3):
+        res = run(embedded, prompt, 64, siblings=siblings)
+        check_steps(res, layer, 0.6, 6, 64, n_layers=embedded.n_layers)
+        stops = {e.step: len(e.confidences) for e in res.events if isinstance(e, DraftStop)}
+        for v in (e for e in res.events if isinstance(e, Verify)):
+            took += bool(v.accepted) and v.accepted[-1] >= stops[v.step]
+    assert took > 0
 
 
 # --- the views -----------------------------------------------------------------------------------
@@ -477,6 +634,44 @@ def test_layer_view_counts_the_tokens_through_each_part():
     (prefill,) = extra_panels("kangaroo", synthetic_run(), TEXTS, 0)
     adapter, full = prefill.data
     assert list(adapter.x) == [0, 0, 3] + [0] * 28 and list(full.x) == [3, 3, 0] + [3] * 28
+
+
+def runner_up_run() -> list:
+    """A prefill, then one step that drafts three tokens with a runner-up beside each, rejects
+    the second drafted token and takes the runner-up beside it."""
+    return [
+        *synthetic_run()[:4],
+        *(Forward(1, "draft", 1, 3, 4.0) for _ in range(3)),
+        DraftStop(1, 0.3, (0.95, 0.5, 0.2), "confidence"),
+        Draft(
+            1,
+            "kangaroo: exit at layer 2 + adapter + runners-up",
+            (6, 7, 8, 9, 10, 11),
+            (-1, 0, 1, -1, 0, 1),
+            (0.95, 0.5, 0.2, 0.03, 0.3, 0.1),
+        ),
+        Forward(1, "verify", 7, 30, 21.0),
+        Verify(1, (0, 4), 5, "greedy-tree"),
+        Commit(1, (6, 10, 5), ("draft", "draft", "correction"), (0.5,) * 3),
+    ]
+
+
+def test_views_show_the_runner_up_the_target_took():
+    from visualizer.panels import extra_panels, method_panel
+    from visualizer.tokens import COLOURS
+
+    fig = method_panel("kangaroo", runner_up_run(), TEXTS, 1)
+    bars = fig.data[0]
+    assert list(bars.y) == [0.95, 0.5, 0.2]  # the drafted chain only: runners-up are not bars
+    assert list(bars.marker.color) == [COLOURS["draft"], COLOURS["rejected"], COLOURS["pending"]]
+    text = notes(fig)
+    assert "3 runners-up" in text and "took ' jumps', the adapter's runner-up at position 2" in text
+    (layers,) = extra_panels("kangaroo", runner_up_run(), TEXTS, 1)
+    drafting, verifying = layers.data
+    assert list(drafting.x)[:3] == [3, 3, 3]  # x, d1, d2 drafting
+    assert list(verifying.x) == [4, 4, 0] + [7] * 28  # d3 and the 3 runners-up; all 7 deep
+    assert "the last draft token and 3 runners-up ran layers 1–2 there" in notes(layers)
+    assert "Every token ran layers 1–2 once." in notes(layers)
 
 
 def test_layer_view_of_a_very_deep_model_draws_three_blocks():

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoders.events import Draft, DraftStop, Event, Forward, Verify
+from decoders.tree import depths
 
 from .figures import LANE_COLOURS, _base_layout, _empty
 from .self_speculative_view import confidence_bars, run_cost
@@ -73,9 +74,11 @@ def step_passes(events: Sequence[Event], step: int) -> StepPasses | None:
     exit_layer = exit_layer_of(mine) or exit_layer_of(events)
     if target.kind == "prefill":
         shallow_verify = target.n_input_tokens
-    else:  # the verify pass ran layers 1..ℓ only for its last input, when it ran them at all
+    else:  # the verify pass ran layers 1..ℓ for the inputs no draft forward had fed (the last
+        # draft token and any runners-up), when it ran them at all
         deep_only = n_layers - (exit_layer or 0)
-        shallow_verify = 1 if target.layers > deep_only else 0
+        fed = sum(e.n_input_tokens for e in mine)
+        shallow_verify = max(1, target.n_input_tokens - fed) if target.layers > deep_only else 0
     return StepPasses(
         n_layers=n_layers,
         exit_layer=exit_layer,
@@ -262,11 +265,18 @@ def _verify_sentence(p: StepPasses) -> str:
     if ell is None:
         tokens = _count(p.deep, "token")
         return f"One pass of all {total} layers over {tokens} ({p.target_ms:.1f} ms)."
-    reuse = (
-        f"only the last one ran {_span(1, ell)} there, the others' states came from drafting"
-        if p.deep > 1
-        else f"it ran {_span(1, ell)} there first"
-    )
+    if p.deep == 1:
+        reuse = f"it ran {_span(1, ell)} there first"
+    elif p.shallow_verify > 1:
+        runners = _runners(p.shallow_verify - 1)
+        reuse = (
+            f"the last draft token and {runners} ran {_span(1, ell)} there, the others' states "
+            "came from drafting"
+        )
+    else:
+        reuse = (
+            f"only the last one ran {_span(1, ell)} there, the others' states came from drafting"
+        )
     return (
         f"Verifying: one pass of {_span(ell + 1, total)} over {_count(p.deep, 'token')}; {reuse} "
         f"({p.target_ms:.1f} ms)."
@@ -310,9 +320,36 @@ def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step:
         return _empty(f"Step {step}", "step 0 is the prefill: no draft", height=220)
     draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
     verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
-    tokens = draft.tokens if draft else ()
-    n_acc = len(verify.accepted) if verify else 0
-    caption = [_stop_sentence(stop, tokens, texts), _cost_sentence(events)]
+    chain = (draft.tokens if draft else ())[: len(stop.confidences)]  # runners-up follow it
+    accepted = verify.accepted if verify else ()
+    n_acc = sum(1 for i in accepted if i < len(chain))
+    caption = [
+        _stop_sentence(stop, chain, texts),
+        _runner_up_sentence(draft, accepted, len(chain), texts),
+        _cost_sentence(events),
+    ]
     return confidence_bars(
-        stop, tokens, n_acc, texts, caption, symbol="η", scorer="adapter's confidence"
+        stop, chain, n_acc, texts, caption, symbol="η", scorer="adapter's confidence"
     )
+
+
+def _runner_up_sentence(
+    draft: Draft | None, accepted: Sequence[int], n_chain: int, texts: Mapping[int, str]
+) -> str:
+    """What the runners-up (Kangaroo's `siblings`) did this step, if there were any."""
+    if draft is None or len(draft.tokens) <= n_chain:
+        return ""
+    extra = _runners(len(draft.tokens) - n_chain)
+    took = [i for i in accepted if i >= n_chain]
+    if not took:
+        return f"Also verified: {extra} beside the drafted tokens; the target took none."
+    node = took[-1]
+    return (
+        f"Also verified: {extra}; the target took {texts.get(draft.tokens[node], '?')!r}, the "
+        f"adapter's runner-up at position {depths(draft.parents)[node] + 1} (the red bar's "
+        "alternative)."
+    )
+
+
+def _runners(n: int) -> str:
+    return f"{n} runner-up" if n == 1 else f"{n} runners-up"
