@@ -94,6 +94,13 @@ PRESETS: dict[str, tuple[str, ...]] = {
         "speculative:draft=self:2",
         "medusa",
     ),
+    # Kangaroo's draft as the paper has it (a chain) against ours: the adapter's runners-up beside
+    # each draft token, verified in the same pass for an input each.
+    "Kangaroo: the paper's chain vs runners-up": (
+        "kangaroo:siblings=0",
+        "kangaroo",
+        "kangaroo:siblings=2",
+    ),
     # Doing less per token instead of more tokens per forward: CALM's confidence threshold and
     # fill (the true computation shows what state propagation changes) against HASH EE's depth.
     "early exit: CALM, FREE and HASH EE": (
