@@ -63,11 +63,11 @@ from .runtime import (
     forward_shallow,
     new_cache,
 )
-from .steps import chain_draft, settle_chain, settle_tree
+from .steps import settle_chain, settle_tree
 from .tree import chain, tree_mask, tree_positions, with_root
 
 KIND = "kangaroo"
-MAX_SIBLINGS = 4
+MAX_SIBLINGS = 4  # beyond the 4th choice the adapter is almost never right (tuning prompts)
 
 
 class KangarooAdapter(nn.Module):
@@ -230,7 +230,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     label = f"kangaroo: exit at layer {exit_layer} + adapter"
     sampler = cfg.sampler()
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
-    cache = new_cache(bundle)  # the target's, every layer: drafting fills 1..ℓ, verifying ℓ+1..L
+    # The target's cache, every layer: drafting fills 1..ℓ; the verify pass fills ℓ+1..L, and
+    # 1..ℓ for the inputs no draft forward fed (the last draft token, the runners-up)
+    cache = new_cache(bundle)
     adapter_cache = DynamicCache()  # the adapter's own
 
     # Prefill: the prompt through the whole model, its layer-ℓ states through the adapter.
@@ -242,8 +244,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     yield _adapter_prefill(bundle, adapter, adapter_cache, out.hidden[exit_layer])
     context = list(prompt_ids)
     yield from settle_chain(cache, context, [], out.logits, sampler, budget, 0)
-    # Layer-ℓ states of committed tokens the adapter has not read yet (the last draft token, when
-    # every draft was accepted): they ride along with the next adapter pass.
+    # Layer-ℓ states of committed tokens the adapter has not read yet (the last draft token when
+    # every draft was accepted, an accepted runner-up, or x when nothing was drafted): they ride
+    # along with the next adapter pass.
     behind = out.hidden[exit_layer][:0]
 
     step = 0
@@ -275,7 +278,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             behind = behind[:0]
             states.append(d_out.hidden[exit_layer])
             q = sampler.distribution(d_out.logits[-1])
-            # With runners-up, verification treats drafts as point masses: draft the top token
+            # With runners-up the tree is verified as point masses (the multi-draft rule), where a
+            # draw from q would be wasted: draft q's top token, its runners-up after it
             feed = int(q.argmax()) if siblings else sampler.pick(d_out.logits[-1], q)
             draft.append(feed)
             q_rows.append(q)
@@ -289,25 +293,10 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 reason = "eos"
                 break
         yield DraftStop(step, eta, tuple(confidences), reason)
-        # Runners-up (an extension, not the paper's): leaves beside each drafted token, read off
-        # the same draft distributions, so the tree costs inputs but no extra draft forward.
-        tokens, parents, probs = list(draft), list(chain(len(draft))), []
-        for j, q in enumerate(q_rows[: len(draft)] if siblings else ()):
-            for t in runners_up(q, draft[j], siblings):
-                tokens.append(t)
-                parents.append(j - 1)
-                probs.append(float(q[t]))
-        if len(tokens) > len(draft):
-            yield Draft(
-                step,
-                f"{label} + runners-up",
-                tuple(tokens),
-                tuple(parents),
-                tuple(round(float(q[d]), 6) for q, d in zip(q_rows, draft, strict=True))
-                + tuple(round(v, 6) for v in probs),
-            )
-        elif draft:
-            yield chain_draft(step, label, draft, q_rows)
+        tokens, parents, probs = with_runners_up(draft, q_rows, siblings)
+        if tokens:
+            source = label + (" + runners-up" if len(tokens) > len(draft) else "")
+            yield Draft(step, source, tuple(tokens), tuple(parents), probs)
 
         # Verify: layers ℓ+1..L only, on the states drafting left; the last draft token (x when
         # nothing was drafted) and the runners-up have not been through layers 1..ℓ yet and run
@@ -326,8 +315,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             mask=tree_mask(tree, in_cache) if leaves else None,
         )
         yield v_out.event
-        if leaves or (siblings and not sampler.greedy):
-            # a tree, or a chain of point-mass drafts (the runners-up rule; none were left)
+        if siblings:  # a tree of point-mass drafts (a chain where no runner-up was left)
             verdict = yield from settle_tree(
                 cache, context, tokens, parents, v_out.logits, sampler, budget, step
             )
@@ -335,14 +323,14 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             verdict = yield from settle_chain(
                 cache, context, draft, v_out.logits, sampler, budget, step, q_rows
             )
-        # The adapter holds x, d_1 .. d_{n-1}; the accepted path's last node may be one it has not
-        # read (d_n, or a runner-up): its layer-ℓ state rides along with the next adapter pass.
-        path = list(verdict.accepted)
-        read = [i for i in path if i < len(draft) - 1]
-        crop_cache(adapter_cache, in_cache + 1 + len(read))
-        owed = path[len(read) :] if draft else [-1]  # -1: x itself (nothing was drafted)
-        if owed:
-            row = 1 + owed[-1]
+        # The adapter has read x, d_1 .. d_{n-1}: keep what the target accepted of them. The path's
+        # last node may be one it has not read (d_n, or a runner-up; x itself when nothing was
+        # drafted, which happens only for the output's last token): its state rides along.
+        path = verdict.accepted
+        read = sum(i < len(draft) - 1 for i in path)
+        crop_cache(adapter_cache, in_cache + 1 + read)
+        if not draft or len(path) > read:
+            row = 1 + path[-1] if path else 0  # its input row in the verify pass (x is row 0)
             behind = torch.cat([behind, v_out.hidden[exit_layer][row : row + 1]])
 
 
@@ -382,8 +370,26 @@ def _draft_head(
     return head
 
 
+def with_runners_up(
+    draft: list[int], q_rows: list[torch.Tensor], siblings: int
+) -> tuple[list[int], list[int], tuple[float, ...]]:
+    """The tree to verify: the drafted chain d_1..d_n, then beside each d_j (a leaf under d_{j-1})
+    the `siblings` next most likely tokens of the same draft distribution q_j, so the runners-up
+    cost inputs but no extra draft forward (our extension; 0 = the paper's chain). Returns the
+    tokens, their parents and each one's draft probability."""
+    tokens, parents = list(draft), list(chain(len(draft)))
+    probs = [float(q[d]) for q, d in zip(q_rows, draft, strict=True)]
+    for j, q in enumerate(q_rows if siblings else ()):
+        for t in runners_up(q, draft[j], siblings):
+            tokens.append(t)
+            parents.append(j - 1)
+            probs.append(float(q[t]))
+    return tokens, parents, tuple(round(v, 6) for v in probs)
+
+
 def runners_up(q: torch.Tensor, drafted: int, n: int) -> list[int]:
-    """The n most likely tokens of the draft distribution q after `drafted` (none q rules out)."""
+    """The n most likely tokens of the draft distribution q after `drafted`, skipping those q
+    gives no probability (outside the draft vocabulary, or cut by top-k / top-p when sampling)."""
     values, ids = torch.topk(q, n + 1)
     return [int(t) for v, t in zip(values, ids, strict=True) if v > 0 and int(t) != drafted][:n]
 

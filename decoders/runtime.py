@@ -315,7 +315,8 @@ def forward_from(
     run: L when there were `tokens`, else L - depth.
     positions / mask: for a tree (see `tree.py`), every input's position and the additive mask
     [1, 1, m + k, past + m + k] over the deep layers' cache; `tokens` take its last k rows in the
-    shallow layers, whose cache already holds the m states' keys. Default: a causal chain."""
+    shallow layers, whose cache already holds the m states' keys. The m inputs are a chain, their
+    shallow keys computed causally (drafting); only the `tokens` may branch. Default: a chain."""
     inner = bundle.model.model
     past = cache.get_seq_length(depth)  # the deep layers hold the context, not the drafts
     m = hidden.shape[0]

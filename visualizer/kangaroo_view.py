@@ -6,13 +6,14 @@ layers ℓ+1..L (deep: only verification runs them). Each bar is the number of t
 layer in the step, split into the drafting pass and the verify pass. Everything is read from the
 step's Forward events: a draft forward runs one token through layers 1..ℓ and the adapter (`layers`
 = ℓ + 1; `layers` = 1 is the adapter alone, reading the prompt at step 0); the verify forward runs
-all its inputs through layers ℓ+1..L and its last input, the one token drafting did not feed,
-through layers 1..ℓ first (`layers` = L; L − ℓ when no input needed them).
+all its inputs through layers ℓ+1..L, and the inputs drafting did not feed (the last draft
+token, and the runners-up beside the drafts) through layers 1..ℓ first (`layers` = L; L − ℓ when
+no input needed them).
 
 The confidence view: one bar per drafted token, the adapter's top-1 probability against the
 threshold η (dashed), coloured by what the target made of the token (accepted green, first
-rejection red, never checked grey), with the reason drafting stopped: Draft & Verify's figure
-(self_speculative_view.confidence_bars) with η for θ.
+rejection red, never checked grey), with the reason drafting stopped and the runner-up the
+target took, if any: Draft & Verify's figure (self_speculative_view.confidence_bars) with η for θ.
 Pure: events in, Figure out (no torch, no gradio).
 """
 
@@ -44,7 +45,7 @@ class StepPasses:
     n_layers: int  # L
     exit_layer: int | None  # ℓ (None: no draft forward anywhere in the run says it)
     shallow_draft: int  # tokens through layers 1..ℓ in draft forwards
-    shallow_verify: int  # ... in the step's target forward (prefill: the prompt; verify: 1)
+    shallow_verify: int  # ... in its target forward (prefill: the prompt; verify: 1 + runners-up)
     adapter: int  # tokens through the adapter and the draft head
     deep: int  # tokens through layers ℓ+1..L
     draft_forwards: int
