@@ -190,13 +190,7 @@ def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, hidden_at):
     inner = bundle.model.model
     h = inner.embed_tokens(ids)
     if mask is None:
-        mask = create_causal_mask(
-            config=bundle.model.config,
-            inputs_embeds=h,
-            attention_mask=None,
-            **cache_arg(cache),
-            position_ids=pos,
-        )
+        mask = _causal_mask(bundle, cache, h, pos)
     rope = inner.rotary_emb(h, position_ids=pos)
     hidden = {0: h[0]} if 0 in hidden_at else {}
     for depth, i in enumerate(layer_ids, start=1):
@@ -358,6 +352,19 @@ def _positions(bundle: ModelBundle, positions, past: int, n: int) -> torch.Tenso
     return torch.as_tensor(positions, dtype=torch.long, device=bundle.device).view(1, -1)
 
 
+def _causal_mask(bundle, cache, h, pos, layer: int | None = None):
+    """The model's own causal mask for inputs h at positions `pos`, after what `cache` holds (at
+    decoder layer `layer`; None: transformers' default)."""
+    return create_causal_mask(
+        config=bundle.model.config,
+        inputs_embeds=h,
+        attention_mask=None,
+        **cache_arg(cache),
+        position_ids=pos,
+        layer_idx=layer,
+    )
+
+
 def _run_layers(
     bundle, cache, h, pos, layer_ids, mask_layer: int = 0, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -366,14 +373,7 @@ def _run_layers(
     same tokens, the two sides of an exit may not), or under the given additive `mask`."""
     inner = bundle.model.model
     if mask is None:
-        mask = create_causal_mask(
-            config=bundle.model.config,
-            inputs_embeds=h,
-            attention_mask=None,
-            **cache_arg(cache),
-            position_ids=pos,
-            layer_idx=mask_layer,
-        )
+        mask = _causal_mask(bundle, cache, h, pos, mask_layer)
     rope = inner.rotary_emb(h, position_ids=pos)
     for i in layer_ids:
         h = inner.layers[i](
