@@ -722,7 +722,10 @@ def test_views_show_the_runner_up_the_target_took():
     assert list(bars.y) == [0.95, 0.5, 0.2]  # the drafted chain only: runners-up are not bars
     assert list(bars.marker.color) == [COLOURS["draft"], COLOURS["rejected"], COLOURS["pending"]]
     text = notes(fig)
-    assert "3 runners-up" in text and "took ' jumps', the adapter's runner-up at position 2" in text
+    assert (
+        "3 runners-up" in text and "took ' jumps', the adapter's 2nd choice at position 2" in text
+    )
+    assert fig.layout.title.text == "Step 1: drafted 3, accepted 1 + a runner-up"
     (layers,) = extra_panels("kangaroo", runner_up_run(), TEXTS, 1)
     drafting, verifying = layers.data
     assert list(drafting.x)[:3] == [3, 3, 3]  # x, d1, d2 drafting

@@ -35,7 +35,8 @@ MAX_LAYER_ROWS = 64  # deeper models are drawn as three blocks, not one row per 
 LEFT_PX = 100  # room for the y tick labels
 ROW_PX = 13  # one layer row: room for a tick label at 11 px
 SHALLOW_BAND, DEEP_BAND = "#f1f8e9", "#eceff1"
-BAR_ROOM = 1.9  # the x range over the longest bar: the right part holds the bands' names
+BAR_ROOM = 2.2  # the x range over the longest bar: the right part holds the bands' names
+# (on a 390 px phone "shallow (drafting)" needs the right 45 % of the plot)
 
 
 @dataclass(frozen=True)
@@ -329,8 +330,16 @@ def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step:
         _runner_up_sentence(draft, accepted, len(chain), texts),
         _cost_sentence(events),
     ]
+    took = any(i >= len(chain) for i in accepted)
     return confidence_bars(
-        stop, chain, n_acc, texts, caption, symbol="η", scorer="adapter's confidence"
+        stop,
+        chain,
+        n_acc,
+        texts,
+        caption,
+        symbol="η",
+        scorer="adapter's confidence",
+        also_kept=" + a runner-up" if took else "",
     )
 
 
@@ -343,13 +352,21 @@ def _runner_up_sentence(
     extra = _runners(len(draft.tokens) - n_chain)
     took = [i for i in accepted if i >= n_chain]
     if not took:
-        return f"Also verified: {extra} beside the drafted tokens; the target took none."
+        beside = "token" if n_chain == 1 else "tokens"
+        return f"Also verified: {extra} beside the drafted {beside}; the target took none."
     node = took[-1]
+    parent = draft.parents[node]
+    choice = 2 + sum(1 for i in range(n_chain, node) if draft.parents[i] == parent)
     return (
         f"Also verified: {extra}; the target took {texts.get(draft.tokens[node], '?')!r}, the "
-        f"adapter's runner-up at position {depths(draft.parents)[node] + 1} (the red bar's "
-        "alternative)."
+        f"adapter's {_ordinal(choice)} choice at position {depths(draft.parents)[node] + 1}, in "
+        "place of the red bar."
     )
+
+
+def _ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 5th: a runner-up's rank among the adapter's choices (siblings ≤ 4)."""
+    return {2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
 def _runners(n: int) -> str:

@@ -137,10 +137,12 @@ def confidence_bars(
     *,
     symbol: str,
     scorer: str = "confidence",
+    also_kept: str = "",
 ) -> go.Figure:
     """One step of a confidence-gated draft (Draft & Verify here, Kangaroo too): a bar per drafted
     token, its confidence against the dashed threshold `symbol` (θ, η: the paper's name), coloured
-    by what the target made of it. `scorer` names whose confidence it is in the hover."""
+    by what the target made of it. `scorer` names whose confidence it is in the hover;
+    `also_kept` ends the title's count (Kangaroo: " + a runner-up")."""
     step = stop.step
     if not tokens:
         fig = _empty(f"Step {step}: no draft", "no room to draft: a plain target step", 200)
@@ -200,7 +202,7 @@ def confidence_bars(
         range=[0.4, right],
     )
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%", title_text="confidence", dtick=0.25)
-    title = f"Step {step}: drafted {len(tokens)}, accepted {n_accepted}"
+    title = f"Step {step}: drafted {len(tokens)}, accepted {n_accepted}{also_kept}"
     return _caption(_base_layout(fig, title, height=240), caption, 240)
 
 
