@@ -36,7 +36,7 @@ LEFT_PX = 100  # room for the y tick labels
 ROW_PX = 13  # one layer row: room for a tick label at 11 px
 SHALLOW_BAND, DEEP_BAND = "#f1f8e9", "#eceff1"
 BAR_ROOM = 2.2  # the x range over the longest bar: the right part holds the bands' names
-# (on a 390 px phone "shallow (drafting)" needs the right 45 % of the plot)
+# (the bars fill 45 %: on a 390 px phone "shallow (drafting)" needs about the right half)
 
 
 @dataclass(frozen=True)
