@@ -302,7 +302,10 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         # nothing was drafted) and the runners-up have not been through layers 1..ℓ yet and run
         # them first.
         leaves = tokens[len(draft) :]
-        tree = with_root(parents)
+        shape = {}  # a chain: causal; a tree: each input at its depth, seeing its ancestors only
+        if leaves:
+            tree = with_root(parents)
+            shape = dict(positions=tree_positions(tree, in_cache), mask=tree_mask(tree, in_cache))
         v_out = forward_from(
             bundle,
             cache,
@@ -311,8 +314,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             step=step,
             kind="verify" if draft else "target",
             tokens=[draft[-1] if draft else context[-1], *leaves],
-            positions=tree_positions(tree, in_cache) if leaves else None,
-            mask=tree_mask(tree, in_cache) if leaves else None,
+            **shape,
         )
         yield v_out.event
         if siblings:  # a tree of point-mass drafts (a chain where no runner-up was left)

@@ -128,37 +128,33 @@ def run(bundle, prompt, budget, **params):
 
 # --- lossless on tiny-random (placeholder adapters) ------------------------------------------------
 
-GRID = [(layer, eta, gamma) for layer in (1, 2) for eta in (0.0, 0.6, 1.0) for gamma in (1, 3, 6)]
+# ℓ × η × γ for the paper's chain (siblings = 0) and the default runner-up, then more runners-up
+GRID = [
+    (layer, eta, gamma, siblings)
+    for layer in (1, 2)
+    for eta in (0.0, 0.6, 1.0)
+    for gamma in (1, 3, 6)
+    for siblings in (0, 1)
+] + [(2, eta, gamma, siblings) for siblings in (2, 4) for eta in (0.0, 0.6) for gamma in (1, 4)]
 
 
 @pytest.mark.parametrize(
-    ("case", "exit_layer", "eta", "gamma"),
+    ("case", "exit_layer", "eta", "gamma", "siblings"),
     [(i, *c) for i, c in enumerate(GRID)],
-    ids=[f"l{layer}-eta{eta}-g{gamma}" for layer, eta, gamma in GRID],
+    ids=[f"l{layer}-eta{eta}-g{gamma}-s{s}" for layer, eta, gamma, s in GRID],
 )
-def test_lossless_grid_on_tiny(tiny, case, exit_layer, eta, gamma):
+def test_lossless_grid_on_tiny(tiny, case, exit_layer, eta, gamma, siblings):
     for prompt in (PROMPTS[case % len(PROMPTS)], PROMPTS[(case + 3) % len(PROMPTS)]):
-        res = run(tiny, prompt, 24, exit_layer=str(exit_layer), eta=eta, gamma=gamma)
-        check_steps(res, exit_layer, eta, gamma, 24)
-        if eta == 1.0:  # no top-1 probability reaches 1: every draft is one token
-            assert all(len(e.confidences) <= 1 for e in res.events if isinstance(e, DraftStop))
-
-
-SIBLING_GRID = [(s, eta, gamma) for s in (1, 2, 4) for eta in (0.0, 0.6) for gamma in (1, 4)]
-
-
-@pytest.mark.parametrize(
-    ("case", "siblings", "eta", "gamma"),
-    [(i, *c) for i, c in enumerate(SIBLING_GRID)],
-    ids=[f"s{s}-eta{eta}-g{gamma}" for s, eta, gamma in SIBLING_GRID],
-)
-def test_runners_up_stay_lossless_on_tiny(tiny, case, siblings, eta, gamma):
-    for prompt in (PROMPTS[case % len(PROMPTS)], PROMPTS[(case + 2) % len(PROMPTS)]):
         for budget in (5, 24):  # 5: drafts and their runners-up cut by the budget
-            res = run(tiny, prompt, budget, exit_layer="2", eta=eta, gamma=gamma, siblings=siblings)
-            check_steps(res, 2, eta, gamma, budget, siblings=siblings)
+            kw = dict(exit_layer=str(exit_layer), eta=eta, gamma=gamma, siblings=siblings)
+            res = run(tiny, prompt, budget, **kw)
+            check_steps(res, exit_layer, eta, gamma, budget, siblings=siblings)
+            if eta == 1.0:  # no top-1 probability reaches 1: every draft is one token
+                stops = (e for e in res.events if isinstance(e, DraftStop))
+                assert all(len(e.confidences) <= 1 for e in stops)
             drafts = [e for e in res.events if isinstance(e, Draft)]
-            assert any(tuple(e.parents) != chain(len(e.tokens)) for e in drafts)  # trees
+            trees = [e for e in drafts if tuple(e.parents) != chain(len(e.tokens))]
+            assert bool(trees) == bool(siblings), (len(trees), siblings)
 
 
 def test_auto_is_the_sweeps_choice_else_the_smallest_shipped(tiny):
