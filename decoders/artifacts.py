@@ -40,13 +40,15 @@ def artifact_path(kind: str, model_id: str, variant: str = "") -> Path:
     return ASSETS / kind / f"{name}.safetensors"
 
 
-def save_artifact(module: nn.Module, path: Path, card: dict) -> None:
+def save_artifact(module: nn.Module | dict[str, torch.Tensor], path: Path, card: dict) -> None:
     """float16 weights (integer buffers as they are) + the card, embedded and as JSON beside it.
-    Non-persistent buffers (rotary tables, packed copies) are left out."""
+    Non-persistent buffers (rotary tables, packed copies) are left out. `module` may also be the
+    tensors themselves, by name."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    state = module if isinstance(module, dict) else module.state_dict()
     tensors = {
         k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().contiguous()
-        for k, v in module.state_dict().items()
+        for k, v in state.items()
     }
     save_file(tensors, str(path), metadata={"card": json.dumps(card)})
     path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")

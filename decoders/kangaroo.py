@@ -48,23 +48,15 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
+from . import exit_drafting
 from .artifacts import ASSETS, artifact_path, full_logits, load_artifact
-from .base import Budget, DecodeConfig
+from .base import DecodeConfig
 from .errors import InvalidParameter
-from .events import Draft, DraftStop, Event, Forward, Prefill
+from .events import Event, Forward
 from .models import ModelBundle, slug
 from .params import Param
-from .runtime import (
-    cache_arg,
-    crop_cache,
-    elapsed_ms,
-    forward,
-    forward_from,
-    forward_shallow,
-    new_cache,
-)
-from .steps import settle_chain, settle_tree
-from .tree import chain, tree_mask, tree_positions, with_root
+from .runtime import cache_arg, crop_cache, elapsed_ms
+from .tree import chain, tree_mask
 
 KIND = "kangaroo"
 MAX_SIBLINGS = 4  # beyond the 4th choice the adapter is almost never right (tuning prompts)
@@ -225,115 +217,50 @@ def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
     p = cfg.params
     exit_layer = resolve_exit_layer(bundle, p["exit_layer"])  # ℓ
-    adapter = load_adapter(bundle, exit_layer)
-    eta, gamma, siblings = p["eta"], p["gamma"], p["siblings"]
-    label = f"kangaroo: exit at layer {exit_layer} + adapter"
-    sampler = cfg.sampler()
-    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
-    # The target's cache, every layer: drafting fills 1..ℓ; the verify pass fills ℓ+1..L, and
-    # 1..ℓ for the inputs no draft forward fed (the last draft token, the runners-up)
-    cache = new_cache(bundle)
-    adapter_cache = DynamicCache()  # the adapter's own
-
-    # Prefill: the prompt through the whole model, its layer-ℓ states through the adapter.
-    yield Prefill(tuple(prompt_ids))
-    out = forward(
-        bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1, hidden_at=(exit_layer,)
+    head = AdapterHead(bundle, load_adapter(bundle, exit_layer), exit_layer)
+    yield from exit_drafting.decode(
+        bundle,
+        prompt_ids,
+        cfg,
+        exit_layer,
+        head,
+        eta=p["eta"],
+        gamma=p["gamma"],
+        siblings=p["siblings"],
     )
-    yield out.event
-    yield _adapter_prefill(bundle, adapter, adapter_cache, out.hidden[exit_layer])
-    context = list(prompt_ids)
-    yield from settle_chain(cache, context, [], out.logits, sampler, budget, 0)
-    # Layer-ℓ states of committed tokens the adapter has not read yet (the last draft token when
-    # every draft was accepted, an accepted runner-up, or x when nothing was drafted): they ride
-    # along with the next adapter pass.
-    behind = out.hidden[exit_layer][:0]
 
-    step = 0
-    while not budget.done:
-        step += 1
-        in_cache = len(context) - 1
-        draft: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        confidences: list[float] = []
-        states: list[torch.Tensor] = []  # h_ℓ of each token fed: x, d_1 .. d_{n-1}
-        feed = context[-1]
-        # The target adds one token of its own, so never draft past remaining - 1.
-        room = min(gamma, budget.remaining - 1)
-        reason = "max_draft" if room == gamma else "budget"
-        for j in range(room):
-            # Early exit 1: layers 1..ℓ, then the adapter and the LM head.
-            head = _draft_head(bundle, adapter, adapter_cache, behind, in_cache + j)
-            d_out = forward_shallow(
-                bundle,
-                cache,
-                [feed],
-                exit_layer,
-                step=step,
-                kind="draft",
-                positions=[in_cache + j],
-                exit_head=head,
-            )
-            yield d_out.event
-            behind = behind[:0]
-            states.append(d_out.hidden[exit_layer])
-            q = sampler.distribution(d_out.logits[-1])
-            # With runners-up the tree is verified as point masses (the multi-draft rule), where a
-            # draw from q would be wasted: draft q's top token, its runners-up after it
-            feed = int(q.argmax()) if siblings else sampler.pick(d_out.logits[-1], q)
-            draft.append(feed)
-            q_rows.append(q)
-            confidences.append(round(float(q.max()), 6))
-            # Early exit 2: the token below η is still drafted (its forward is paid; the target
-            # may accept it) and drafting stops after it, as in the authors' code.
-            if confidences[-1] < eta:
-                reason = "confidence"
-                break
-            if feed in budget.eos_ids:  # the output would end here: nothing to draft after it
-                reason = "eos"
-                break
-        yield DraftStop(step, eta, tuple(confidences), reason)
-        tokens, parents, probs = with_runners_up(draft, q_rows, siblings)
-        if tokens:
-            source = label + (" + runners-up" if len(tokens) > len(draft) else "")
-            yield Draft(step, source, tuple(tokens), tuple(parents), probs)
 
-        # Verify: layers ℓ+1..L only, on the states drafting left; the last draft token (x when
-        # nothing was drafted) and the runners-up have not been through layers 1..ℓ yet and run
-        # them first.
-        leaves = tokens[len(draft) :]
-        shape = {}  # a chain: causal; a tree: each input at its depth, seeing its ancestors only
-        if leaves:
-            tree = with_root(parents)
-            shape = dict(positions=tree_positions(tree, in_cache), mask=tree_mask(tree, in_cache))
-        v_out = forward_from(
-            bundle,
-            cache,
-            torch.cat(states) if states else behind[:0],
-            exit_layer,
-            step=step,
-            kind="verify" if draft else "target",
-            tokens=[draft[-1] if draft else context[-1], *leaves],
-            **shape,
-        )
-        yield v_out.event
-        if siblings:  # a tree of point-mass drafts (a chain where no runner-up was left)
-            verdict = yield from settle_tree(
-                cache, context, tokens, parents, v_out.logits, sampler, budget, step
-            )
-        else:
-            verdict = yield from settle_chain(
-                cache, context, draft, v_out.logits, sampler, budget, step, q_rows
-            )
-        # The adapter has read x, d_1 .. d_{n-1}: keep what the target accepted of them. The path's
-        # last node may be one it has not read (d_n, or a runner-up; x itself when nothing was
-        # drafted, which happens only for the output's last token): its state rides along.
-        path = verdict.accepted
-        read = sum(i < len(draft) - 1 for i in path)
-        crop_cache(adapter_cache, in_cache + 1 + read)
-        if not draft or len(path) > read:
+class AdapterHead:
+    """Kangaroo's exit head (exit_drafting.ExitHead): the adapter, on its own KV cache, then the
+    LM head's draft-vocabulary rows. The adapter reads every committed token's layer-ℓ state once,
+    in order: x, d_1 .. d_{n-1} as they are drafted; the others (the last draft token when every
+    draft was accepted, an accepted runner-up, x when nothing was drafted) ride along with the
+    next adapter pass."""
+
+    def __init__(self, bundle: ModelBundle, adapter: KangarooAdapter, exit_layer: int) -> None:
+        self.bundle, self.adapter = bundle, adapter
+        self.label = f"kangaroo: exit at layer {exit_layer} + adapter"
+        self.cache = DynamicCache()  # the adapter's own
+        self.behind: torch.Tensor | None = None  # layer-ℓ states owed to the adapter
+
+    def prefill(self, states: torch.Tensor) -> Forward:
+        self.behind = states[:0]
+        return _adapter_prefill(self.bundle, self.adapter, self.cache, states)
+
+    def head(self, position: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        behind, self.behind = self.behind, self.behind[:0]  # this pass reads what was owed
+        return _draft_head(self.bundle, self.adapter, self.cache, behind, position)
+
+    def settle(self, in_cache: int, n_draft: int, path, states: torch.Tensor) -> None:
+        # The adapter has read x, d_1 .. d_{n-1}: keep what the target accepted of them. The
+        # path's last node may be one it has not read (d_n, or a runner-up; x itself when
+        # nothing was drafted, which happens only for the output's last token): its state
+        # rides along.
+        read = sum(i < n_draft - 1 for i in path)
+        crop_cache(self.cache, in_cache + 1 + read)
+        if not n_draft or len(path) > read:
             row = 1 + path[-1] if path else 0  # its input row in the verify pass (x is row 0)
-            behind = torch.cat([behind, v_out.hidden[exit_layer][row : row + 1]])
+            self.behind = torch.cat([self.behind, states[row : row + 1]])
 
 
 @torch.inference_mode()
@@ -370,30 +297,6 @@ def _draft_head(
         return full_logits(bundle, adapter.vocab, adapter.lm_head(feats[0, -1:]))
 
     return head
-
-
-def with_runners_up(
-    draft: list[int], q_rows: list[torch.Tensor], siblings: int
-) -> tuple[list[int], list[int], tuple[float, ...]]:
-    """The tree to verify: the drafted chain d_1..d_n, then beside each d_j (a leaf under d_{j-1})
-    the `siblings` next most likely tokens of the same draft distribution q_j, so the runners-up
-    cost inputs but no extra draft forward (our extension; 0 = the paper's chain). Returns the
-    tokens, their parents and each one's draft probability."""
-    tokens, parents = list(draft), list(chain(len(draft)))
-    probs = [float(q[d]) for q, d in zip(q_rows, draft, strict=True)]
-    for j, q in enumerate(q_rows if siblings else ()):
-        for t in runners_up(q, draft[j], siblings):
-            tokens.append(t)
-            parents.append(j - 1)
-            probs.append(float(q[t]))
-    return tokens, parents, tuple(round(v, 6) for v in probs)
-
-
-def runners_up(q: torch.Tensor, drafted: int, n: int) -> list[int]:
-    """The n most likely tokens of the draft distribution q after `drafted`, skipping those q
-    gives no probability (outside the draft vocabulary, or cut by top-k / top-p when sampling)."""
-    values, ids = torch.topk(q, n + 1)
-    return [int(t) for v, t in zip(values, ids, strict=True) if v > 0 and int(t) != drafted][:n]
 
 
 def _as(adapter: KangarooAdapter, h: torch.Tensor) -> torch.Tensor:

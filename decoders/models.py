@@ -32,6 +32,10 @@ TINY_ID = "tiny-random"
 # Seeded tiny models over the same tokenizer: the second one is a draft that disagrees with the first.
 TINY_SEEDS = {TINY_ID: 0, "tiny-random-2": 1}
 OFFLINE_HINT = "The embedded model works offline: load_model() or --model embedded."
+# Models tuned for early exit (LayerSkip, decoders/exit_tuned.py): a built-in base plus the delta
+# shipped for it in assets/layerskip/, e.g. "SmolLM2-135M-Instruct-exit-tuned".
+TUNED_SUFFIX = "-exit-tuned"
+TUNED_ID = EMBEDDED_ID + TUNED_SUFFIX
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,9 +115,7 @@ def load_model(
     """Load (once per process) the embedded model, `tiny-random`, or any hub id / local path."""
     dev = torch.device(device) if device is not None else default_device()
     dt = _resolve_dtype(dtype, dev)
-    key_id = (
-        EMBEDDED_ID if (model_id or "").strip().lower() in EMBEDDED_ALIASES else model_id.strip()
-    )
+    key_id = canonical_id(model_id)
     key = (key_id, str(dev), str(dt))
     with _lock:  # one load at a time; later callers get the shared bundle
         if key not in _cache:
@@ -121,9 +123,33 @@ def load_model(
         return _cache[key]
 
 
+def canonical_id(model_id: str | None) -> str:
+    """The id a model is known by: the embedded model's aliases -> EMBEDDED_ID; a built-in
+    base + "-exit-tuned" (any case, the embedded model by any alias) -> its canonical spelling."""
+    text = (model_id or "").strip()
+    if text.lower() in EMBEDDED_ALIASES:
+        return EMBEDDED_ID
+    if text.lower().endswith(TUNED_SUFFIX):
+        base = text[: -len(TUNED_SUFFIX)]
+        if base.lower() in EMBEDDED_ALIASES - {None, ""}:
+            return TUNED_ID
+        if base.lower() in TINY_SEEDS:
+            return base.lower() + TUNED_SUFFIX
+    return text
+
+
+def tuned_base(model_id: str) -> str | None:
+    """The built-in base of an exit-tuned model id (canonical), else None."""
+    if model_id.endswith(TUNED_SUFFIX):
+        base = model_id[: -len(TUNED_SUFFIX)]
+        if base == EMBEDDED_ID or base in TINY_SEEDS:
+            return base
+    return None
+
+
 def loaded(model_id: str) -> ModelBundle | None:
     """The bundle of a model this process has already loaded (any device), or None: never loads."""
-    key_id = EMBEDDED_ID if model_id.strip().lower() in EMBEDDED_ALIASES else model_id.strip()
+    key_id = canonical_id(model_id)
     with _lock:
         return next((b for (k, _, _), b in _cache.items() if k == key_id), None)
 
@@ -146,6 +172,8 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
     hf_logging.disable_progress_bar()  # load bars would clutter the CLI and server logs
     if model_id == EMBEDDED_ID:
         model, tokenizer = _load_embedded(dtype)
+    elif tuned_base(model_id):
+        model, tokenizer = _load_tuned(model_id, dtype)
     elif model_id in TINY_SEEDS:
         model, tokenizer = _load_tiny_random(dtype, TINY_SEEDS[model_id])
     else:
@@ -160,7 +188,8 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     # Drafting heads may run in bfloat16 (packing.draft_dtype); the tiny test models keep their
     # dtype: their near-uniform distributions make drafts flip on rounding, machine by machine.
-    drafts = dtype if model_id in TINY_SEEDS else packing.draft_dtype(device, dtype)
+    tiny = model_id in TINY_SEEDS or tuned_base(model_id) in TINY_SEEDS
+    drafts = dtype if tiny else packing.draft_dtype(device, dtype)
     return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts)
 
 
@@ -259,6 +288,28 @@ def _save_converted(model: Any, tokenizer: Any, target: Path) -> None:
             tmp.replace(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # read-only home: just convert again next time
+
+
+# --- exit-tuned (LayerSkip) ------------------------------------------------------------------------
+
+
+def _load_tuned(model_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A built-in base with its LayerSkip delta merged in (decoders/exit_tuned.py), in float32
+    on the CPU first, so the tuned weights are the same numbers on every device."""
+    from . import exit_tuned
+
+    base = tuned_base(model_id)
+    assert base is not None
+    state = exit_tuned.load_delta(base)
+    if base == EMBEDDED_ID:
+        model, tokenizer = _load_embedded(torch.float32)
+    else:
+        model, tokenizer = _load_tiny_random(torch.float32, TINY_SEEDS[base])
+    try:
+        exit_tuned.apply_delta(model, state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"the delta for {model_id} does not fit {base}: {exc}") from None
+    return model.to(dtype), tokenizer
 
 
 # --- tiny-random ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from . import (
     hash_ee,
     jacobi,
     kangaroo,
+    layerskip,
     lookahead,
     mask_predict,
     medusa,
@@ -93,6 +94,26 @@ METHODS: dict[str, Method] = {
             presets={"paper": {"eta": 0.6, "gamma": 6, "siblings": 0}},
             check=kangaroo.check,
             summary="The first ℓ layers and a small trained adapter draft; the remaining layers verify.",
+            relaxable=True,
+        ),
+        Method(
+            name="layerskip",
+            title="LayerSkip (self-speculation on a model tuned for early exit)",
+            decode=layerskip.decode,
+            params=layerskip.PARAMS,
+            # Elhoushi et al. 2024 (their repository's example: exit after 8 of Llama2's 32 layers,
+            # i.e. a quarter, and 6 speculated tokens, no confidence stop, the whole LM head)
+            presets={
+                "paper": {
+                    "exit_layer": "auto",
+                    "eta": 0.0,
+                    "gamma": 6,
+                    "siblings": 0,
+                    "vocab": "full",
+                }
+            },
+            check=layerskip.check,
+            summary="On a model tuned to be read early, its first E layers and its own LM head draft; the rest of the layers verify, reusing what drafting computed.",
             relaxable=True,
         ),
         Method(

@@ -8,9 +8,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decoders import InvalidInput, load_model
-from decoders.models import EMBEDDED_ID, TINY_ID, TINY_SEEDS, ModelBundle, hub_reachable
+from decoders.exit_tuned import delta_path
+from decoders.models import (
+    EMBEDDED_ID,
+    TINY_ID,
+    TINY_SEEDS,
+    TUNED_ID,
+    ModelBundle,
+    hub_reachable,
+)
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
+TUNED_LABEL = f"{TUNED_ID} (tuned for early exit: LayerSkip, offline)"
 # Target models that share the embedded model's tokenizer (so it can draft for them later).
 CURATED_MODELS = (
     "HuggingFaceTB/SmolLM2-360M-Instruct",
@@ -24,7 +33,9 @@ def model_choices() -> list[tuple[str, str]]:
     """(label, id) pairs for the model picker: the embedded model always; hub models where a network is."""
     default = os.environ.get("DECODING_LAB_MODEL") or EMBEDDED_ID
     choices = [(EMBEDDED_LABEL, EMBEDDED_ID), ("tiny-random (seeded 4-layer test model)", TINY_ID)]
-    if default not in (EMBEDDED_ID, TINY_ID):
+    if delta_path(EMBEDDED_ID).is_file():  # offline too: the embedded model plus a shipped delta
+        choices.insert(1, (TUNED_LABEL, TUNED_ID))
+    if default not in (EMBEDDED_ID, TINY_ID, TUNED_ID):
         choices.insert(0, (default, default))
     if os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and hub_reachable(timeout=2.0):
         choices += [(m, m) for m in CURATED_MODELS]

@@ -31,6 +31,21 @@ from .figures import LANE_COLOURS, _base_layout, _empty
 from .self_speculative_view import confidence_bars, run_cost
 from .text import add_caption
 
+
+@dataclass(frozen=True)
+class ExitHead:
+    """How a view names the head drafts exit through (the method decides, not the events)."""
+
+    row: str  # its row in the layer diagram
+    noun: str  # in sentences
+    hover: str
+    reads_prompt: bool  # it runs over the prompt's layer-ℓ states at the prefill
+
+
+ADAPTER = ExitHead("adapter + head", "the adapter", "the adapter and the draft head", True)
+# LayerSkip: the tuned model's own final norm and LM head, shared with its last layer
+SHARED = ExitHead("norm + LM head", "the LM head", "the final norm and the LM head", False)
+
 MAX_LAYER_ROWS = 64  # deeper models are drawn as three blocks, not one row per layer
 LEFT_PX = 100  # room for the y tick labels
 ROW_PX = 13  # one layer row: room for a tick label at 11 px
@@ -96,6 +111,18 @@ def step_passes(events: Sequence[Event], step: int) -> StepPasses | None:
 
 
 def kangaroo_layers(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """Kangaroo's layer diagram: the shallow layers, the adapter, the deep layers."""
+    return exit_layers(events, texts, step, ADAPTER)
+
+
+def layerskip_layers(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """LayerSkip's layer diagram: the first E layers, the shared head, the rest."""
+    return exit_layers(events, texts, step, SHARED)
+
+
+def exit_layers(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, head: ExitHead
+) -> go.Figure:
     """The model as a column of layers at `step`: how many tokens ran each part, in which pass."""
     passes = step_passes(events, step)
     if passes is None:
@@ -109,18 +136,18 @@ def kangaroo_layers(events: Sequence[Event], texts: Mapping[int, str], step: int
             _row(f"layer {i}", p.shallow_draft, p.shallow_verify, f"layer {i}")
             for i in range(1, ell + 1)
         ]
-        rows.append(_row("adapter + head", p.adapter, 0, "the adapter and the draft head"))
+        rows.append(_row(head.row, p.adapter, 0, head.hover))
         rows += [_row(f"layer {i}", 0, p.deep, f"layer {i}") for i in range(ell + 1, total + 1)]
-        ticks = ["layer 1", f"layer {ell}", "adapter + head", f"layer {ell + 1}", f"layer {total}"]
+        ticks = ["layer 1", f"layer {ell}", head.row, f"layer {ell + 1}", f"layer {total}"]
     else:
         rows = [
             _row(_span(1, ell), p.shallow_draft, p.shallow_verify, _span(1, ell)),
-            _row("adapter + head", p.adapter, 0, "the adapter and the draft head"),
+            _row(head.row, p.adapter, 0, head.hover),
             _row(_span(ell + 1, total), 0, p.deep, _span(ell + 1, total)),
         ]
         ticks = [r[0] for r in rows]
-    shallow_rows = rows.index(next(r for r in rows if r[0] == "adapter + head")) + 1
-    return _layers_figure(step, rows, p, _layer_sentences(p), shallow_rows, ticks)
+    shallow_rows = rows.index(next(r for r in rows if r[0] == head.row)) + 1
+    return _layers_figure(step, rows, p, _layer_sentences(p, head), shallow_rows, ticks, head)
 
 
 def _span(first: int, last: int) -> str:
@@ -143,6 +170,7 @@ def _layers_figure(
     sentences: list[str],
     shallow_rows: int,
     ticks: list[str],
+    head: ExitHead = ADAPTER,
 ) -> go.Figure:
     """Stacked horizontal bars, one row per layer (bottom = layer 1); `shallow_rows`: how many
     rows from the bottom are the shallow layers and the adapter (shaded apart from the rest)."""
@@ -150,7 +178,7 @@ def _layers_figure(
     prefill = p.target_kind == "prefill"
     fig = go.Figure()
     for name, column, colour in (
-        ("the adapter" if prefill else "drafting", 1, LANE_COLOURS["draft"]),
+        (head.noun if prefill else "drafting", 1, LANE_COLOURS["draft"]),
         (
             "the prefill" if prefill else "the verify pass",
             2,
@@ -216,11 +244,11 @@ def _layers_figure(
     ell, total = p.exit_layer, p.n_layers
     if shallow_rows:
         title = f"Step {step}: exit at layer {ell} of {total}"
-        subtitle = f"{_span(1, ell)} + adapter draft; {_span(ell + 1, total)} verify"
+        subtitle = f"{_span(1, ell)} + {head.noun[4:]} draft; {_span(ell + 1, total)} verify"
     else:
         title, subtitle = f"Step {step}: {total} layers", "no draft in this run"
     fig = _base_layout(fig, title, height=height, subtitle=subtitle)
-    # A left margin that holds the longest tick label ("adapter + head"), so automargin never
+    # A left margin that holds the longest tick label (the head's row), so automargin never
     # widens it and the caption, placed from the figure's edge by this margin, stays inside.
     fig.update_layout(margin=dict(l=LEFT_PX))
     fig.update_yaxes(automargin=False)
@@ -239,18 +267,22 @@ def _nice_step(raw: float) -> int:
     return step
 
 
-def _layer_sentences(p: StepPasses) -> list[str]:
+def _layer_sentences(p: StepPasses, head: ExitHead = ADAPTER) -> list[str]:
     ell, total = p.exit_layer, p.n_layers
     if p.target_kind == "prefill":
+        if not head.reads_prompt:
+            return [
+                f"Prefill: the prompt's {p.deep} tokens ran all {total} layers ({p.target_ms:.1f} ms)."
+            ]
         return [
             f"Prefill: the prompt's {p.deep} tokens ran all {total} layers, and their "
-            f"layer-{ell} states the adapter, so its cache covers the prompt "
+            f"layer-{ell} states {head.noun}, so its cache covers the prompt "
             f"({p.target_ms + p.draft_ms:.1f} ms)."
         ]
     if p.draft_forwards:
         first = (
-            f"Drafting: {_count(p.draft_forwards, 'forward')} of {_span(1, ell)} and the "
-            f"adapter, one token each ({p.draft_ms:.1f} ms in all)."
+            f"Drafting: {_count(p.draft_forwards, 'forward')} of {_span(1, ell)} and "
+            f"{head.noun}, one token each ({p.draft_ms:.1f} ms in all)."
         )
     else:
         first = "No draft this step: the budget left room for the target's own token only."
@@ -288,34 +320,48 @@ def _verify_sentence(p: StepPasses) -> str:
 # --- the second early exit: confidence against η ------------------------------------------------
 
 
-def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str]) -> str:
+def _stop_sentence(
+    stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str], head: ExitHead = ADAPTER
+) -> str:
     last = repr(texts.get(tokens[-1], "?")) if tokens else ""
     eta = f"η\u00a0=\u00a0{stop.threshold:.2f}"
     if stop.reason == "confidence" and stop.confidences:
         return (
-            f"Stopped after {last}: the adapter's confidence {stop.confidences[-1]:.2f} is below "
+            f"Stopped after {last}: {head.noun}'s confidence {stop.confidences[-1]:.2f} is below "
             f"{eta} (the token is still verified)."
         )
     if stop.reason == "max_draft":
         return f"Stopped at γ\u00a0=\u00a0{len(tokens)}: every token cleared {eta}."
     if stop.reason == "eos":
-        return f"Stopped after {last}: the adapter proposed an end token."
+        return f"Stopped after {last}: {head.noun} proposed an end token."
     return f"Stopped by the budget: max_new_tokens left room for {len(tokens)} draft tokens."
 
 
-def _cost_sentence(events: Sequence[Event]) -> str:
+def _cost_sentence(events: Sequence[Event], head: ExitHead = ADAPTER) -> str:
     cost = run_cost(events)
     ell = exit_layer_of(events)
     if cost is None or not cost.drafts or ell is None:
         return ""
     return (
-        f"On this run a draft forward ({_span(1, ell)} + the adapter) takes "
+        f"On this run a draft forward ({_span(1, ell)} + {head.noun}) takes "
         f"{cost.draft_ratio:.0%} of the time of one of its {cost.reference}."
     )
 
 
 def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    """The drafted tokens of one step: the adapter's confidence against η, and why drafting
+    """Kangaroo's drafted tokens of one step: the adapter's confidence against η."""
+    return exit_confidence_bars(events, texts, step, ADAPTER)
+
+
+def layerskip_confidence(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """LayerSkip's drafted tokens of one step: the layer-E exit's confidence against η."""
+    return exit_confidence_bars(events, texts, step, SHARED)
+
+
+def exit_confidence_bars(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, head: ExitHead
+) -> go.Figure:
+    """The drafted tokens of one step: the exit head's confidence against η, and why drafting
     stopped."""
     stop = next((e for e in events if isinstance(e, DraftStop) and e.step == step), None)
     if stop is None:
@@ -326,9 +372,9 @@ def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step:
     accepted = verify.accepted if verify else ()
     n_acc = sum(1 for i in accepted if i < len(chain))
     caption = [
-        _stop_sentence(stop, chain, texts),
-        _runner_up_sentence(draft, accepted, len(chain), texts),
-        _cost_sentence(events),
+        _stop_sentence(stop, chain, texts, head),
+        _runner_up_sentence(draft, accepted, len(chain), texts, head),
+        _cost_sentence(events, head),
     ]
     took = any(i >= len(chain) for i in accepted)
     return confidence_bars(
@@ -338,13 +384,17 @@ def kangaroo_confidence(events: Sequence[Event], texts: Mapping[int, str], step:
         texts,
         caption,
         symbol="η",
-        scorer="adapter's confidence",
+        scorer=f"{head.noun[4:]}'s confidence",
         also_kept=" + a runner-up" if took else "",
     )
 
 
 def _runner_up_sentence(
-    draft: Draft | None, accepted: Sequence[int], n_chain: int, texts: Mapping[int, str]
+    draft: Draft | None,
+    accepted: Sequence[int],
+    n_chain: int,
+    texts: Mapping[int, str],
+    head: ExitHead = ADAPTER,
 ) -> str:
     """What the runners-up (Kangaroo's `siblings`) did this step, if there were any."""
     if draft is None or len(draft.tokens) <= n_chain:
@@ -359,7 +409,7 @@ def _runner_up_sentence(
     choice = 2 + sum(1 for i in range(n_chain, node) if draft.parents[i] == parent)
     return (
         f"Also verified: {extra}; the target took {texts.get(draft.tokens[node], '?')!r}, the "
-        f"adapter's {_ordinal(choice)} choice at position {depths(draft.parents)[node] + 1}, in "
+        f"{head.noun[4:]}'s {_ordinal(choice)} choice at position {depths(draft.parents)[node] + 1}, in "
         "place of the red bar."
     )
 

@@ -10,7 +10,12 @@ from decoders.events import Event
 
 from .exit_view import catch_ups, exit_confidence, exit_heatmap, hash_layers
 from .figures import draft_panel, topk_panel
-from .kangaroo_view import kangaroo_confidence, kangaroo_layers
+from .kangaroo_view import (
+    kangaroo_confidence,
+    kangaroo_layers,
+    layerskip_confidence,
+    layerskip_layers,
+)
 from .lookahead_views import (
     attention_mask,
     jacobi_trajectory,
@@ -37,6 +42,7 @@ PANELS: dict[str, Panel] = {
     "jacobi": jacobi_trajectory,
     "lookahead": lookahead_panel,
     "kangaroo": kangaroo_confidence,
+    "layerskip": layerskip_confidence,
     "medusa": heads_grid,
     "blockwise": blockwise_chain,
     "space": relay,
@@ -59,6 +65,7 @@ EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
     "lookahead": (lookahead_window, pool_candidates, ngram_pool),
     "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept
     "kangaroo": (kangaroo_layers,),  # under the confidences: where in the model the step ran
+    "layerskip": (layerskip_layers,),
     "medusa": (token_tree,),  # the tree the heads' guesses formed, verified
     "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
     "space": (attention_mask,),  # the layout's real mask: every group hidden from later rows

