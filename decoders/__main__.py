@@ -52,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default=None, help="model id or path (default: embedded SmolLM2-135M)"
     )
     parser.add_argument(
+        "--device-map",
+        default=None,
+        help="spread the model over devices with accelerate: 'auto' or a JSON map of module "
+        'names to a GPU index, "cpu" or "disk" (offloaded), naming every module (or a parent '
+        "of it) (default: $DECODING_LAB_DEVICE_MAP, else one device)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        default=None,
+        help="with --device-map auto: memory per device, e.g. 0=20GiB,cpu=60GiB",
+    )
+    parser.add_argument(
         "--param",
         action="append",
         default=[],
@@ -82,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         params: dict[str, Any] = dict(parse_param(p) for p in args.param)
         # Fail on bad input before the (slow) model load.
         check_request(args.prompt, args.method, args.max_new_tokens, params)
-        bundle = load_model(args.model)
+        bundle = load_model(args.model, device_map=args.device_map, max_memory=args.max_memory)
         result = generate(
             bundle, args.prompt, args.method, args.max_new_tokens, chat=args.chat, **params
         )
@@ -106,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             out["lossless"] = {
                 "identical": check.identical,
                 "first_divergence": check.first_divergence,
+                "near_tie": check.near_tie,
             }
         if scores is not None:
             out["quality"] = scores

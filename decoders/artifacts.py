@@ -117,8 +117,12 @@ def vocab_head(
     bundle: ModelBundle, vocab: torch.Tensor, dtype: torch.dtype | None = None
 ) -> nn.Linear:
     """The target's LM head restricted to the rows of `vocab` (a copy for drafting; not saved)."""
-    rows = bundle.model.lm_head.weight[vocab.to(bundle.model.lm_head.weight.device)].detach()
-    rows = rows.to(dtype or rows.dtype)
+    from .runtime import weights_of
+
+    lm_head = bundle.model.lm_head
+    with weights_of(lm_head):  # under a device map the head may be offloaded until it runs
+        rows = lm_head.weight[vocab.to(lm_head.weight.device)].detach()
+        rows = rows.to(device=bundle.device, dtype=dtype or rows.dtype)
     head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device)
     head.weight = nn.Parameter(rows, requires_grad=False)
     return head

@@ -34,7 +34,7 @@ from .base import Budget
 from .errors import InvalidParameter
 from .events import Commit, Forward
 from .models import ModelBundle
-from .runtime import cache_arg, elapsed_ms
+from .runtime import cache_arg, elapsed_ms, weights_of
 
 KIND = "exits"
 FILLS = ("propagate", "compute")
@@ -216,13 +216,14 @@ def propagate(
     """State propagation: the exited states h [1, n, d] feed each skipped layer's key and value
     projections (its input norm, then k and v, keys rotated to their positions), appended to that
     layer's cache: exactly the entries the layer would own, from a stand-in for its input."""
-    cos, sin = rope
     for i in layer_ids:
         layer = bundle.model.model.layers[i]
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        shape = (*x.shape[:-1], -1, attn.head_dim)
-        k = attn.k_proj(x).view(shape).transpose(1, 2)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        _, k = apply_rotary_pos_emb(k, k, cos, sin)
-        cache.update(k, v, i)
+        with weights_of(layer, h) as here:  # its weights, where a device map keeps them
+            attn = layer.self_attn
+            x = layer.input_layernorm(here)
+            shape = (*x.shape[:-1], -1, attn.head_dim)
+            k = attn.k_proj(x).view(shape).transpose(1, 2)
+            v = attn.v_proj(x).view(shape).transpose(1, 2)
+            cos, sin = (r.to(x.device) for r in rope)
+            _, k = apply_rotary_pos_emb(k, k, cos, sin)
+            cache.update(k, v, i)

@@ -34,7 +34,7 @@ from .errors import InvalidParameter
 from .events import Forward
 from .models import ModelBundle
 from .packing import PackedLinear
-from .runtime import ForwardResult, elapsed_ms
+from .runtime import ForwardResult, elapsed_ms, weights_of
 
 KIND = "space"  # assets/space/<model>.safetensors
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -204,14 +204,23 @@ def masked_forward(
         attention = torch.zeros(blocked.shape, dtype=h.dtype, device=h.device)
         attention = attention.masked_fill(blocked, torch.finfo(h.dtype).min)[None, None]
     for i, layer in enumerate(inner.layers):
-        h = h + _attention(
-            adapter, layer.self_attn, i, layer.input_layernorm(h), first, rope, attention, cache
-        )
-        x = layer.post_attention_layernorm(h)
-        mlp = layer.mlp
-        gate, up = adapter.project(i, "gate_up", (mlp.gate_proj, mlp.up_proj), x, first)
-        (down,) = adapter.project(i, "down", (mlp.down_proj,), mlp.act_fn(gate) * up, first)
-        h = h + down
+        with weights_of(layer, h) as h:  # its weights, where a device map keeps them
+            here = tuple(r.to(h.device) for r in rope)
+            h = h + _attention(
+                adapter,
+                layer.self_attn,
+                i,
+                layer.input_layernorm(h),
+                first,
+                here,
+                attention.to(h.device),
+                cache,
+            )
+            x = layer.post_attention_layernorm(h)
+            mlp = layer.mlp
+            gate, up = adapter.project(i, "gate_up", (mlp.gate_proj, mlp.up_proj), x, first)
+            (down,) = adapter.project(i, "down", (mlp.down_proj,), mlp.act_fn(gate) * up, first)
+            h = h + down
     return inner.norm(h)
 
 

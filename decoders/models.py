@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class ModelBundle:
     context_length: int
     packed: bool = False  # linear weights prepacked for oneDNN (see packing.py)
     draft_dtype: torch.dtype | None = None  # trained drafting heads' dtype (None: `dtype`)
+    # Where accelerate placed each module (load_model's device_map), None: all on `device`
+    device_map: Mapping[str, Any] | None = None
 
     @property
     def drafting_dtype(self) -> torch.dtype:
@@ -106,21 +109,98 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+DEVICE_MAP_ENV = "DECODING_LAB_DEVICE_MAP"  # e.g. "auto", for a Space whose model outgrows a GPU
+MAX_MEMORY_ENV = "DECODING_LAB_MAX_MEMORY"  # e.g. "0=20GiB,cpu=60GiB"
+
+
 def load_model(
     model_id: str | None = None,
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    device_map: str | Mapping[str, Any] | None = None,
+    max_memory: str | Mapping[Any, Any] | None = None,
 ) -> ModelBundle:
-    """Load (once per process) the embedded model, `tiny-random`, or any hub id / local path."""
+    """Load (once per process) the embedded model, `tiny-random`, or any hub id / local path.
+
+    device_map: spread the model over devices with accelerate, for a model beyond one device:
+        "auto" (fill the GPUs, then the CPU, then disk, within `max_memory`) or an explicit map
+        {module name: GPU index | "cpu" | "disk"} (a dict, or its JSON). Layers mapped to "cpu"
+        or "disk" are offloaded: their weights are brought to the main device when they run.
+        Default: $DECODING_LAB_DEVICE_MAP, else none (the whole model on `device`).
+    max_memory: what "auto" may use per device, {0: "20GiB", "cpu": "60GiB"} or "0=20GiB,cpu=60GiB"
+        (default: $DECODING_LAB_MAX_MEMORY)."""
+    if device_map is None and device is None:
+        device_map = os.environ.get(DEVICE_MAP_ENV) or None
+    if max_memory is None:
+        max_memory = os.environ.get(MAX_MEMORY_ENV) or None
+    plan = _device_plan(device_map, max_memory) if device_map is not None else None
     dev = torch.device(device) if device is not None else default_device()
     dt = _resolve_dtype(dtype, dev)
     key_id = canonical_id(model_id)
-    key = (key_id, str(dev), str(dt))
+    key = (key_id, str(dev), str(dt)) + ((repr(plan),) if plan else ())
     with _lock:  # one load at a time; later callers get the shared bundle
         if key not in _cache:
-            _cache[key] = _load(key_id, dev, dt)
+            _cache[key] = _load(key_id, dev, dt, plan)
         return _cache[key]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """How accelerate spreads a model: `device_map` ("auto" or a module -> device dict)."""
+
+    device_map: str | tuple[tuple[str, Any], ...]
+    max_memory: tuple[tuple[Any, str], ...] | None
+
+    def mapping(self) -> str | dict[str, Any]:
+        return self.device_map if isinstance(self.device_map, str) else dict(self.device_map)
+
+    def memory(self) -> dict[Any, str] | None:
+        return dict(self.max_memory) if self.max_memory else None
+
+
+def _device_plan(device_map: Any, max_memory: Any) -> DevicePlan:
+    """Check and normalise a device map and a memory budget (bad ones are refused by name)."""
+    import json
+
+    if isinstance(device_map, str):
+        text = device_map.strip()
+        if text.startswith("{"):
+            try:
+                device_map = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"device_map {text[:60]!r} is not valid JSON: {exc}") from None
+        elif text in ("auto", "sequential", "balanced"):
+            device_map = text
+        else:
+            raise InvalidInput(
+                f"device_map {text!r}: use 'auto' (or 'sequential', 'balanced'), or a JSON "
+                'object of module names to devices, e.g. {"model.layers.3": "disk"}'
+            )
+    if isinstance(device_map, Mapping):
+        for name, where in device_map.items():
+            ok = where in ("cpu", "disk") or (isinstance(where, int) and where >= 0)
+            ok = ok or (isinstance(where, str) and re.fullmatch(r"cuda:\d+", where) is not None)
+            if not ok:
+                raise InvalidInput(
+                    f"device_map: {name!r} -> {where!r}; a device is a GPU index, 'cpu' or 'disk'"
+                )
+        device_map = tuple((str(k), v) for k, v in device_map.items())
+    elif not isinstance(device_map, str):
+        raise InvalidInput(f"device_map must be 'auto' or a mapping, got {device_map!r}")
+    memory = None
+    if max_memory:
+        if isinstance(max_memory, str):
+            pairs = [p.split("=", 1) for p in max_memory.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise InvalidInput(
+                    f"max_memory {max_memory!r}: write DEVICE=SIZE pairs, e.g. 0=20GiB,cpu=60GiB"
+                )
+            max_memory = {
+                (int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs
+            }
+        memory = tuple(max_memory.items())
+    return DevicePlan(device_map, memory)
 
 
 def canonical_id(model_id: str | None) -> str:
@@ -166,7 +246,9 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> tor
     return names[dtype]
 
 
-def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundle:
+def _load(
+    model_id: str, device: torch.device, dtype: torch.dtype, plan: DevicePlan | None = None
+) -> ModelBundle:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # load bars would clutter the CLI and server logs
@@ -177,11 +259,18 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
     elif model_id in TINY_SEEDS:
         model, tokenizer = _load_tiny_random(dtype, TINY_SEEDS[model_id])
     else:
-        model, tokenizer = _load_pretrained(model_id, dtype)
-    model.to(device).eval()
+        model, tokenizer = _load_pretrained(model_id, dtype, plan)
+    if plan is not None:
+        device = _dispatch(model, model_id, dtype, plan)
+    else:
+        model.to(device)
+    model.eval()
     model.requires_grad_(False)
-    # Small-batch verification forwards are the hot path of every draft-and-verify method.
-    packed = device.type == "cpu" and dtype == torch.float32 and packing.available()
+    # Small-batch verification forwards are the hot path of every draft-and-verify method (not
+    # under a device map: offloaded weights come and go, and accelerate's hooks own them).
+    packed = (
+        plan is None and device.type == "cpu" and dtype == torch.float32 and packing.available()
+    )
     if packed:
         packing.pack_linears(model)
     eos = _eos_ids(model, tokenizer)
@@ -189,8 +278,55 @@ def _load(model_id: str, device: torch.device, dtype: torch.dtype) -> ModelBundl
     # Drafting heads may run in bfloat16 (packing.draft_dtype); the tiny test models keep their
     # dtype: their near-uniform distributions make drafts flip on rounding, machine by machine.
     tiny = model_id in TINY_SEEDS or tuned_base(model_id) in TINY_SEEDS
-    drafts = dtype if tiny else packing.draft_dtype(device, dtype)
-    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts)
+    drafts = dtype if tiny or plan else packing.draft_dtype(device, dtype)
+    placed = getattr(model, "hf_device_map", None) if plan else None
+    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts, placed)
+
+
+def _dispatch(model: Any, model_id: str, dtype: torch.dtype, plan: DevicePlan) -> torch.device:
+    """Spread a model over devices with accelerate (a hub model may arrive spread already):
+    returns the main device, where inputs go and offloaded layers run."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    mapping = getattr(model, "hf_device_map", None)
+    if mapping is None:
+        mapping = plan.mapping()
+        if isinstance(mapping, str):
+            mapping = infer_auto_device_map(
+                model,
+                max_memory=plan.memory(),
+                no_split_module_classes=list(getattr(model, "_no_split_modules", None) or []),
+                dtype=dtype,
+            )
+        if set(mapping.values()) == {"disk"}:
+            raise InvalidInput(
+                f"device_map {plan.device_map!r} with max_memory {plan.memory()} puts the whole "
+                "model on disk; give a GPU or the CPU room for its embeddings at least"
+            )
+        _check_covers(model, mapping)
+        offload = cache_dir() / "offload" / f"{slug(model_id)}-{os.getpid()}-{id(model)}"
+        dispatch_model(model, device_map=mapping, offload_dir=str(offload), force_hooks=True)
+        model.hf_device_map = dict(mapping)
+    gpus = sorted({d for d in mapping.values() if d not in ("cpu", "disk")}, key=str)
+    if not gpus:
+        return torch.device("cpu")
+    first = gpus[0]
+    return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
+
+
+def _check_covers(model: Any, mapping: Mapping[str, Any]) -> None:
+    """Every weight must be placed by the map (a module or one of its parents named)."""
+    names = list(mapping)
+    missing = [
+        n
+        for n, _ in model.named_parameters()
+        if not any(n == m or n.startswith(m + ".") or m == "" for m in names)
+    ]
+    if missing:
+        raise InvalidInput(
+            f"device_map places no device for {len(missing)} weights, e.g. {missing[0]!r}; name "
+            "every module (or a parent of it, '' for the whole model)"
+        )
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -350,7 +486,9 @@ def _load_tiny_random(dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
 # --- hub / local ------------------------------------------------------------------------------------
 
 
-def _load_pretrained(model_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_pretrained(
+    model_id: str, dtype: torch.dtype, plan: DevicePlan | None = None
+) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not model_id or len(model_id) > 256:
@@ -366,6 +504,14 @@ def _load_pretrained(model_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **kwargs)
+        if (
+            plan is not None
+        ):  # accelerate places the weights as they load (a model too big for one device)
+            kwargs |= {
+                "device_map": plan.mapping(),
+                "max_memory": plan.memory(),
+                "offload_folder": str(cache_dir() / "offload" / f"{slug(model_id)}-{os.getpid()}"),
+            }
         model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **kwargs)
     except Exception as exc:  # OSError for unknown ids; ValueError for unsupported architectures
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")

@@ -19,7 +19,8 @@ import inspect
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -234,18 +235,20 @@ def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet) -> torch.Tensor:
     h = inner.embed_tokens(ids)
     rope = inner.rotary_emb(h, position_ids=pos)
     for i, layer in enumerate(inner.layers):
-        if i not in skip.attn:
-            a, _ = layer.self_attn(
-                hidden_states=layer.input_layernorm(h),
-                attention_mask=None,  # one query token: it may see its whole (per-layer) cache
-                position_ids=pos,
-                **cache_arg(cache),
-                use_cache=True,
-                position_embeddings=rope,
-            )
-            h = h + a
-        if i not in skip.mlp:
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        with weights_of(layer, h) as h:
+            here = tuple(r.to(h.device) for r in rope)
+            if i not in skip.attn:
+                a, _ = layer.self_attn(
+                    hidden_states=layer.input_layernorm(h),
+                    attention_mask=None,  # one query token: it may see its whole (per-layer) cache
+                    position_ids=pos.to(h.device),
+                    **cache_arg(cache),
+                    use_cache=True,
+                    position_embeddings=here,
+                )
+                h = h + a
+            if i not in skip.mlp:
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
     return inner.norm(h)
 
 
@@ -385,6 +388,27 @@ def _run_layers(
             position_embeddings=rope,
         )
     return h
+
+
+@contextmanager
+def weights_of(
+    module: torch.nn.Module, h: torch.Tensor | None = None
+) -> Iterator[torch.Tensor | None]:
+    """Run a block's parts one by one under accelerate's device map (models.load_model's
+    `device_map`): a block offloaded to the CPU or disk holds its weights only inside its own
+    forward, so calling its attention, MLP or projections directly needs them brought in first
+    (the block's hook does it, and takes them back after) and the input on the block's execution
+    device. Yields `h` there. Without a hook (no device map): nothing to do."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        yield h
+        return
+    hook.pre_forward(module)
+    try:
+        device = getattr(hook, "execution_device", None)
+        yield h.to(device) if h is not None and device is not None else h
+    finally:
+        hook.post_forward(module, None)
 
 
 def elapsed_ms(bundle: ModelBundle, start: float) -> float:

@@ -67,18 +67,31 @@ def by_step(events) -> dict[int, dict]:
     return dict(sorted(steps.items()))
 
 
-def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({2}), siblings=None):
-    """Each step: one (ℓ + adapter)-layer draft forward per drafted token, a draft that ends for
+def check_steps(
+    res,
+    exit_layer,
+    eta,
+    gamma,
+    budget,
+    n_layers=4,
+    eos=frozenset({2}),
+    siblings=None,
+    prefill_head=True,
+    source="kangaroo",
+):
+    """Each step: one (ℓ + exit head)-layer draft forward per drafted token, a draft that ends for
     the reason it names, one verify forward over x, the draft and its runners-up (at most
     `siblings` beside each drafted token, as leaves; default: the run's), and a commit within
-    budget."""
+    budget. `prefill_head`: the exit head reads the prompt at step 0 (Kangaroo's adapter; not
+    LayerSkip's shared head); `source`: how the drafts' source begins."""
     siblings = res.params["siblings"] if siblings is None else siblings
     done = 0
     for step, ev in by_step(res.events).items():
         commit = ev["commit"]
         if step == 0:
             kinds = [(f.kind, f.layers) for f in ev["forwards"]]
-            assert kinds == [("prefill", n_layers), ("draft", 1)]  # the model, then the adapter
+            # the model, then the adapter (its cache reads the prompt)
+            assert kinds == [("prefill", n_layers)] + [("draft", 1)] * prefill_head
             done += len(commit.tokens)
             continue
         stop, draft = ev["draftstop"], ev.get("draft")
@@ -93,7 +106,7 @@ def check_steps(res, exit_layer, eta, gamma, budget, n_layers=4, eos=frozenset({
             drafted
         )
         if draft:
-            assert draft.source.startswith("kangaroo")
+            assert draft.source.startswith(source)
             assert draft.parents[: len(drafted)] == chain(len(drafted))
             assert draft.probs[: len(drafted)] == stop.confidences  # q(d) is the top-1 probability
             beside = Counter(draft.parents[len(drafted) :])  # runners-up: leaves beside d_j

@@ -45,14 +45,23 @@ EXITS_S=${EXITS_S:-150}
 # LayerSkip: the embedded model itself tuned for early exit (a LoRA delta), then the checks and
 # the benchmark that need a GPU (STAGES="layerskip cuda bench", BUILD=0: no corpus is built here,
 # the one carried from the CPU is used, so the call's time goes to training and measuring).
+# Variants train side by side on the one GPU (a 135M model leaves it mostly idle), each with its
+# own cache (no two processes write one file); which ships is judged on the CPU afterwards. The
+# checks and the benchmark below use the one whose held-out exits agree most with its last layer
+# while its greedy outputs keep closest to the original's (scripts/device/pick_layerskip.py).
 LAYERSKIP_MIN=${LAYERSKIP_MIN:-2.5}
 LAYERSKIP_S=${LAYERSKIP_S:-270}
-LAYERSKIP_ARGS=${LAYERSKIP_ARGS:-"--rank 16 --alpha 32 --p-max 0.1 --e-scale 1 --rotation 4 --focus 6,8,10 --batch-size 8 --epochs 8 --lr 3e-4"}
+LAYERSKIP_ARGS=${LAYERSKIP_ARGS:-"--rank 16 --alpha 32 --rotation 4 --focus 6,8,10 --batch-size 16 --epochs 8"}
+LAYERSKIP_VARIANTS=${LAYERSKIP_VARIANTS:-"a b c"}
+LAYERSKIP_a=${LAYERSKIP_a:-"--lr 2e-4 --e-scale 0.5 --p-max 0.1"}
+LAYERSKIP_b=${LAYERSKIP_b:-"--lr 2e-4 --e-scale 1.0 --p-max 0.2"}
+LAYERSKIP_c=${LAYERSKIP_c:-"--lr 1e-4 --e-scale 0.25 --p-max 0.1"}
 CUDA_S=${CUDA_S:-200}
 # The GPU benchmark: every method and the transformers peers, float32 (exact), each dataset
 # under its own deadline (a prompt starts only before it; the table says how many ran).
 BENCH_SETS=${BENCH_SETS:-"humaneval spec_bench tuned"}
 BENCH_S=${BENCH_S:-150} # per set
+BENCH_EXTRA=${BENCH_EXTRA:-} # appended to every set's arguments (a test's tiny sizes)
 BUILD=${BUILD:-1}
 STAGES=" ${STAGES:-kangaroo space} "
 # The warm starts: the shipped artifacts, or (a second call) what a first call left in .device/.
@@ -166,12 +175,27 @@ main() {
         --rank 128 --epochs 8 --minutes "$EXITS_MIN" \
         --init assets/exits/smollm2-135m-instruct.safetensors --out "$OUT"/exits.safetensors
     if want layerskip; then
-        stage layerskip "$LAYERSKIP_S" $PY -m decoders.train layerskip "${common[@]}" \
-            $LAYERSKIP_ARGS --minutes "$LAYERSKIP_MIN" --out "$OUT"/layerskip.safetensors
-        # The tuned model on this machine (a copy of the repository): its delta where the loader
-        # looks, for the checks and the benchmark below and a second call
-        [ -f "$OUT/layerskip.safetensors" ] && for ext in safetensors json; do
-            cp "$OUT/layerskip.$ext" "assets/layerskip/smollm2-135m-instruct.$ext"
+        for v in $LAYERSKIP_VARIANTS; do
+            extra=LAYERSKIP_$v
+            mkdir -p "$DEV/cache-$v/corpus"
+            cp -n "$DEV"/cache/corpus/*.pt "$DEV/cache-$v/corpus/" 2>/dev/null
+            # The card rides in the artifact's metadata: only the weights come back (8 files a call)
+            stage "layerskip $v" "$LAYERSKIP_S" env DECODING_LAB_CACHE="$DEV/cache-$v" \
+                $PY -m decoders.train layerskip "${common[@]}" $LAYERSKIP_ARGS ${!extra} \
+                --minutes "$LAYERSKIP_MIN" --out "$DEV/layerskip-$v.safetensors" \
+                >"$DEV/layerskip-$v.log" 2>&1 &
+        done
+        wait
+        for v in $LAYERSKIP_VARIANTS; do
+            echo "== layerskip $v:" && grep -E "^== |held-out|Error|error" "$DEV/layerskip-$v.log" | tail -5
+            cp "$DEV/layerskip-$v.safetensors" "$OUT/" 2>/dev/null
+        done
+        # The tuned model on this machine (a copy of the repository): the picked delta where the
+        # loader looks, for the checks and the benchmark below and a second call
+        picked=$($PY scripts/device/pick_layerskip.py "$DEV"/layerskip-*.json)
+        echo "== layerskip: picked $picked"
+        [ -n "$picked" ] && for ext in safetensors json; do
+            cp "${picked%.json}.$ext" "assets/layerskip/smollm2-135m-instruct.$ext"
         done
     fi
     want cuda && stage cuda "$CUDA_S" env CUDA_REPORT="$OUT/cuda.jsonl" \
@@ -189,7 +213,7 @@ main() {
             esac
             # A call brings back at most 8 files: the results alone (the table is made from them)
             stage "bench $set" "$BENCH_S" $PY -m decoders.bench --device "$DEVICE" --dtype float32 \
-                --max-new-tokens 128 --no-overhead --deadline $((BENCH_S - 40)) "${args[@]}" \
+                --max-new-tokens 128 --no-overhead --deadline $((BENCH_S - 60)) "${args[@]}" $BENCH_EXTRA \
                 --out "$DEV/bench-$set" &&
                 cp "$DEV/bench-$set/results.json" "$OUT/bench-$set.json"
         done
