@@ -26,6 +26,7 @@ Decoding on it is lossless against *its own* greedy output, not the embedded mod
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -46,10 +47,18 @@ LINEARS = (
 NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
-def delta_path(base_id: str) -> Path:
-    """assets/layerskip/<base model>.safetensors: the delta that makes `<base>-exit-tuned`."""
-    from .artifacts import artifact_path
+DELTA_ENV = "DECODING_LAB_LAYERSKIP_DELTA"  # another delta for the embedded model (a GPU run's)
 
+
+def delta_path(base_id: str) -> Path:
+    """assets/layerskip/<base model>.safetensors: the delta that makes `<base>-exit-tuned` (for
+    the embedded model, $DECODING_LAB_LAYERSKIP_DELTA instead where it is set: a delta just
+    trained, tried before it ships)."""
+    from .artifacts import artifact_path
+    from .models import EMBEDDED_ID
+
+    if base_id == EMBEDDED_ID and os.environ.get(DELTA_ENV):
+        return Path(os.environ[DELTA_ENV])
     return artifact_path(KIND, base_id)
 
 

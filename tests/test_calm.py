@@ -16,7 +16,8 @@ import json
 import pytest
 import torch
 
-from conftest import PROMPTS, one_thread
+from conftest import KERNEL_TOL as TOL
+from conftest import PROMPTS, close, one_thread
 from decoders import METHODS, InvalidParameter, generate
 from decoders.calm import threshold_at
 from decoders.events import CatchUp, Commit, Forward, LayerExit, Verify
@@ -215,9 +216,9 @@ def test_propagation_fills_exactly_the_skipped_layers_entries(tiny):
     for i, (mine, theirs) in enumerate(zip(cache.layers, full.layers, strict=True)):
         assert mine.keys.shape == theirs.keys.shape and mine.keys.shape[-2] == n
         # every earlier position is untouched, and the layers the token ran are the model's own
-        upto = n if i < ell else n - 1
-        torch.testing.assert_close(mine.keys[..., :upto, :], theirs.keys[..., :upto, :])
-        torch.testing.assert_close(mine.values[..., :upto, :], theirs.values[..., :upto, :])
+        upto = n if i < ell else n - 1  # (a prefill of n - 1 against one of n: KERNEL_TOL)
+        torch.testing.assert_close(mine.keys[..., :upto, :], theirs.keys[..., :upto, :], **TOL)
+        torch.testing.assert_close(mine.values[..., :upto, :], theirs.values[..., :upto, :], **TOL)
     # the skipped layers' entries are their k/v projections of the exited state
     expect = new_cache(tiny)
     inner = tiny.model.model
@@ -227,10 +228,14 @@ def test_propagation_fills_exactly_the_skipped_layers_entries(tiny):
     for i in range(ell, tiny.n_layers):
         torch.testing.assert_close(cache.layers[i].keys[..., -1:, :], expect.layers[i].keys)
         torch.testing.assert_close(cache.layers[i].values[..., -1:, :], expect.layers[i].values)
-        # the first skipped layer's input IS the exited state, so its entries are exact; above
-        # it they are stand-ins for states the token never reached
-        same = torch.allclose(cache.layers[i].keys[..., -1:, :], full.layers[i].keys[..., -1:, :])
-        assert same == (i == ell), i
+        # the first skipped layer's input IS the exited state, so its entries are the true ones
+        # (up to the kernels' rounding: one row here, a prefill's row there); above it they are
+        # stand-ins for states the token never reached, off by far more than any rounding
+        mine, true = cache.layers[i].keys[..., -1:, :], full.layers[i].keys[..., -1:, :]
+        if i == ell:
+            assert close(mine, true), (i, float((mine - true).abs().max()))
+        else:
+            assert float((mine - true).abs().max()) > 1e-2, i
 
 
 def test_the_compute_fill_reproduces_the_full_models_cache(tiny):
@@ -238,8 +243,8 @@ def test_the_compute_fill_reproduces_the_full_models_cache(tiny):
     full = new_cache(tiny)
     forward(tiny, full, ids, step=0, kind="prefill")
     for mine, theirs in zip(cache.layers, full.layers, strict=True):
-        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.keys, theirs.keys, **TOL)
+        torch.testing.assert_close(mine.values, theirs.values, **TOL)
 
 
 # --- HASH EE -----------------------------------------------------------------------------------------
@@ -442,7 +447,9 @@ def test_in_a_tree_the_exact_child_wins_then_the_likeliest_allowed_one():
     assert likeliest.accepted == (1,) and likeliest.relaxed == (1,)
 
 
-@pytest.mark.parametrize("method", ["prompt_lookup", "speculative", "token_tree", "kangaroo"])
+@pytest.mark.parametrize(
+    "method", ["prompt_lookup", "speculative", "token_tree", "kangaroo", "layerskip"]
+)
 def test_relaxed_runs_mark_what_the_exact_rule_would_have_rejected(tiny, method):
     res = generate(tiny, PROMPTS[5], method, 40, chat=False, beta=8, tolerance=20.0)
     relaxed = sum(len(e.relaxed) for e in res.events if isinstance(e, Verify))
@@ -466,6 +473,7 @@ def test_relaxed_verification_is_greedy_only_and_claims_nothing(tiny):
         "token_tree",
         "self_speculative",
         "kangaroo",
+        "layerskip",
         "lookahead",
         "medusa",
         "blockwise",
@@ -594,10 +602,10 @@ def test_the_parallel_catch_up_gives_the_deep_states_of_one_by_one(tiny):
     for t in feed:
         h = forward_shallow(tiny, alone, [t], ell, step=1, kind="target").hidden[ell]
         rows.append(forward_from(tiny, alone, h, ell, step=1, kind="sync").logits[-1])
-    torch.testing.assert_close(bulk.logits, torch.stack(rows), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bulk.logits, torch.stack(rows), **TOL)
     for a, b in zip(together.layers, alone.layers, strict=True):
-        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.keys, b.keys, **TOL)
+        torch.testing.assert_close(a.values, b.values, **TOL)
 
 
 def test_the_beta_mixture_threshold_sits_between_the_classes():

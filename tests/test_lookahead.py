@@ -5,9 +5,8 @@ import dataclasses
 import itertools
 
 import pytest
-import torch
 
-from conftest import PROMPTS
+from conftest import PROMPTS, close
 from decoders import generate
 from decoders.events import AttentionMask, Commit, LookaheadWindow, NgramPool
 from decoders.lookahead import NgramStore, trie, window_parents
@@ -95,7 +94,7 @@ def test_combined_mask_matches_sequential_forwards(tiny):
     for node in range(len(inputs)):
         path = [inputs[a] for a in ancestors(parents, node)]
         ref = forward(tiny, new_cache(tiny), [*context[:-1], *path], step=0, kind="prefill")
-        assert torch.allclose(out.logits[node], ref.logits[-1], atol=1e-4), node
+        assert close(out.logits[node], ref.logits[-1]), node
 
 
 # --- lossless ----------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from conftest import KERNEL_TOL, close
+from decoders.engine import NEAR_TIE
 from decoders.runtime import cache_arg, cache_length, crop_cache, forward, keep_cache, new_cache
 from decoders.tree import ancestors, chain, depths, leaf_paths, tree_mask, tree_positions
 
@@ -55,7 +57,9 @@ def check_tree_matches_sequential(bundle, atol):
         path = [TREE_TOKENS[i] for i in ancestors(PARENTS, node)]
         expected = sequential_logits(bundle, path)
         torch.testing.assert_close(out.logits[node], expected, atol=atol, rtol=1e-4)
-        assert int(out.logits[node].argmax()) == int(expected.argmax())
+        top = expected.topk(2).values
+        if float(top[0] - top[1]) > NEAR_TIE["float32"]:  # a near-tie may go either way
+            assert int(out.logits[node].argmax()) == int(expected.argmax())
 
 
 def test_tree_masked_forward_matches_sequential_branches(tiny):
@@ -75,7 +79,7 @@ def test_crop_continues_like_a_fresh_cache(tiny):
     continued = forward(tiny, cache, [11, 12], step=2, kind="target").logits
     fresh = new_cache(tiny)
     reference = forward(tiny, fresh, [*PROMPT, 5, 6, 11, 12], step=0, kind="prefill").logits[-2:]
-    torch.testing.assert_close(continued, reference, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(continued, reference, **KERNEL_TOL)
 
 
 def test_keep_compacts_an_accepted_tree_path(tiny):
@@ -95,7 +99,7 @@ def test_keep_compacts_an_accepted_tree_path(tiny):
     assert cache_length(cache) == n + len(path)
     continued = forward(tiny, cache, [99], step=2, kind="target").logits[-1]
     expected = sequential_logits(tiny, [*(TREE_TOKENS[i] for i in path), 99])
-    torch.testing.assert_close(continued, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(continued, expected, **KERNEL_TOL)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -107,8 +111,8 @@ def test_partial_depth_reads_layer_k_through_norm_and_head(tiny, k):
         expected = model.lm_head(model.model.norm(states[k]))[0]
     out = forward(tiny, new_cache(tiny), PROMPT, step=0, kind="draft", layers=k, hidden_at=(k,))
     assert out.event.layers == k
-    torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(out.hidden[k], states[k][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.logits, expected, **KERNEL_TOL)
+    torch.testing.assert_close(out.hidden[k], states[k][0], **KERNEL_TOL)
     assert model.config.num_hidden_layers == 4  # the model's config is never touched
 
 
@@ -120,7 +124,7 @@ def test_partial_depth_continues_from_its_own_cache(tiny):
     fresh = forward(tiny, new_cache(tiny), [*PROMPT, 7, 8], step=0, kind="draft", layers=2).logits[
         -2:
     ]
-    torch.testing.assert_close(step, fresh, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(step, fresh, **KERNEL_TOL)
 
 
 def test_layer_subsets_and_full_depth(tiny):
@@ -154,7 +158,7 @@ def test_packed_linear_matches_torch_linear():
     assert packing.pack_linears(net) == 2
     assert all(not isinstance(m, torch.nn.Linear) for m in net.modules())
     with torch.inference_mode():
-        assert torch.allclose(net(x), expected, atol=1e-5)
+        assert close(net(x), expected)  # oneDNN's packed kernel against torch's
     assert set(net.state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # still saveable
 
 
@@ -188,7 +192,7 @@ def test_skipping_every_block_leaves_embedding_norm_and_head(tiny):
     inner = tiny.model.model
     with torch.inference_mode():
         expected = tiny.model.lm_head(inner.norm(inner.embed_tokens(torch.tensor([[9]]))))[0]
-    assert torch.allclose(out.logits, expected, atol=1e-5)
+    assert close(out.logits, expected)
     assert cache_length(cache) == 3  # skipped attention wrote no KV
     assert out.event.layers == 0
 
@@ -221,5 +225,5 @@ def test_skipping_nothing_but_one_mlp_matches_a_reference_layer_loop(tiny):
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
         expected = tiny.model.lm_head(inner.norm(h))[0]
         full = forward(tiny, new_cache(tiny), [5, 6, 7, 9], step=0, kind="prefill").logits[-1]
-    assert torch.allclose(out.logits, expected, atol=1e-5)
+    assert close(out.logits, expected)
     assert not torch.allclose(out.logits[0], full, atol=1e-3)  # the skipped MLP mattered

@@ -22,7 +22,7 @@ from test_speculative import (
 )
 
 import decoders.space as space
-from conftest import PROMPTS, one_thread, oracle_masks
+from conftest import KERNEL_TOL, PROMPTS, one_thread, oracle_masks
 from decoders import InvalidParameter, generate, models
 from decoders.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
 from decoders.mask_model import MaskAdapter, load_adapter, masked_forward
@@ -114,14 +114,14 @@ def test_real_rows_never_see_the_adapter(tiny):
     # And the real rows are the plain model's.
     with torch.no_grad():
         plain = tiny.model(input_ids=torch.tensor([ids[:4]])).logits[0]
-    torch.testing.assert_close(tiny.model.lm_head(out["loud"][real]), plain, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tiny.model.lm_head(out["loud"][real]), plain, **KERNEL_TOL)
 
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny, packed):
     """Decoding's adapter (frozen: each group's A's stacked for one product; packed, under the
     group's first base projection in one linear) gives the mask rows the per-projection adapter's
-    values, and the real rows the same bits as the base linears."""
+    values, and the real rows the base linears' (up to the kernels' rounding: another shape)."""
     if packed and not tiny.packed:
         pytest.skip("no oneDNN packing in this torch build")
     torch.manual_seed(2)
@@ -149,8 +149,8 @@ def test_a_frozen_adapter_fuses_its_groups_to_the_same_guesses(tiny, packed):
             masked_forward(tiny, m, None, tokens, 4, torch.tensor([positions]), mask)[0]
             for m in (trained, frozen)
         )
-    assert torch.equal(one[real], fused[real])
-    torch.testing.assert_close(one[4:], fused[4:], atol=1e-4, rtol=1e-4)  # summed in another order
+    torch.testing.assert_close(one[real], fused[real], **KERNEL_TOL)  # another weight shape
+    torch.testing.assert_close(one[4:], fused[4:], **KERNEL_TOL)  # summed in another order
     assert not torch.allclose(one[4:], fused[4:].roll(1, 0))  # the mask rows do differ
     # It serves the model it copied from, and no other.
     assert frozen.freeze(tiny.model, packed) is frozen
@@ -430,7 +430,7 @@ def test_the_training_layout_is_what_decoding_computes(tiny, states):
                 mask[None, None],
             )
         torch.testing.assert_close(
-            logits[0, g * 3 : g * 3 + 3], tiny.model.lm_head(feats[0, n:]), atol=1e-4, rtol=1e-4
+            logits[0, g * 3 : g * 3 + 3], tiny.model.lm_head(feats[0, n:]), **KERNEL_TOL
         )
 
 

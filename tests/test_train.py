@@ -23,7 +23,7 @@ import torch
 
 import decoders.artifacts
 import decoders.kangaroo
-from conftest import PROMPTS, ROOT, one_thread
+from conftest import KERNEL_TOL, PROMPTS, ROOT, one_thread
 from decoders import InvalidParameter, generate
 from decoders.artifacts import artifact_path, read_card, save_artifact
 from decoders.bench import DEFAULT_SPEC_BENCH
@@ -345,7 +345,7 @@ def test_a_saved_artifact_loads_back_through_its_method(kind, tiny, states, trai
             value.copy_(value.half().float())
     expected = outputs(kind, rounded, tiny, states)
     got = outputs(kind, loaded, tiny, states)
-    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4), (got - expected).abs().max()
+    assert torch.allclose(got, expected, **KERNEL_TOL), (got - expected).abs().max()
     # ... and drafts through the target's own LM head, cut to the draft vocabulary.
     rows = tiny.model.lm_head.weight[before.vocab]
     assert torch.equal(loaded.lm_head.weight, rows)
@@ -622,14 +622,14 @@ def test_the_unrolled_training_pass_is_what_the_head_computes_when_it_drafts(tin
                 None,
                 cache,
             )[0, -1]
-            torch.testing.assert_close(pred[0, 0, start], out, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(pred[0, 0, start], out, **KERNEL_TOL)
             for k in range(2, depth + 1):
                 j = start + k - 1
                 out = head(
                     embed(ids[None, j : j + 1]), out[None, None], torch.tensor([[j]]), None, cache
                 )[0, -1]
                 assert valid[0, k - 1, j]
-                torch.testing.assert_close(pred[0, k - 1, j], out, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(pred[0, k - 1, j], out, **KERNEL_TOL)
     assert not valid[0, 1, 0] and not valid[0, 2, 1] and valid[0, 2, 2]
 
 

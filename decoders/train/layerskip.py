@@ -40,7 +40,7 @@ from ..models import ModelBundle
 from ..runtime import cache_arg
 from .corpus import add_arguments as add_corpus_arguments
 from .loop import Loop, add_loop_arguments, init_weights, run_fields
-from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare, windows
+from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -64,7 +64,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default="6,8,10",
         help="exits trained every step (the layers self-speculation drafts from)",
     )
-    g.add_argument("--window", type=int, default=256, help="positions per training span")
+    g.add_argument(
+        "--window",
+        type=int,
+        default=512,
+        help="positions per document (its opening; the targets need its whole context)",
+    )
     g.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (layerskip)")
     g.add_argument(
         "--agreement-prompts",
@@ -154,6 +159,18 @@ def forward_states(
     return inner.norm(h), kept
 
 
+def opening_windows(states: States, docs, length: int) -> list[tuple[int, int]]:
+    """Each document's first `length + 1` positions (the rest of a longer one is left out): the
+    targets are the original's final features over the whole document, so the tuned model must
+    see the same context at the same positions, from the document's start."""
+    spans = []
+    for doc in docs:
+        a, e = states.span(doc)
+        if e - a >= 2:
+            spans.append((a, min(a + length + 1, e)))
+    return spans
+
+
 def make_batch(states: States, spans, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [b, W] (right-padded), the original's final features [b, W, d] and which positions
     predict a scored next token [b, W] (inside the span, not its last position)."""
@@ -204,10 +221,16 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
     cuda = bundle.device.type == "cuda"
     vocab = draft_vocabulary(bundle, states, args.vocab)
 
-    spans = windows(states, prep.train_docs, args.window)
+    spans = opening_windows(states, prep.train_docs, args.window)
     random.Random(args.seed).shuffle(spans)
     batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
-    held = prep.held_out(args.window)
+    held = {
+        source: (states, [d for d in prep.held_docs if states.sources[d] == source])
+        for source in sorted(set(states.sources))
+    }
+    if prep.probe is not None:  # the tuning prompts' answers: where the exits will be read
+        held["probe"] = (prep.probe, list(range(len(prep.probe.starts))))
+    held = {k: (st, opening_windows(st, docs, args.window)) for k, (st, docs) in held.items()}
     noise = torch.Generator(device=bundle.device).manual_seed(args.seed)
     counter = [0]
 
