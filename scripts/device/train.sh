@@ -49,14 +49,14 @@ EXITS_S=${EXITS_S:-150}
 # own cache (no two processes write one file); which ships is judged on the CPU afterwards. The
 # checks and the benchmark below use the one whose held-out exits agree most with its last layer
 # while its greedy outputs keep closest to the original's (scripts/device/pick_layerskip.py).
-LAYERSKIP_MIN=${LAYERSKIP_MIN:-2.5}
-LAYERSKIP_S=${LAYERSKIP_S:-270}
-LAYERSKIP_ARGS=${LAYERSKIP_ARGS:-"--rank 16 --alpha 32 --rotation 4 --focus 6,8,10 --batch-size 16 --epochs 8"}
+LAYERSKIP_MIN=${LAYERSKIP_MIN:-3}
+LAYERSKIP_S=${LAYERSKIP_S:-290}
+LAYERSKIP_ARGS=${LAYERSKIP_ARGS:-"--rank 16 --alpha 32 --rotation 4 --focus 6,8,10 --batch-size 8 --epochs 8 --probe-tokens 64 --agreement-prompts 8"}
 LAYERSKIP_VARIANTS=${LAYERSKIP_VARIANTS:-"a b c"}
 LAYERSKIP_a=${LAYERSKIP_a:-"--lr 2e-4 --e-scale 0.5 --p-max 0.1"}
 LAYERSKIP_b=${LAYERSKIP_b:-"--lr 2e-4 --e-scale 1.0 --p-max 0.2"}
-LAYERSKIP_c=${LAYERSKIP_c:-"--lr 1e-4 --e-scale 0.25 --p-max 0.1"}
-CUDA_S=${CUDA_S:-200}
+LAYERSKIP_c=${LAYERSKIP_c:-"--lr 4e-4 --e-scale 1.0 --p-max 0.1"}
+CUDA_S=${CUDA_S:-170}
 # The GPU benchmark: every method and the transformers peers, float32 (exact), each dataset
 # under its own deadline (a prompt starts only before it; the table says how many ran).
 BENCH_SETS=${BENCH_SETS:-"humaneval spec_bench tuned"}
