@@ -205,11 +205,12 @@ def generate(
 
 
 # How close two logits must be for a token to count as a float near-tie: batched and one-at-a-time
-# forwards add in another order, so the last bits differ (up to 6.7e-6 on the tiny model in float32
-# on a CPU) and a top-two gap inside that noise may flip between them. An order of magnitude or
-# more above what each precision was measured to move by (docs/GPU.md: the CUDA check records the
-# largest batched-vs-incremental logit difference per dtype).
-NEAR_TIE = {"float32": 1e-3, "float16": 0.05, "bfloat16": 0.25}
+# forwards add in another order, so the last bits differ and a top-two gap inside that noise may
+# flip between them. Measured, the largest batched-vs-incremental logit difference on the
+# embedded model (tests/test_cuda.py; docs/GPU.md): float32 5.3e-5 on an H200 with TF32 off (and
+# 6.7e-6 on the tiny model on a CPU); bfloat16 0.56 on the H200. The tolerances sit above those
+# with room (float16, not measured yet, at bfloat16's scaled by its 3 more mantissa bits).
+NEAR_TIE = {"float32": 1e-3, "float16": 0.15, "bfloat16": 1.0}
 
 
 @dataclass(frozen=True)

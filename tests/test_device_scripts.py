@@ -201,3 +201,30 @@ def test_auto_minutes_fill_what_the_deadline_leaves(value, elapsed, expected):
         check=True,
     )
     assert run.stdout == expected
+
+
+def test_pick_layerskip_prefers_exits_among_the_variants_that_stayed_near(tmp_path):
+    """train.sh's choice among LayerSkip variants for the GPU call's checks: of those whose tuned
+    model stayed near the original, the one whose exits agree most with its last layer; if none
+    stayed near, the nearest."""
+
+    def card(name, near, same, exits):
+        held = {"probe_same_as_original": same} | {
+            f"probe_l{ell}_vs_tuned": exits for ell in (6, 8, 10, 12, 15, 18, 21)
+        }
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"held_out": held, "quality": {"greedy_agreement": near}}))
+        return str(path)
+
+    def pick(*paths):
+        script = ROOT / "scripts/device/pick_layerskip.py"
+        run = subprocess.run(
+            [sys.executable, str(script), *paths], capture_output=True, text=True, check=True
+        )
+        return run.stdout.strip()
+
+    a, b = card("a", 0.9, 0.95, 0.20), card("b", 0.6, 0.90, 0.30)
+    drifted = card("c", 0.1, 0.70, 0.60)  # the best exits, but no longer the original model
+    assert pick(a, b, drifted) == b
+    assert pick(card("d", 0.3, 0.8, 0.2), card("e", 0.4, 0.7, 0.1)) == str(tmp_path / "e.json")
+    assert pick(str(tmp_path / "missing.json")) == ""

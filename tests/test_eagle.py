@@ -23,7 +23,7 @@ from test_speculative import (
     uniformity_chi2,
 )
 
-from conftest import PROMPTS, one_thread
+from conftest import PROMPTS, assert_greedy, one_thread
 from decoders import InvalidParameter, generate, stream
 from decoders.drafters import auto_draft
 from decoders.eagle import EagleHead, head_path, load_head, save_head
@@ -76,8 +76,9 @@ def spec(fitted) -> str:
 def same_as_greedy(bundle, prompt, method, max_new_tokens, **params):
     res = generate(bundle, prompt, method, max_new_tokens, chat=False, **params)
     ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=False, record=False)
-    assert res.token_ids == ref.token_ids, params
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 

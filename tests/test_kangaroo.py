@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import PROMPTS, one_thread
+from conftest import PROMPTS, assert_greedy, one_thread
 from decoders import METHODS, InvalidParameter, generate, kangaroo, models
 from decoders.artifacts import vocab_head
 from decoders.events import Commit, Done, Draft, DraftStop, Forward, Prefill, Verify
@@ -50,8 +50,9 @@ def reference(bundle, prompt, max_new_tokens, chat=None):
 def same_as_greedy(bundle, prompt, max_new_tokens, chat=False, **params):
     res = generate(bundle, prompt, "kangaroo", max_new_tokens, chat=chat, **params)
     ref = reference(bundle, prompt, max_new_tokens, chat)
-    assert res.token_ids == ref.token_ids, params
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_kangaroo import check_steps, transparent_target
 
-from conftest import PROMPTS, close, one_thread
+from conftest import PROMPTS, assert_greedy, close, one_thread
 from decoders import (
     InvalidParameter,
     ModelLoadError,
@@ -55,8 +55,9 @@ def greedy(bundle, prompt, budget):
 def same_as_greedy(bundle, prompt, budget, **params):
     res = generate(bundle, prompt, "layerskip", budget, chat=False, **params)
     ref = greedy(bundle, prompt, budget)
-    assert res.token_ids == ref.token_ids, params
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from conftest import PROMPTS, close
+from conftest import PROMPTS, assert_greedy, close
 from decoders import generate
 from decoders.events import AttentionMask, Commit, LookaheadWindow, NgramPool
 from decoders.lookahead import NgramStore, trie, window_parents
@@ -22,8 +22,9 @@ def same_as_greedy(bundle, prompt, max_new_tokens, method, **params):
     if key not in _REFERENCE:
         _REFERENCE[key] = generate(bundle, prompt, "autoregressive", max_new_tokens, record=False)
     ref = _REFERENCE[key]
-    assert res.token_ids == ref.token_ids, (method, params, prompt)
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 

@@ -22,7 +22,7 @@ from test_speculative import (
 )
 
 import decoders.space as space
-from conftest import KERNEL_TOL, PROMPTS, one_thread, oracle_masks
+from conftest import KERNEL_TOL, PROMPTS, assert_greedy, one_thread, oracle_masks
 from decoders import InvalidParameter, generate, models
 from decoders.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
 from decoders.mask_model import MaskAdapter, load_adapter, masked_forward
@@ -40,8 +40,9 @@ def one_torch_thread():
 def same_as_greedy(bundle, prompt, budget, **params):
     res = generate(bundle, prompt, "space", budget, **params)
     ref = reference(bundle, prompt, budget)
-    assert res.token_ids == ref.token_ids, params
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 
@@ -501,5 +502,5 @@ def test_lossless_on_the_embedded_model(embedded, prompt, chat):
     ref = generate(embedded, prompt, "autoregressive", 48, chat=chat, record=False)
     for params in ({}, {"k": 2, "groups": 1}, {"groups": 2}):
         res = generate(embedded, prompt, "space", 48, chat=chat, **params)
-        assert res.token_ids == ref.token_ids, params
+        assert_greedy(embedded, res, ref.token_ids)
     assert res.stats["tokens_per_target_forward"] > 1.0  # the trained guesses are sometimes right

