@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup app test test-fast lint format bench browser device-pack clean
+.PHONY: setup app test test-fast test-kernels lint format bench browser device-pack clean
 
 $(STAMP): requirements.txt requirements-dev.txt scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -30,6 +30,9 @@ test: setup browser lint  ## the whole suite, slow tests included (what CI runs)
 
 test-fast: setup  ## skip the tests that load the embedded model or drive a browser
 	$(PY) -m pytest -q -m "not slow"
+
+test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, float32 drafts
+	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PY) -m pytest -q -m "not slow"
 
 bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
 	$(PY) -m decoders.bench

@@ -124,6 +124,18 @@ def test_spec_bench_task_groups_and_their_speedups(tmp_path, capsys):
         ("spec_bench/3", "translation"),
         ("spec_bench/5", "rag"),
     ]
+    # Two per group come in turns (a run cut short by --deadline still covers every group)
+    two = bench.load_prompts(str(questions), per_group=2)
+    assert [p.id.split("/")[1] for p in two] == ["1", "3", "5", "2", "4"]
+    # --deadline: no prompt starts after it; the result covers the prompts that ran
+    out = tmp_path / "cut"
+    args = ["--model", "tiny-random", "--dataset", str(questions), "--per-group", "2"]
+    args += ["--max-new-tokens", "4", "--peers", "", "--no-overhead", "--out", str(out)]
+    args += ["--methods", "autoregressive,prompt_lookup", "--deadline", "1e-9"]
+    assert bench.main(args) == 0
+    cut = json.loads((out / "results.json").read_text())
+    assert cut["prompts"] == ["spec_bench/1"] and cut["cut"] == 4
+    assert cut["meta"]["n_prompts"] == 1 and all(r["n"] == 1 for r in cut["rows"])
     with pytest.raises(InvalidInput, match="per-group"):
         bench.load_prompts("humaneval", per_group=1)
     out = tmp_path / "out"

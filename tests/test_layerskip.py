@@ -18,6 +18,7 @@ from test_kangaroo import check_steps, transparent_target
 
 from conftest import PROMPTS, assert_greedy, close, one_thread
 from decoders import (
+    METHODS,
     InvalidParameter,
     ModelLoadError,
     exit_tuned,
@@ -243,3 +244,30 @@ def test_a_skipped_layer_passes_its_input_on_and_the_others_run():
     final0, _ = forward_states(plain, ids, set(), None)
     assert close(final0, ref)  # our layer loop against the model's own forward
     assert not torch.allclose(final, ref, atol=1e-3)
+
+
+# --- the exit-tuned embedded model ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tuned_embedded():
+    return load_model(models.TUNED_ID)
+
+
+@pytest.mark.slow
+def test_the_exit_tuned_embedded_model_is_lossless_against_its_own_greedy(tuned_embedded):
+    """The shipped delta on the embedded model: LayerSkip at its defaults (the card's exit
+    layer) and at the paper's settings gives the tuned model's greedy tokens, never the
+    original's, on a chat and a code prompt."""
+    assert layerskip.resolve_exit_layer(tuned_embedded, "auto") == int(
+        layerskip.read_card(exit_tuned.delta_path(models.EMBEDDED_ID))["exit_layer"]
+    )
+    for prompt, chat in (
+        ("Give me three tips for writing clear emails.", True),
+        (PROMPTS[5], False),
+    ):
+        ids = tuned_embedded.encode(prompt, chat=chat)
+        for params in ({}, METHODS["layerskip"].preset("paper")):
+            res = generate(tuned_embedded, ids, "layerskip", 40, **params)
+            assert_greedy(tuned_embedded, res, greedy(tuned_embedded, ids, 40).token_ids)
+        assert res.stats["verify_steps"] > 0

@@ -407,9 +407,11 @@ def test_sampling_follows_the_target_distribution(tiny):
         d = next(e for e in res.events if isinstance(e, Draft))
         v = next(e for e in res.events if isinstance(e, Verify))
         assert d.step == 1 and len(d.tokens) == 1
-        # The draft and the verifier scored the right position.
-        assert d.probs[0] == pytest.approx(float(q[i, d.tokens[0]]), abs=2e-6)
-        assert v.target_probs[0] == pytest.approx(float(p[i, d.tokens[0]]), abs=2e-6)
+        # The draft and the verifier scored the right position (decoding's one-row forwards
+        # against a batched one here: probabilities up to the kernels' rounding, KERNEL_TOL's
+        # 1e-4 relative on p <= 0.1, and the events' 6 decimals)
+        assert d.probs[0] == pytest.approx(float(q[i, d.tokens[0]]), abs=1e-5)
+        assert v.target_probs[0] == pytest.approx(float(p[i, d.tokens[0]]), abs=1e-5)
         drafted.append(d.tokens[0])
         kept += bool(v.accepted)
     # Acceptance rate ~ sum(min(p, q)) (≈ 0.4 here): the rule is active in both directions.
