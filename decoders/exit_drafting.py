@@ -57,16 +57,11 @@ class ExitHead(Protocol):
 
 
 def decode(
-    bundle: ModelBundle,
-    prompt_ids: list[int],
-    cfg: DecodeConfig,
-    exit_layer: int,
-    head: ExitHead,
-    *,
-    eta: float,
-    gamma: int,
-    siblings: int,
+    bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig, exit_layer: int, head: ExitHead
 ) -> Iterator[Event]:
+    """The loop above, drafting through `head` after layer `exit_layer` (ℓ), with the method's
+    η (`eta`), γ (`gamma`) and runners-up (`siblings`) from `cfg.params`."""
+    eta, gamma, siblings = (cfg.params[k] for k in ("eta", "gamma", "siblings"))
     sampler = cfg.sampler()
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     # The target's cache, every layer: drafting fills 1..ℓ; the verify pass fills ℓ+1..L, and

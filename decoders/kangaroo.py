@@ -218,16 +218,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     p = cfg.params
     exit_layer = resolve_exit_layer(bundle, p["exit_layer"])  # ℓ
     head = AdapterHead(bundle, load_adapter(bundle, exit_layer), exit_layer)
-    yield from exit_drafting.decode(
-        bundle,
-        prompt_ids,
-        cfg,
-        exit_layer,
-        head,
-        eta=p["eta"],
-        gamma=p["gamma"],
-        siblings=p["siblings"],
-    )
+    yield from exit_drafting.decode(bundle, prompt_ids, cfg, exit_layer, head)
 
 
 class AdapterHead:

@@ -153,13 +153,4 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     p = cfg.params
     exit_layer = resolve_exit_layer(bundle, p["exit_layer"])  # E
     head = SharedHead(bundle, exit_layer, p["vocab"])
-    yield from exit_drafting.decode(
-        bundle,
-        prompt_ids,
-        cfg,
-        exit_layer,
-        head,
-        eta=p["eta"],
-        gamma=p["gamma"],
-        siblings=p["siblings"],
-    )
+    yield from exit_drafting.decode(bundle, prompt_ids, cfg, exit_layer, head)
