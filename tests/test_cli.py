@@ -40,7 +40,7 @@ def test_json_output_is_one_trace_object():
     assert out["format"] == "decoding-lab-trace" and out["version"] == 1
     assert len(out["token_ids"]) == 6
     assert out["stats"]["new_tokens"] == 6
-    assert out["lossless"] == {"identical": True, "first_divergence": None}
+    assert out["lossless"] == {"identical": True, "first_divergence": None, "near_tie": False}
     assert out["events"][0]["type"] == "Prefill" and out["events"][-1]["type"] == "Done"
 
 

@@ -149,6 +149,7 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("medusa", {}),
     ("blockwise", {}),
     ("kangaroo", {}),
+    ("layerskip", {"exit_layer": "2"}),
     ("space", {}),
     ("mask_predict", {}),
     ("calm", {"threshold": 0.5, "min_depth": 0.0}),  # exits on the placeholder exits
