@@ -166,6 +166,7 @@ def test_drafting_heads_run_in_bfloat16_only_beside_float32_on_a_cpu_that_has_it
     from decoders import packing
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("DECODING_LAB_DRAFT_BF16", raising=False)  # (make test-kernels sets it)
     monkeypatch.setattr(packing, "available", lambda: True)
     monkeypatch.setattr(packing, "native_bf16", lambda: True)
     assert packing.draft_dtype(cpu, torch.float32) == torch.bfloat16
