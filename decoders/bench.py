@@ -111,7 +111,7 @@ BENCHMARKS_ENV = "DECODING_LAB_BENCHMARKS"  # a folder with question.jsonl and H
 
 def spec_bench_path() -> Path:
     """Spec-Bench's questions: $DECODING_LAB_BENCHMARKS/question.jsonl where that is set (a lent
-    GPU machine has no ../shared), else the default path."""
+    GPU machine has none at the default path), else the default path."""
     folder = os.environ.get(BENCHMARKS_ENV)
     return Path(folder) / "question.jsonl" if folder else DEFAULT_SPEC_BENCH
 
