@@ -17,7 +17,7 @@ from typing import Any
 
 from decoders import METHODS, InvalidInput, compare_tokens, prepare, quality
 from decoders.bench import parse_method
-from decoders.engine import check_request, run_events
+from decoders.engine import check_request, run_events, with_near_tie
 from decoders.errors import DecodingLabError
 from decoders.events import Commit, Done, token_ids
 from decoders.params import SAMPLING_PARAMS, validate_params
@@ -248,15 +248,25 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
             f"Nothing beat autoregressive here; the closest: {best['method']} at "
             f"{fmt_speedup(best['speedup'])}"
         )
-    differ = [r for r in others if not r["identical"]]
-    if not differ:
+    differ = [r for r in others if not r["identical"] and not r.get("near_tie")]
+    tied = [r for r in others if r.get("near_tie")]
+    ties = "".join(
+        f"; {r['method']} identical up to a float near-tie at token {r['first_divergence']}"
+        for r in tied
+    )
+    if not differ and not tied:
         n = len(others)
         same = {1: "the output is identical", 2: "both outputs identical"}.get(
             n, f"all {n} outputs identical"
         ) + " to greedy"
+    elif not differ:
+        same = f"{len(others) - len(tied)} of {len(others)} outputs identical to greedy{ties}"
     else:
         where = "; ".join(f"{r['method']} differs at token {r['first_divergence']}" for r in differ)
-        same = f"{len(others) - len(differ)} of {len(others)} outputs identical to greedy; {where}"
+        same = (
+            f"{len(others) - len(differ) - len(tied)} of {len(others)} outputs identical to "
+            f"greedy; {where}{ties}"
+        )
         caveat = next((r["caveat"] for r in differ if r.get("caveat")), None)
         if caveat:
             same += f" ({caveat})"
@@ -336,6 +346,7 @@ def compare_methods(
                 pass
     best: dict[str, Trace] = {}  # each spec's fastest run so far
     diverged: dict[str, int] = {}  # a spec whose run (any round) left greedy: where
+    ties: dict[str, int] = {}  # ... only at a float near-tie (engine.NEAR_TIE): where
     n_runs: dict[str, int] = {}  # runs so far per spec (a spec later in this round has one fewer)
     total, done = len(parsed) * rounds, 0
     for k in range(rounds):
@@ -347,13 +358,17 @@ def compare_methods(
             if spec is not parsed[0]:  # the reference ran first in round 1
                 reference = best[parsed[0].label].token_ids
                 check = compare_tokens(reference, trace.token_ids, bundle.exact)
-                if not check.identical:
-                    diverged.setdefault(spec.label, check.first_divergence or 0)
+                if not check.identical:  # a float near-tie that flipped is no broken method
+                    check = with_near_tie(bundle, trace.meta["prompt_ids"], reference, check)
+                    found = ties if check.near_tie else diverged
+                    found.setdefault(spec.label, check.first_divergence or 0)
             if spec.label not in best or _faster(trace, best[spec.label]):
                 best[spec.label] = trace
             shown = [p for p in parsed if p.label in best]
             rows = [
-                _row(p, best[p.label], best[parsed[0].label], diverged, n_runs[p.label], bundle)
+                _row(
+                    p, best[p.label], best[parsed[0].label], diverged, ties, n_runs[p.label], bundle
+                )
                 for p in shown
             ]
             for r in rows:
@@ -398,6 +413,7 @@ def _row(
     trace: Trace,
     reference: Trace,
     diverged: Mapping[str, int],
+    ties: Mapping[str, int],
     runs: int,
     bundle: Any,
 ) -> dict[str, Any]:
@@ -425,6 +441,8 @@ def _row(
         )
     elif identical:
         lossless = "✓ identical"
+    elif spec.label in ties and spec.label not in diverged:  # counted apart, said as such
+        lossless = f"≈ identical up to a float near-tie at token {ties[spec.label]}"
     else:
         lossless = f"✗ differs at token {first}" + ("" if caveat is None else " (half precision)")
     return {
@@ -438,6 +456,7 @@ def _row(
         "wall_s": s["wall_s"],
         "runs": runs,
         "identical": identical,
+        "near_tie": not identical and spec.label in ties and spec.label not in diverged,
         "lossy": lossy,
         "first_divergence": None if identical else first,
         "lossless": lossless,

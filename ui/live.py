@@ -9,12 +9,19 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from decoders import METHODS, InvalidInput, compare_tokens, prepare, quality
-from decoders.engine import Run, check_request, get_method, greedy_reference, run_events
+from decoders.engine import (
+    Run,
+    check_request,
+    get_method,
+    greedy_reference,
+    run_events,
+    with_near_tie,
+)
 from decoders.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
 from decoders.models import ModelBundle
 from decoders.stats import compute_stats
@@ -90,12 +97,27 @@ def lossless_info(
     reference = cached_reference(bundle, tuple(prompt_ids), max_new_tokens)
     if not get_method(method).claims_lossless(params):
         return lossy_info(bundle, prompt_ids, reference, tokens)
-    check = compare_tokens(reference, tokens, bundle.exact)
+    return greedy_check(bundle, prompt_ids, reference, tokens)
+
+
+def greedy_check(
+    bundle: ModelBundle, prompt_ids: list[int], reference: Sequence[int], tokens: list[int]
+) -> dict[str, Any]:
+    """A lossless method's badge: identical, identical up to a float near-tie (the first
+    difference falls where greedy's top two logits are closer than the dtype's noise: counted
+    apart from a real difference), or differs."""
+    check = with_near_tie(
+        bundle, prompt_ids, reference, compare_tokens(reference, tokens, bundle.exact)
+    )
+    status = "identical" if check.identical else "near_tie" if check.near_tie else "differs"
     info: dict[str, Any] = {
-        "status": "identical" if check.identical else "differs",
+        "status": status,
         "first_divergence": check.first_divergence,
         "compared": check.compared,
     }
+    if check.near_tie:
+        info["gap"] = check.gap
+        info["note"] = check.describe()
     if not bundle.exact:
         info["caveat"] = (
             f"{bundle.dtype} on {bundle.device}: near-ties can flip between batch shapes"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from decoders import METHODS, compare_tokens
+from decoders import METHODS
 from decoders.engine import MAX_PROMPT_CHARS
 from decoders.errors import DecodingLabError, TraceError
 from decoders.events import (
@@ -40,7 +40,7 @@ from decoders.params import validate_params
 from decoders.stats import compute_stats
 
 from .links import UI_MAX_NEW_TOKENS
-from .live import Trace, cached_reference, lossy_info, sampling_info
+from .live import Trace, cached_reference, greedy_check, lossy_info, sampling_info
 from .models import get_bundle, model_choices, vocab_size
 
 # The page's example prompts; the first is the cold page's (and assets/example_trace.json's).
@@ -500,13 +500,7 @@ def recheck_lossless(trace: Trace) -> dict[str, Any]:
         meta.get("params") or {}
     ):
         return {**lossy_info(bundle, meta["prompt_ids"], reference, tokens), "rechecked": True}
-    check = compare_tokens(reference, tokens, bundle.exact)
-    return {
-        "status": "identical" if check.identical else "differs",
-        "first_divergence": check.first_divergence,
-        "compared": check.compared,
-        "rechecked": True,
-    }
+    return {**greedy_check(bundle, meta["prompt_ids"], reference, tokens), "rechecked": True}
 
 
 def load_example() -> Trace | None:

@@ -160,6 +160,9 @@ def lossless_badge_html(lossless: Mapping[str, Any] | None) -> str:
     status = lossless.get("status")
     if status == "identical":
         text, bg = f"✓ identical to greedy ({lossless.get('compared', '?')} tokens)", "#c8e6c9"
+    elif status == "near_tie":  # a flip of a float tie between kernel paths, not a wrong verify
+        k = lossless.get("first_divergence")
+        text, bg = f"≈ identical up to a float near-tie at token {k}", "#fff3c4"
     elif status == "differs":
         text, bg = f"✗ differs from greedy at token {lossless.get('first_divergence')}", "#ffcdd2"
     elif status == "lossy":  # never a tick: how close a lossy method came this time
