@@ -44,3 +44,20 @@ def test_the_public_names_still_import():
         "    raise SystemExit('decoders.nosuch did not raise')\n"
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("package", ["torch", "transformers"])
+def test_the_installed_version_is_the_pinned_one(package):
+    """The runtime relies on transformers' internals (and torch's kernels): the suite runs on the
+    pinned minor versions, and a drift is named here before it shows as a wrong token."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    pins = [Requirement(x) for x in lines if x.strip() and not x.startswith("#")]
+    pin = next(r for r in pins if r.name == package)
+    assert str(pin.specifier).startswith("=="), f"{package} is not pinned: {pin}"
+    installed = Version(version(package)).base_version  # 2.13.0+cpu -> 2.13.0
+    assert pin.specifier.contains(installed), f"{package} {installed} against the pin {pin}"
