@@ -260,6 +260,7 @@ def _load(
         model, tokenizer = _load_tiny_random(dtype, TINY_SEEDS[model_id])
     else:
         model, tokenizer = _load_pretrained(model_id, dtype, plan)
+    check_cache_supported(model_id, model.config)
     if plan is not None:
         device = _dispatch(model, model_id, dtype, plan)
     else:
@@ -281,6 +282,48 @@ def _load(
     drafts = dtype if tiny or plan else packing.draft_dtype(device, dtype)
     placed = getattr(model, "hf_device_map", None) if plan else None
     return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts, placed)
+
+
+def check_cache_supported(model_id: str, config: Any) -> None:
+    """Refuse, by name, a model whose KV cache the runtime cannot roll back. Every method drafts
+    ahead and then forgets the rejected entries by cropping (or compacting) a full cache, layer by
+    layer (runtime.crop_cache / keep_cache), and its tree and window masks are plain causal ones.
+    A sliding-window cache keeps only the last W positions (a crop past them cannot bring the
+    evicted ones back, and the masks would let a token see beyond its window), and recurrent or
+    shared-KV layers hold no per-position entries at all: decoding would go wrong silently or stop
+    on a shape error, so such a model is refused at load instead."""
+    from transformers.cache_utils import (
+        DYNAMIC_LAYER_TYPE_MAPPING,
+        DynamicLayer,
+        get_layer_types_and_kwargs,
+    )
+
+    text = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    odd = [
+        (t, kw)
+        for t, kw in zip(types, kwargs, strict=True)
+        if DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not DynamicLayer
+    ]
+    if not odd:
+        return
+    name = f"{model_id!r} ({getattr(text, 'model_type', '?')})"
+    sliding = [kw for t, kw in odd if t in ("sliding_attention", "chunked_attention")]
+    if len(sliding) == len(odd):
+        window = sorted({kw.get("sliding_window") for kw in sliding}, key=str)
+        raise ModelLoadError(
+            f"{name} uses sliding-window attention (a window of {', '.join(map(str, window))} "
+            f"tokens in {len(sliding)} of {len(types)} layers): its KV cache forgets the positions "
+            "that leave the window, and every method here rolls rejected drafts back by cropping a "
+            "full cache, so it would decode wrongly past the window. Refused; pick a model with "
+            "full attention in every layer"
+        )
+    kinds = sorted({t for t, _ in odd})
+    raise ModelLoadError(
+        f"{name} has {', '.join(kinds)} layers ({len(odd)} of {len(types)}): the runtime rolls "
+        "rejected drafts back by cropping a full attention KV cache, which these layers do not "
+        "keep. Refused; pick a model with full attention in every layer"
+    )
 
 
 def _dispatch(model: Any, model_id: str, dtype: torch.dtype, plan: DevicePlan) -> torch.device:
