@@ -1,11 +1,11 @@
-"""The README's methods table tells readers each knob's default: it must say what the code does."""
+"""docs/METHODS.md tells readers each knob's default: it must say what the code does."""
 
 import re
 from pathlib import Path
 
 from decoders import METHODS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "METHODS.md"
 
 
 def shown(value) -> set[str]:
