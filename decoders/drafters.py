@@ -1,7 +1,8 @@
 """Who writes the draft: the target's own first k layers (`self:k`), a smaller model, or a
 trained EAGLE head (`eagle`, see eagle.py).
 
-All speak one small protocol so `speculative` (chains) and `token_tree` (trees) do not care:
+All speak one small protocol (drafter.py) so `speculative` (chains) and `token_tree` (trees) do
+not care:
 
     drafter.begin(context, step)           # the draft's cache now holds context[:-1]; returns
                                            # any catch-up forwards it ran to get there
@@ -22,64 +23,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from transformers import DynamicCache
 
+from .drafter import Drafter
 from .errors import InvalidParameter
 from .models import ModelBundle, load_model
-from .runtime import ForwardResult, crop_cache, forward, new_cache, require_layers
+from .runtime import ForwardResult, new_cache, require_layers
 
 if TYPE_CHECKING:
     from .eagle import EagleHead
 
 SELF_DRAFT = re.compile(r"^self:(\d+)$")
-
-
-class Drafter:
-    """Runs draft forwards on `bundle` against `cache`. After `begin(context)` the cache holds
-    context[:-1] (`prefix` tokens); `end()` crops back to it, forgetting this step's drafts."""
-
-    needs_features = False  # True: hand it the target's final features of every kept input
-
-    def __init__(self, bundle: ModelBundle, cache: DynamicCache, depth: int | None, label: str):
-        self.bundle, self.cache, self.depth, self.label = bundle, cache, depth, label
-        self.prefix = 0
-
-    def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
-        raise NotImplementedError
-
-    def forward(
-        self,
-        tokens: Sequence[int],
-        step: int,
-        positions: Sequence[int] | None = None,
-        mask: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-        parents: Sequence[int] | None = None,
-    ) -> ForwardResult:
-        """`parents[i]`: which earlier input of this step (0 = x) token i continues; token-level
-        drafters read that from the mask, feature-level ones (EAGLE) need it to pick a feature."""
-        return forward(
-            self.bundle,
-            self.cache,
-            tokens,
-            step=step,
-            kind="draft",
-            positions=positions,
-            mask=mask,
-            layers=self.depth,
-            logits_to_keep=logits_to_keep,
-        )
-
-    def end(self) -> None:
-        crop_cache(self.cache, self.prefix)
-
-    def observe(self, features: torch.Tensor) -> None:
-        """The target's final features for the inputs it just kept; token-level drafters ignore them."""
-
-    @property
-    def cache_length(self) -> int:
-        return self.prefix
 
 
 class SelfDrafter(Drafter):

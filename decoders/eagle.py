@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from .artifacts import artifact_path, load_artifact, save_artifact
-from .drafters import Drafter
+from .drafter import Drafter
 from .events import Forward
 from .models import ModelBundle
 from .runtime import ForwardResult, cache_arg, crop_cache, elapsed_ms

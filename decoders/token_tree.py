@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Budget, DecodeConfig
-from .drafters import Drafter, auto_draft, check_draft, make_drafter
+from .drafter import Drafter
+from .drafters import auto_draft, check_draft, make_drafter
 from .errors import InvalidParameter
 from .events import Draft, Event, Forward
 from .models import ModelBundle
