@@ -5,7 +5,7 @@ bundle = load_model()                       # embedded SmolLM2-135M-Instruct, of
 res = generate(bundle, "Write a haiku", method="autoregressive", max_new_tokens=64)
 res.token_ids, res.text, res.events, res.stats
 
-The names below load on first use (PEP 562), so `decoders.events` and the other pure modules
+The names below load on first use (PEP 562), so `decoders.core.events` and the other pure modules
 import without torch: the visualizer draws saved traces with no engine behind it.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from decoders.core.errors import (
     DecodingLabError,
     InvalidInput,
     InvalidParameter,
@@ -24,7 +24,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .engine import (
+    from decoders.core.models import EMBEDDED_ID, TINY_ID, ModelBundle, load_model
+    from decoders.engine import (
         MAX_NEW_TOKENS_CAP,
         GenerationResult,
         LosslessCheck,
@@ -35,8 +36,7 @@ if TYPE_CHECKING:
         prepare,
         stream,
     )
-    from .models import EMBEDDED_ID, TINY_ID, ModelBundle, load_model
-    from .registry import METHODS
+    from decoders.registry import METHODS
 
 # Public name -> the submodule that defines it (imported, with torch, when first asked for).
 _LAZY = {
@@ -54,7 +54,7 @@ _LAZY = {
         ),
         "engine",
     ),
-    **dict.fromkeys(("EMBEDDED_ID", "TINY_ID", "ModelBundle", "load_model"), "models"),
+    **dict.fromkeys(("EMBEDDED_ID", "TINY_ID", "ModelBundle", "load_model"), "core.models"),
     "METHODS": "registry",
 }
 

@@ -11,17 +11,17 @@ import json
 import sys
 from typing import Any
 
-from . import quality
-from .engine import (
+from decoders.core import quality
+from decoders.core.errors import DecodingLabError, InvalidParameter
+from decoders.core.models import load_model
+from decoders.engine import (
     MAX_NEW_TOKENS_CAP,
     check_lossless,
     check_request,
     generate,
     greedy_reference,
 )
-from .errors import DecodingLabError, InvalidParameter
-from .models import load_model
-from .registry import METHODS
+from decoders.registry import METHODS
 
 
 def parse_param(text: str) -> tuple[str, str]:

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from . import quality
-from .engine import generate, get_method
-from .errors import DecodingLabError, InvalidInput
-from .models import ModelBundle, load_model
-from .params import validate_params
-from .runtime import measured_costs
+from decoders.core import quality
+from decoders.core.errors import DecodingLabError, InvalidInput
+from decoders.core.models import ModelBundle, load_model
+from decoders.core.params import validate_params
+from decoders.core.runtime import measured_costs
+from decoders.engine import generate, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -183,7 +183,7 @@ class Contestant:
     run: Callable[[list[int], int], Outcome]
     ours: bool = True
     outcomes: list[Outcome] = field(default_factory=list)
-    lossy: bool = False  # no claim to match greedy: scored for quality (decoders/quality.py)
+    lossy: bool = False  # no claim to match greedy: scored for quality (decoders/core/quality.py)
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, str]]:
@@ -337,7 +337,7 @@ def score_quality(
     bundle: ModelBundle, encoded: list[list[int]], references: list[list[int]], c: Contestant
 ) -> dict[str, float]:
     """Means over the prompts of each output's agreement with greedy, ROUGE-L, NLL and
-    self-consistency (decoders/quality.py)."""
+    self-consistency (decoders/core/quality.py)."""
     scores: dict[str, list[float]] = {}
     for ids, ref, o in zip(encoded, references, c.outcomes, strict=True):
         q = quality.compare(ref, o.tokens)
@@ -602,7 +602,7 @@ def _point_label(contestant: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import METHODS
+    from decoders import METHODS
 
     ap = argparse.ArgumentParser(
         prog="python -m decoders.bench",

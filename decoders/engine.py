@@ -11,13 +11,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import DecodeConfig, Method
-from .errors import InvalidInput, InvalidParameter, UnknownMethod
-from .events import Commit, Done, Event, trace_to_dict
-from .models import ModelBundle
-from .params import validate_params
-from .registry import METHODS
-from .stats import StatsAccumulator
+from decoders.core.base import DecodeConfig, Method
+from decoders.core.errors import InvalidInput, InvalidParameter, UnknownMethod
+from decoders.core.events import Commit, Done, Event, trace_to_dict
+from decoders.core.models import ModelBundle
+from decoders.core.params import validate_params
+from decoders.core.stats import StatsAccumulator
+from decoders.registry import METHODS
 
 MAX_NEW_TOKENS_CAP = int(os.environ.get("DECODING_LAB_MAX_NEW_TOKENS", "2048"))
 MAX_PROMPT_CHARS = 64_000

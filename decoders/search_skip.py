@@ -36,12 +36,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .bench import load_prompts
-from .engine import generate
-from .events import Draft, Forward, Verify
-from .models import ModelBundle, load_model
-from .runtime import SkipSet
-from .self_speculative import format_skip, skip_set_path
+from decoders.bench import load_prompts
+from decoders.core.events import Draft, Forward, Verify
+from decoders.core.models import ModelBundle, load_model
+from decoders.core.runtime import SkipSet
+from decoders.engine import generate
+from decoders.methods.self_speculative import format_skip, skip_set_path
 
 VERIFY_PER_TOKEN = 0.05
 MIN_DRAFT_SHARE = 0.6  # "most steps draft": share of steps with at least one draft token

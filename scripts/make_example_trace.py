@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decoders.models import EMBEDDED_ID
+from decoders.core.models import EMBEDDED_ID
 from ui.live import run_to_end
 from ui.traces import EXAMPLE_PROMPTS, EXAMPLE_TRACE, check_trace
 

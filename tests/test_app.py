@@ -12,7 +12,7 @@ from gradio_client import Client
 
 from conftest import PROMPTS, ROOT
 from decoders import METHODS, InvalidInput, generate
-from decoders.errors import TraceError
+from decoders.core.errors import TraceError
 from ui.links import UI_MAX_NEW_TOKENS, parse_link
 from ui.live import run_live, run_to_end, stopped
 from ui.traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
@@ -418,7 +418,7 @@ def test_a_stopped_run_keeps_its_trace_to_step_and_export(tiny):
     ],
 )
 def test_a_finished_run_opens_where_its_panel_has_something_to_show(method, params, expect):
-    from decoders.events import Commit, Verify
+    from decoders.core.events import Commit, Verify
     from ui.run_tab import showcase_step
 
     trace = run_to_end("tiny-random", PROMPTS[2], method, 24, params, check_lossless=False)
@@ -598,13 +598,13 @@ def test_a_longer_trace_than_the_page_runs_is_not_rechecked(tiny_trace):
 
 
 def test_reading_a_trace_loads_no_model(tiny_trace, monkeypatch):
-    import decoders.models
-    from decoders.models import EMBEDDED_ID
+    import decoders.core.models
+    from decoders.core.models import EMBEDDED_ID
 
     def refuse(*args):
         raise AssertionError("read_trace loaded a model")
 
-    monkeypatch.setattr(decoders.models, "_load", refuse)
+    monkeypatch.setattr(decoders.core.models, "_load", refuse)
     # The embedded model is offered here: its trace is read without loading it.
     data = edit(tiny_trace, lambda d: d.update(model=EMBEDDED_ID, vocab_size=50_000))
     assert read_trace(data).meta["model"] == EMBEDDED_ID

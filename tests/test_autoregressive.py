@@ -8,8 +8,8 @@ import torch
 
 from conftest import PROMPTS, assert_greedy
 from decoders import check_lossless, compare_tokens, generate
-from decoders.events import Commit, Done, Forward, Prefill, TopK
-from decoders.sampling import Sampler, top_p_filter
+from decoders.core.events import Commit, Done, Forward, Prefill, TopK
+from decoders.core.sampling import Sampler, top_p_filter
 
 
 def hf_greedy(bundle, prompt_ids, max_new_tokens, **kwargs):

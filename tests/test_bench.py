@@ -5,7 +5,7 @@ import json
 import pytest
 
 from decoders import METHODS, bench
-from decoders.errors import InvalidInput
+from decoders.core.errors import InvalidInput
 
 
 def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Early exit (decoders/exits.py, calm.py, hash_ee.py) and SpecDec's relaxed verification.
+"""Early exit (decoders/trained/exits.py, calm.py, hash_ee.py) and SpecDec's relaxed verification.
 
 - With thresholds that never exit (λ = 1; HASH EE with min_depth = 1) each method is autoregressive
   greedy token for token, on tiny-random (placeholder exits) and on the embedded model (trained);
@@ -19,13 +19,13 @@ import torch
 from conftest import KERNEL_TOL as TOL
 from conftest import PROMPTS, close, one_thread
 from decoders import METHODS, InvalidParameter, generate
-from decoders.calm import threshold_at
-from decoders.events import CatchUp, Commit, Forward, LayerExit, Verify
-from decoders.exits import exit_forward, exit_logits, load_exits, propagate
-from decoders.hash_ee import hash_layers
-from decoders.runtime import forward, new_cache
-from decoders.sampling import Relax
-from decoders.verify import greedy_chain, greedy_tree
+from decoders.core.events import CatchUp, Commit, Forward, LayerExit, Verify
+from decoders.core.runtime import forward, new_cache
+from decoders.core.sampling import Relax
+from decoders.core.verify import greedy_chain, greedy_tree
+from decoders.methods.calm import threshold_at
+from decoders.methods.hash_ee import hash_layers
+from decoders.trained.exits import exit_forward, exit_logits, load_exits, propagate
 
 NEVER = [
     ("calm", {"threshold": 1.0, "min_depth": 0.0}),
@@ -301,9 +301,9 @@ def test_they_are_lossy_and_say_so():
 
 
 def test_a_model_without_exits_is_told_how_to_train_them(tiny, monkeypatch):
-    import decoders.exits
+    import decoders.trained.exits
 
-    monkeypatch.setattr(decoders.exits, "adapters_path", lambda model_id: ASSETS_NONE)
+    monkeypatch.setattr(decoders.trained.exits, "adapters_path", lambda model_id: ASSETS_NONE)
     with pytest.raises(InvalidParameter, match=r"python -m decoders\.train exits"):
         generate(dataclasses.replace(tiny, model_id="tiny-random-x"), PROMPTS[0], "calm", 4)
 
@@ -341,7 +341,7 @@ def test_a_lossy_run_gets_a_lossy_badge_never_identical():
     ],
 )
 def test_a_corrupt_layer_exit_is_refused_with_a_message(change, message):
-    from decoders.errors import TraceError
+    from decoders.core.errors import TraceError
     from ui.traces import read_trace
 
     data = json.loads(live_trace("calm", threshold=0.0, min_depth=0.0).to_json())
@@ -352,7 +352,7 @@ def test_a_corrupt_layer_exit_is_refused_with_a_message(change, message):
 
 
 def test_two_exits_in_one_step_are_refused():
-    from decoders.errors import TraceError
+    from decoders.core.errors import TraceError
     from ui.traces import read_trace
 
     data = json.loads(live_trace("hash_ee", min_depth=0.0).to_json())
@@ -385,10 +385,13 @@ def test_the_views_draw_where_tokens_left_and_why(tiny):
     assert any(s.y0 == pytest.approx(now.threshold) for s in conf.layout.shapes)  # the λ_t line
     subtitle = conf.layout.title.subtitle.text.replace("\u00a0", " ")
     assert f"λ_t = {now.threshold:.3f}" in subtitle  # its value, in the subtitle
-    assert method_panel("calm", res.events, texts, 5).layout.title.text == heat.layout.title.text
-    assert [f.layout.title.text for f in extra_panels("calm", res.events, texts, 5)] == [
-        conf.layout.title.text
-    ]
+    assert (
+        method_panel(METHODS["calm"].views, res.events, texts, 5).layout.title.text
+        == heat.layout.title.text
+    )
+    assert [
+        f.layout.title.text for f in extra_panels(METHODS["calm"].views, res.events, texts, 5)
+    ] == [conf.layout.title.text]
 
     # The oracle weighs no confidence (1 = the exit gives the full model's token): no λ_t line.
     peeked = generate(tiny, PROMPTS[0], "calm", 16, chat=False, confidence="oracle", min_depth=0.0)
@@ -581,7 +584,7 @@ def test_free_holds_back_exited_tokens_until_the_next_deep_token_takes_them_alon
 def test_the_parallel_catch_up_gives_the_deep_states_of_one_by_one(tiny):
     """Three tokens through layers 1..ℓ, then layers ℓ+1..L for all three in one pass: the deep
     keys, values and logits equal those of running each token's deep layers on its own."""
-    from decoders.runtime import forward_from, forward_shallow
+    from decoders.core.runtime import forward_from, forward_shallow
 
     ids = tiny.encode(PROMPTS[1], chat=False)
     feed = ids[-3:]
@@ -609,7 +612,7 @@ def test_the_parallel_catch_up_gives_the_deep_states_of_one_by_one(tiny):
 
 
 def test_the_beta_mixture_threshold_sits_between_the_classes():
-    from decoders.free import MIN_SAMPLES, bmm_threshold
+    from decoders.methods.free import MIN_SAMPLES, bmm_threshold
 
     with torch.random.fork_rng():  # seeded, and the global generator left as it was
         torch.manual_seed(0)
@@ -637,7 +640,7 @@ def test_free_refuses_an_exit_layer_without_an_adapter(tiny):
         generate(tiny, PROMPTS[0], "free", 4, exit_layer="4")
     with pytest.raises(InvalidParameter, match=r"'auto', 'shallow' or a layer number"):
         generate(tiny, PROMPTS[0], "free", 4, exit_layer="deep")
-    from decoders.free import resolve_exit_layer
+    from decoders.methods.free import resolve_exit_layer
 
     assert resolve_exit_layer(tiny, "auto") == 3 and resolve_exit_layer(tiny, "shallow") == 1
 
@@ -661,7 +664,7 @@ def test_free_views_draw_the_catch_ups(tiny):
 
 
 def test_a_trace_whose_relaxed_nodes_were_not_accepted_is_refused(tiny):
-    from decoders.errors import TraceError
+    from decoders.core.errors import TraceError
     from ui.live import run_live
     from ui.traces import read_trace
 
@@ -675,7 +678,7 @@ def test_a_trace_whose_relaxed_nodes_were_not_accepted_is_refused(tiny):
 
 
 def test_a_catch_up_of_a_token_that_never_left_early_is_refused(tiny):
-    from decoders.errors import TraceError
+    from decoders.core.errors import TraceError
     from ui.live import run_live
     from ui.traces import read_trace
 

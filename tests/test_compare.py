@@ -14,7 +14,7 @@ import ui.compare
 from browser_helpers import layout_problems
 from conftest import ARTIFACTS
 from decoders import METHODS, InvalidInput, generate, prepare
-from decoders.events import Commit, Draft, token_ids
+from decoders.core.events import Commit, Draft, token_ids
 from ui.compare import (
     DEFAULT_PRESET,
     PRESETS,

@@ -18,9 +18,9 @@ import torch
 
 from conftest import PROMPTS
 from decoders import METHODS, stream
-from decoders.eagle import load_head
-from decoders.events import Done, Event, Forward
-from decoders.runtime import forward, new_cache
+from decoders.core.events import Done, Event, Forward
+from decoders.core.runtime import forward, new_cache
+from decoders.trained.eagle import load_head
 
 # Stats that measure time, not decoding: they differ between any two runs.
 TIMING_KEYS = {"wall_s", "tokens_per_s", "time_ms", "model_ms"}

@@ -14,8 +14,8 @@ import torch
 
 from conftest import PROMPTS
 from decoders import METHODS, check_lossless, generate, greedy_reference, load_model
-from decoders.models import TUNED_ID
-from decoders.runtime import forward, new_cache
+from decoders.core.models import TUNED_ID
+from decoders.core.runtime import forward, new_cache
 
 pytestmark = [
     pytest.mark.slow,

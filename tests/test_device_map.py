@@ -89,7 +89,7 @@ def test_a_budget_that_leaves_the_model_no_device_is_refused_by_name():
 
 
 def test_max_memory_is_read_as_device_size_pairs():
-    from decoders.models import _device_plan
+    from decoders.core.models import _device_plan
 
     plan = _device_plan("auto", "0=20GiB, cpu=60GiB")
     assert plan.memory() == {0: "20GiB", "cpu": "60GiB"}

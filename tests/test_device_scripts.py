@@ -76,7 +76,7 @@ def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
     repo = sum((ROOT / f.decode()).stat().st_size for f in tracked if f)
     for carry in carries:
         assert repo + sum(size(Path(c)) for c in carry) <= CALL_LIMIT, carry
-    from decoders.models import embedded_gguf_path
+    from decoders.core.models import embedded_gguf_path
 
     joined = b"".join(p.read_bytes() for p in sorted(dev.glob("part-*")))
     assert hashlib.sha256(joined).hexdigest() == (dev / "gguf.sha256").read_text().strip()

@@ -1,4 +1,4 @@
-"""EAGLE drafting (decoders/eagle.py) and its trainer (decoders/train/eagle.py).
+"""EAGLE drafting (decoders/trained/eagle.py) and its trainer (decoders/train/eagle.py).
 
 A head is fitted in-test to tiny-random's own greedy text on the test prompts, so that drafts are
 often accepted and every path (history catch-up, predicted features, tree parents, the target's
@@ -25,12 +25,12 @@ from test_speculative import (
 
 from conftest import PROMPTS, assert_greedy, one_thread
 from decoders import InvalidParameter, generate, stream
-from decoders.drafters import auto_draft
-from decoders.eagle import EagleHead, head_path, load_head, save_head
-from decoders.events import Commit, Draft, Forward, Verify
+from decoders.core.events import Commit, Draft, Forward, Verify
 from decoders.train.corpus import Corpus
 from decoders.train.eagle import fit_head
 from decoders.train.states import Prepared, States, draft_vocabulary, target_states, windows
+from decoders.trained.drafters import auto_draft
+from decoders.trained.eagle import EagleHead, head_path, load_head, save_head
 
 
 @pytest.fixture(autouse=True, scope="module")  # module scope: before `fitted` trains

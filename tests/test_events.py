@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from decoders.errors import TraceError
-from decoders.events import (
+from decoders.core.errors import TraceError
+from decoders.core.events import (
     EVENT_TYPES,
     SCHEMA_VERSION,
     AttentionMask,

@@ -16,7 +16,14 @@ def python(code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "module", ["visualizer", "decoders", "decoders.events", "decoders.tree", "decoders.errors"]
+    "module",
+    [
+        "visualizer",
+        "decoders",
+        "decoders.core.events",
+        "decoders.core.tree",
+        "decoders.core.errors",
+    ],
 )
 def test_imports_without_torch(module):
     done = python(

@@ -1,4 +1,4 @@
-"""Kangaroo (decoders/kangaroo.py): lossless against greedy, the double early exit, the shallow
+"""Kangaroo (decoders/methods/kangaroo.py): lossless against greedy, the double early exit, the shallow
 layers run once per token, budget/EOS edges, exact sampling, parameters, and its two views.
 
 The shipped tiny-random adapters are placeholders (untrained): nothing here assumes they draft
@@ -18,13 +18,15 @@ import torch
 from torch import nn
 
 from conftest import PROMPTS, assert_greedy, one_thread
-from decoders import METHODS, InvalidParameter, generate, kangaroo, models
-from decoders.artifacts import vocab_head
-from decoders.events import Commit, Done, Draft, DraftStop, Forward, Prefill, Verify
-from decoders.kangaroo import KangarooAdapter, best_exit_layer, shipped_exit_layers
-from decoders.runtime import forward, new_cache
-from decoders.sampling import Sampler
-from decoders.tree import chain
+from decoders import METHODS, InvalidParameter, generate
+from decoders.core import models
+from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Prefill, Verify
+from decoders.core.runtime import forward, new_cache
+from decoders.core.sampling import Sampler
+from decoders.core.tree import chain
+from decoders.methods import kangaroo
+from decoders.methods.kangaroo import KangarooAdapter, best_exit_layer, shipped_exit_layers
+from decoders.trained.artifacts import vocab_head
 
 
 @pytest.fixture(autouse=True)
@@ -667,7 +669,7 @@ def test_confidence_view_draws_eta_and_the_verdicts():
     from visualizer.panels import method_panel
     from visualizer.tokens import COLOURS
 
-    fig = method_panel("kangaroo", synthetic_run(), TEXTS, 1)
+    fig = method_panel(METHODS["kangaroo"].views, synthetic_run(), TEXTS, 1)
     bars, eta = fig.data
     assert list(bars.y) == [0.95, 0.9, 0.8, 0.7, 0.4]
     assert list(bars.marker.color) == [COLOURS["draft"]] * 3 + [
@@ -679,13 +681,15 @@ def test_confidence_view_draws_eta_and_the_verdicts():
     text = notes(fig)
     assert "' jumps'" in text and "0.40 is below η = 0.60" in text
     assert "layers 1–2 + the adapter" in text and "20% of the time" in text  # 4 ms of 20 ms
-    assert "step 0 is the prefill" in notes(method_panel("kangaroo", synthetic_run(), TEXTS, 0))
+    assert "step 0 is the prefill" in notes(
+        method_panel(METHODS["kangaroo"].views, synthetic_run(), TEXTS, 0)
+    )
 
 
 def test_layer_view_counts_the_tokens_through_each_part():
     from visualizer.panels import extra_panels
 
-    (fig,) = extra_panels("kangaroo", synthetic_run(), TEXTS, 1)
+    (fig,) = extra_panels(METHODS["kangaroo"].views, synthetic_run(), TEXTS, 1)
     drafting, verifying = fig.data
     assert (drafting.name, verifying.name) == ("drafting", "the verify pass")
     rows = list(drafting.y)  # bottom to top: the shallow layers, the adapter, the deep layers
@@ -698,7 +702,7 @@ def test_layer_view_counts_the_tokens_through_each_part():
     assert "layers 3–30 over 6 tokens" in text and "Every token ran layers 1–2 once." in text
     assert {a.text for a in fig.layout.annotations} >= {"shallow (drafting)", "verifying"}
     # Step 0: the prefill ran the prompt through every layer, the adapter read its states.
-    (prefill,) = extra_panels("kangaroo", synthetic_run(), TEXTS, 0)
+    (prefill,) = extra_panels(METHODS["kangaroo"].views, synthetic_run(), TEXTS, 0)
     adapter, full = prefill.data
     assert list(adapter.x) == [0, 0, 3] + [0] * 28 and list(full.x) == [3, 3, 0] + [3] * 28
 
@@ -727,7 +731,7 @@ def test_views_show_the_runner_up_the_target_took():
     from visualizer.panels import extra_panels, method_panel
     from visualizer.tokens import COLOURS
 
-    fig = method_panel("kangaroo", runner_up_run(), TEXTS, 1)
+    fig = method_panel(METHODS["kangaroo"].views, runner_up_run(), TEXTS, 1)
     bars = fig.data[0]
     assert list(bars.y) == [0.95, 0.5, 0.2]  # the drafted chain only: runners-up are not bars
     assert list(bars.marker.color) == [COLOURS["draft"], COLOURS["rejected"], COLOURS["pending"]]
@@ -736,7 +740,7 @@ def test_views_show_the_runner_up_the_target_took():
         "3 runners-up" in text and "took ' jumps', the adapter's 2nd choice at position 2" in text
     )
     assert fig.layout.title.text == "Step 1: drafted 3, accepted 1 + a runner-up"
-    (layers,) = extra_panels("kangaroo", runner_up_run(), TEXTS, 1)
+    (layers,) = extra_panels(METHODS["kangaroo"].views, runner_up_run(), TEXTS, 1)
     drafting, verifying = layers.data
     assert list(drafting.x)[:3] == [3, 3, 3]  # x, d1, d2 drafting
     assert list(verifying.x) == [4, 4, 0] + [7] * 28  # d3 and the 3 runners-up; all 7 deep
@@ -759,8 +763,8 @@ def test_views_of_a_real_run(tiny):
     res = run(tiny, PROMPTS[4], 14, exit_layer="2", eta=0.0, gamma=3)
     steps = by_step(res.events)
     for step, ev in steps.items():
-        conf = method_panel("kangaroo", res.events, {}, step)
-        (layers,) = extra_panels("kangaroo", res.events, {}, step)
+        conf = method_panel(METHODS["kangaroo"].views, res.events, {}, step)
+        (layers,) = extra_panels(METHODS["kangaroo"].views, res.events, {}, step)
         assert layers.layout.title.text == f"Step {step}: exit at layer 2 of 4"
         by_name = {t.name: list(t.x) for t in layers.data}
         if step == 0:

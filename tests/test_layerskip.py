@@ -1,4 +1,4 @@
-"""LayerSkip (decoders/layerskip.py, decoders/exit_tuned.py, decoders/train/layerskip.py): the
+"""LayerSkip (decoders/methods/layerskip.py, decoders/trained/exit_tuned.py, decoders/train/layerskip.py): the
 exit-tuned model as a model of its own (the delta merged exactly, named ids, a missing delta named),
 self-speculation lossless against that model's greedy output with the budget and EOS edges, the
 shallow layers run once per token, and the trainer's layer dropout and card.
@@ -17,17 +17,11 @@ import torch
 from test_kangaroo import check_steps, transparent_target
 
 from conftest import PROMPTS, assert_greedy, close, one_thread
-from decoders import (
-    METHODS,
-    InvalidParameter,
-    ModelLoadError,
-    exit_tuned,
-    generate,
-    layerskip,
-    load_model,
-    models,
-)
-from decoders.events import Commit, Draft, DraftStop, Forward, Verify
+from decoders import METHODS, InvalidParameter, ModelLoadError, generate, load_model
+from decoders.core import models
+from decoders.core.events import Commit, Draft, DraftStop, Forward, Verify
+from decoders.methods import layerskip
+from decoders.trained import exit_tuned
 
 TUNED = "tiny-random-exit-tuned"
 

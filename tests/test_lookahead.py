@@ -8,10 +8,10 @@ import pytest
 
 from conftest import PROMPTS, assert_greedy, close
 from decoders import generate
-from decoders.events import AttentionMask, Commit, LookaheadWindow, NgramPool
-from decoders.lookahead import NgramStore, trie, window_parents
-from decoders.runtime import forward, new_cache
-from decoders.tree import ancestors, tree_mask, tree_positions
+from decoders.core.events import AttentionMask, Commit, LookaheadWindow, NgramPool
+from decoders.core.runtime import forward, new_cache
+from decoders.core.tree import ancestors, tree_mask, tree_positions
+from decoders.methods.lookahead import NgramStore, trie, window_parents
 
 _REFERENCE: dict = {}
 

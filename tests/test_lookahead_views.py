@@ -3,7 +3,7 @@
 import plotly.graph_objects as go
 
 from decoders import generate
-from decoders.events import (
+from decoders.core.events import (
     AttentionMask,
     Commit,
     Draft,
@@ -482,9 +482,9 @@ def test_views_render_real_runs(tiny):
 
 
 def test_every_token_a_view_names_is_listed_for_its_text():
-    """The page keeps token texts for what events name (decoders.events.token_ids): the window's
+    """The page keeps token texts for what events name (decoders.core.events.token_ids): the window's
     guesses, the pool's n-grams (not the hit counts) and the mask's inputs too."""
-    from decoders.events import token_ids
+    from decoders.core.events import token_ids
 
     assert token_ids(LookaheadWindow(1, ((1, 2), (3, 4)), (5, 6))) == [1, 2, 3, 4, 5, 6]
     assert token_ids(NgramPool(1, ((7, 8),), 0, 1, ((99, 9, 10),), n=2)) == [7, 8, 9, 10]

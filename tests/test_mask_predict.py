@@ -1,5 +1,5 @@
-"""Mask-Predict (decoders/mask_predict.py) and the quality measures of lossy methods
-(decoders/quality.py): the layout, the schedule, an oracle mask model that makes it exact, the
+"""Mask-Predict (decoders/methods/mask_predict.py) and the quality measures of lossy methods
+(decoders/core/quality.py): the layout, the schedule, an oracle mask model that makes it exact, the
 budget and EOS edges, the honest badge, the view and the benchmark's quality table."""
 
 import dataclasses
@@ -10,10 +10,11 @@ import pytest
 import torch
 from test_speculative import reference
 
-import decoders.mask_predict as mp
+import decoders.methods.mask_predict as mp
 from conftest import PROMPTS, one_thread, oracle_masks
-from decoders import METHODS, InvalidParameter, generate, quality
-from decoders.events import AttentionMask, Commit, Forward, MaskPredictStep
+from decoders import METHODS, InvalidParameter, generate
+from decoders.core import quality
+from decoders.core.events import AttentionMask, Commit, Forward, MaskPredictStep
 
 
 @pytest.fixture(autouse=True)
@@ -243,8 +244,8 @@ def test_the_view_draws_every_iteration_and_marks_the_re_masked(tiny):
                 if c in (code["filled_remasked"], code["kept_remasked"])
             ]
             assert marked == list(e.remasked)
-        assert method_panel("mask_predict", res.events, {}, step).layout.title.text
-        assert extra_panels("mask_predict", res.events, {}, step) or step == 0
+        assert method_panel(METHODS["mask_predict"].views, res.events, {}, step).layout.title.text
+        assert extra_panels(METHODS["mask_predict"].views, res.events, {}, step) or step == 0
     assert "not a mask_predict run" in str(refinement([], {}, 0).layout.annotations)
     # The tokens-per-step chart counts the unverified fills too, not only the target's own token.
     from visualizer import tokens_per_step

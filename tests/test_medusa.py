@@ -1,4 +1,4 @@
-"""Medusa (decoders/medusa.py) and blockwise parallel decoding (decoders/blockwise.py): lossless
+"""Medusa (decoders/methods/medusa.py) and blockwise parallel decoding (decoders/methods/blockwise.py): lossless
 under greedy, exact under sampling, one target forward per step, and their views.
 
 The shipped heads may be anything (placeholders now, trained ones later), so nothing here assumes
@@ -33,11 +33,9 @@ from test_speculative import (
 )
 
 from conftest import PROMPTS, assert_greedy
-from decoders import InvalidParameter, blockwise, generate, load_model, medusa, stream
-from decoders.artifacts import save_artifact, vocab_head
-from decoders.engine import prepare, run_events
-from decoders.errors import TraceError
-from decoders.events import (
+from decoders import METHODS, InvalidParameter, generate, load_model, stream
+from decoders.core.errors import TraceError
+from decoders.core.events import (
     Commit,
     Done,
     Draft,
@@ -49,14 +47,17 @@ from decoders.events import (
     event_from_dict,
     token_ids,
 )
-from decoders.medusa import PAPER_PATHS, build_tree, tree_paths
-from decoders.medusa_heads import MedusaHeads, Proposal, load_heads
-from decoders.runtime import forward, new_cache
-from decoders.tree import chain
+from decoders.core.runtime import forward, new_cache
+from decoders.core.tree import chain
+from decoders.engine import prepare, run_events
+from decoders.methods import blockwise, medusa
+from decoders.methods.medusa import PAPER_PATHS, build_tree, tree_paths
+from decoders.trained.artifacts import save_artifact, vocab_head
+from decoders.trained.medusa_heads import MedusaHeads, Proposal, load_heads
 from ui.live import Trace
 from ui.traces import check_trace
 from visualizer.medusa_view import BAR_COLOUR, CELL_STYLE, blockwise_chain, cell_chars, heads_grid
-from visualizer.panels import EXTRA_PANELS, PANELS
+from visualizer.panels import VIEWS
 from visualizer.tokens import COLOURS
 
 MODULES = {"medusa": medusa, "blockwise": blockwise}
@@ -697,8 +698,12 @@ def test_blockwise_chain_colours_the_block_and_shows_each_heads_probability():
 
 
 def test_the_methods_have_their_panels():
-    assert PANELS["medusa"] is heads_grid and PANELS["blockwise"] is blockwise_chain
-    assert len(EXTRA_PANELS["medusa"]) == 1 and EXTRA_PANELS["blockwise"] == (heads_grid,)
+    assert (
+        METHODS["medusa"].views[0] == "heads_grid"
+        and METHODS["blockwise"].views[0] == "blockwise_chain"
+    )
+    assert METHODS["medusa"].views[1:] == ("token_tree",)
+    assert METHODS["blockwise"].views[1:] == ("heads_grid",)
 
 
 def test_views_of_a_real_run_draw_every_step(tiny, fitted):
@@ -706,6 +711,6 @@ def test_views_of_a_real_run_draw_every_step(tiny, fitted):
         res = run(tiny, PROMPTS[3], method, 20, fitted["partial"])
         texts = {t: tiny.token_text(t) for e in res.events for t in token_ids(e)}
         for step in by_step(res):
-            for panel in (PANELS[method], *EXTRA_PANELS[method]):
+            for panel in (VIEWS[v] for v in METHODS[method].views):
                 fig = panel(res.events, texts, step)
                 assert fig.layout.title.text.startswith(("Step", "Token tree")), fig.layout.title

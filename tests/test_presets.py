@@ -3,7 +3,7 @@
 import pytest
 
 from decoders import METHODS
-from decoders.params import validate_params
+from decoders.core.params import validate_params
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import PROMPTS, assert_greedy
-from decoders import generate
-from decoders.events import Commit, CopySource, Draft, Prefill, Verify
-from decoders.prompt_lookup import find, lookup
-from decoders.sampling import Sampler
-from decoders.verify import greedy_chain, sample_deterministic_chain
+from decoders import METHODS, generate
+from decoders.core.events import Commit, CopySource, Draft, Prefill, Verify
+from decoders.core.sampling import Sampler
+from decoders.core.verify import greedy_chain, sample_deterministic_chain
+from decoders.methods.prompt_lookup import find, lookup
 
 
 def humaneval(i: int) -> str:
@@ -192,7 +192,7 @@ def test_copy_source_view():
         Verify(2, (0,), 9, "greedy-chain"),
         Commit(2, (4, 9), ("draft", "correction"), (0.9, 0.8)),
     ]
-    fig = method_panel("prompt_lookup", events, texts, 2)
+    fig = method_panel(METHODS["prompt_lookup"].views, events, texts, 2)
     fills = [s.fillcolor for s in fig.layout.shapes]
     # 2 matched tokens, 3 copied (accepted, rejected, not checked), the 2-token suffix.
     assert len(fills) == 7
@@ -202,9 +202,9 @@ def test_copy_source_view():
     shown = [t for trace in fig.data for t in (trace.text or ())]
     assert "&lt;|im_start|&gt;" in shown and "a↵" in shown  # the template, newlines made visible
     assert "no earlier match" in copy_source(events, texts, 1).layout.annotations[0].text
-    assert [f.to_dict() for f in extra_panels("prompt_lookup", events, texts, 2)] == [
-        draft_panel(events, texts, 2).to_dict()
-    ]
+    assert [
+        f.to_dict() for f in extra_panels(METHODS["prompt_lookup"].views, events, texts, 2)
+    ] == [draft_panel(events, texts, 2).to_dict()]
     # A trace from before sources were recorded: the draft panel, as before.
     old = [e for e in events if not isinstance(e, CopySource)]
     assert copy_source(old, texts, 2).to_dict() == draft_panel(old, texts, 2).to_dict()

@@ -4,9 +4,16 @@ import pytest
 import torch
 
 from conftest import KERNEL_TOL, close
+from decoders.core.runtime import (
+    cache_arg,
+    cache_length,
+    crop_cache,
+    forward,
+    keep_cache,
+    new_cache,
+)
+from decoders.core.tree import ancestors, chain, depths, leaf_paths, tree_mask, tree_positions
 from decoders.engine import NEAR_TIE
-from decoders.runtime import cache_arg, cache_length, crop_cache, forward, keep_cache, new_cache
-from decoders.tree import ancestors, chain, depths, leaf_paths, tree_mask, tree_positions
 
 PROMPT = [1, 504, 3458, 314, 253, 1345, 28, 1024]
 # A tree with two roots, branching at several depths.
@@ -147,7 +154,7 @@ def test_forward_event_and_logits_to_keep(tiny):
 
 
 def test_packed_linear_matches_torch_linear():
-    from decoders import packing
+    from decoders.core import packing
 
     if not packing.available():
         pytest.skip("this torch build has no oneDNN packed linear")
@@ -163,7 +170,7 @@ def test_packed_linear_matches_torch_linear():
 
 
 def test_drafting_heads_run_in_bfloat16_only_beside_float32_on_a_cpu_that_has_it(monkeypatch):
-    from decoders import packing
+    from decoders.core import packing
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("DECODING_LAB_DRAFT_BF16", raising=False)  # (make test-kernels sets it)
@@ -184,7 +191,7 @@ def test_tiny_models_draft_in_their_own_dtype(tiny):
 
 
 def test_skipping_every_block_leaves_embedding_norm_and_head(tiny):
-    from decoders.runtime import SkipSet
+    from decoders.core.runtime import SkipSet
 
     every = frozenset(range(tiny.n_layers))
     cache = new_cache(tiny)
@@ -200,7 +207,7 @@ def test_skipping_every_block_leaves_embedding_norm_and_head(tiny):
 
 def test_skipping_nothing_but_one_mlp_matches_a_reference_layer_loop(tiny):
     """Skip-forward with one MLP left out equals the layers run by hand without that MLP."""
-    from decoders.runtime import SkipSet
+    from decoders.core.runtime import SkipSet
 
     cache = new_cache(tiny)
     forward(tiny, cache, [5, 6, 7], step=0, kind="prefill")

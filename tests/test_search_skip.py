@@ -3,8 +3,8 @@
 import json
 
 from decoders import search_skip
-from decoders.events import Forward
-from decoders.runtime import SkipSet
+from decoders.core.events import Forward
+from decoders.core.runtime import SkipSet
 
 
 def test_modelled_cost_counts_draft_and_verify_forwards():

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import PROMPTS, assert_greedy
-from decoders import generate
-from decoders.events import Commit, Draft, DraftStop, Forward, Verify
-from decoders.runtime import forward, new_cache
-from decoders.sampling import Sampler
-from decoders.self_speculative import (
+from decoders import METHODS, generate
+from decoders.core.events import Commit, Draft, DraftStop, Forward, Verify
+from decoders.core.runtime import forward, new_cache
+from decoders.core.sampling import Sampler
+from decoders.methods.self_speculative import (
     ALPHA,
     BETA1,
     BETA2,
@@ -270,7 +270,7 @@ def test_view_shows_confidence_against_theta_and_why_it_stopped():
     from visualizer.panels import method_panel
 
     texts = {5: "a", 6: "b", 7: "c", 9: "d"}
-    fig = method_panel("self_speculative", synthetic_run(8.0, 1), texts, 2)
+    fig = method_panel(METHODS["self_speculative"].views, synthetic_run(8.0, 1), texts, 2)
     bar = fig.data[0]
     assert list(bar.y) == [0.9, 0.8, 0.4]
     theta = fig.data[1]  # the θ line, named in the legend
@@ -281,7 +281,7 @@ def test_view_shows_confidence_against_theta_and_why_it_stopped():
     # Three draft forwards at 80 % of a verify + one verify = 3.4 forwards for 2 tokens: slower.
     assert "Slower than plain decoding" in notes and "80%" in notes and "0.59×" in notes
     # Cheap drafts that are all accepted: 4 tokens for 1.3 forwards.
-    fast = method_panel("self_speculative", synthetic_run(1.0, 3), texts, 1)
+    fast = method_panel(METHODS["self_speculative"].views, synthetic_run(1.0, 3), texts, 1)
     assert "Faster than plain" in " ".join(a.text for a in fast.layout.annotations)
 
 
@@ -290,11 +290,11 @@ def test_view_caption_lines_are_wrapped_and_old_traces_fall_back():
     from visualizer.panels import method_panel
     from visualizer.self_speculative_view import CAPTION_CHARS
 
-    fig = method_panel("self_speculative", synthetic_run(8.0, 1), {}, 1)
+    fig = method_panel(METHODS["self_speculative"].views, synthetic_run(8.0, 1), {}, 1)
     caption = fig.layout.annotations[-1].text
     assert all(len(line) <= CAPTION_CHARS + 8 for line in caption.split("<br>"))
     old = [e for e in synthetic_run(8.0, 1) if not isinstance(e, DraftStop)]
-    fallback = method_panel("self_speculative", old, {}, 1)
+    fallback = method_panel(METHODS["self_speculative"].views, old, {}, 1)
     assert fallback.to_dict() == draft_panel(old, {}, 1).to_dict()
 
 
@@ -303,7 +303,7 @@ def test_view_of_a_real_run(tiny):
 
     res = same_as_greedy(tiny, PROMPTS[0], 20, skip="attn:3", threshold=0.0, max_draft=4)
     for step in sorted({e.step for e in res.events if isinstance(e, DraftStop)}):
-        fig = method_panel("self_speculative", res.events, {}, step)
+        fig = method_panel(METHODS["self_speculative"].views, res.events, {}, step)
         stop = at(res.events, DraftStop, step)
         assert fig.layout.title.text.startswith(f"Step {step}")
         if stop.confidences:

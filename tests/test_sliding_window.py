@@ -8,9 +8,9 @@ import torch
 
 from conftest import assert_greedy
 from decoders import METHODS, generate, load_model
+from decoders.core.errors import ModelLoadError
+from decoders.core.models import embedded_tokenizer
 from decoders.engine import greedy_reference
-from decoders.errors import ModelLoadError
-from decoders.models import embedded_tokenizer
 
 
 def tiny_checkpoint(path, kind: str, **window) -> str:

@@ -1,4 +1,4 @@
-"""SPACE (decoders/space.py, decoders/mask_model.py, decoders/train/space.py).
+"""SPACE (decoders/methods/space.py, decoders/trained/mask_model.py, decoders/train/space.py).
 
 Lossless against the ORIGINAL model's greedy output, token for token: the adapter acts on mask
 rows only, and no real row sees a mask. tiny-random's shipped adapter is trained on a tiny corpus
@@ -21,14 +21,15 @@ from test_speculative import (
     uniformity_chi2,
 )
 
-import decoders.space as space
+import decoders.methods.space as space
 from conftest import KERNEL_TOL, PROMPTS, assert_greedy, one_thread, oracle_masks
-from decoders import InvalidParameter, generate, models
-from decoders.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
-from decoders.mask_model import MaskAdapter, load_adapter, masked_forward
+from decoders import METHODS, InvalidParameter, generate
+from decoders.core import models
+from decoders.core.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
 from decoders.train import space as trainer
 from decoders.train.corpus import Corpus
 from decoders.train.states import target_states, windows
+from decoders.trained.mask_model import MaskAdapter, load_adapter, masked_forward
 
 
 @pytest.fixture(autouse=True)
@@ -254,7 +255,7 @@ def test_a_model_without_an_adapter_is_a_clear_error():
 
 
 def test_a_model_that_is_not_llama_style_is_a_clear_error(tiny, monkeypatch):
-    from decoders.mask_model import load_adapter
+    from decoders.trained.mask_model import load_adapter
 
     monkeypatch.setattr(tiny.model.config, "model_type", "gpt2")
     with pytest.raises(InvalidParameter, match="Llama-style"):
@@ -455,9 +456,9 @@ def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
         z = fig.data[0].z
         row = groups.handed + (2 if step else 0)  # after step 0: guesses, committed, groups
         assert handed_code in z[row] and sum(handed_code in r for r in z) == 1
-        assert method_panel("space", res.events, texts, step).layout.title.text
+        assert method_panel(METHODS["space"].views, res.events, texts, step).layout.title.text
         if step:
-            (mask_fig,) = extra_panels("space", res.events, texts, step)
+            (mask_fig,) = extra_panels(METHODS["space"].views, res.events, texts, step)
             assert "mask" in mask_fig.layout.title.text or mask_fig.data
             assert attention_mask(res.events, texts, step).data[0].z
             words = mask_fig.layout.title.subtitle.text + " ".join(d.name for d in mask_fig.data)
@@ -466,13 +467,13 @@ def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
 
 
 def _ids(event):
-    from decoders.events import token_ids
+    from decoders.core.events import token_ids
 
     return token_ids(event)
 
 
 def test_a_saved_adapter_loads_back_to_the_same_guesses(tiny, tmp_path):
-    from decoders.artifacts import save_artifact
+    from decoders.trained.artifacts import save_artifact
 
     torch.manual_seed(4)
     adapter = MaskAdapter(tiny.model.config, 3, 4, 8)

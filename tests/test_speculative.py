@@ -1,4 +1,4 @@
-"""Speculative decoding (decoders/speculative.py): lossless under greedy, exact under sampling.
+"""Speculative decoding (decoders/methods/speculative.py): lossless under greedy, exact under sampling.
 
 Greedy runs are compared token for token with autoregressive greedy, and each step's draft length
 is checked against the gamma schedule and the budget. Sampling runs are checked against the
@@ -14,20 +14,13 @@ import torch
 from test_prompt_lookup import humaneval
 
 from conftest import PROMPTS, assert_greedy, one_thread
-from decoders import (
-    METHODS,
-    DecodingLabError,
-    InvalidParameter,
-    generate,
-    load_model,
-    runtime,
-    stream,
-)
-from decoders.drafters import auto_draft
-from decoders.eagle import head_path
-from decoders.events import Commit, Done, Draft, DraftStop, Forward, Verify
-from decoders.speculative import MAX_GAMMA
-from decoders.tree import chain
+from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
+from decoders.core import runtime
+from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Verify
+from decoders.core.tree import chain
+from decoders.methods.speculative import MAX_GAMMA
+from decoders.trained.drafters import auto_draft
+from decoders.trained.eagle import head_path
 
 CHI2_9DOF_1E3 = 27.877  # the chi-square test on 10 bins, false alarm 1e-3
 CHI2_CRIT_1E3 = {1: 10.828, 2: 13.816, 3: 16.266}  # by degrees of freedom

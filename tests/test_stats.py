@@ -1,5 +1,5 @@
-from decoders.events import Commit, Draft, Forward, Verify
-from decoders.stats import compute_stats
+from decoders.core.events import Commit, Draft, Forward, Verify
+from decoders.core.stats import compute_stats
 
 
 def test_autoregressive_stats():
@@ -64,6 +64,8 @@ def _accepted_then_end(bundle, method, params):
 
 import pytest  # noqa: E402
 
+from decoders import METHODS  # noqa: E402
+
 
 @pytest.mark.parametrize(
     ("method", "params"),
@@ -87,5 +89,5 @@ def test_an_accepted_end_token_ends_the_accepted_drafts_too(tiny, method, params
     from visualizer.panels import method_panel
 
     if len(draft.tokens) > len(last.accepted):
-        drawn = method_panel(method, res.events, {}, last.step).to_json()
+        drawn = method_panel(METHODS[method].views, res.events, {}, last.step).to_json()
         assert "never written" in drawn

@@ -1,4 +1,4 @@
-"""Token-tree speculative decoding (decoders/token_tree.py): the choice-list parser, the tree mask
+"""Token-tree speculative decoding (decoders/methods/token_tree.py): the choice-list parser, the tree mask
 helpers, lossless greedy decoding for dynamic (EAGLE-2) and static (Medusa) trees, and sampling
 that keeps the target's distribution."""
 
@@ -23,11 +23,11 @@ from test_speculative import (
 
 from conftest import PROMPTS, assert_greedy
 from decoders import InvalidParameter, generate, load_model, stream
-from decoders.drafters import auto_draft
-from decoders.events import Commit, Draft, Forward, Verify
-from decoders.prompt_lookup import lookup
-from decoders.runtime import forward_ms, input_cost, pays
-from decoders.token_tree import (
+from decoders.core.events import Commit, Draft, Forward, Verify
+from decoders.core.runtime import forward_ms, input_cost, pays
+from decoders.core.tree import ancestors, depths, feed_mask, tree_mask, tree_positions, with_root
+from decoders.methods.prompt_lookup import lookup
+from decoders.methods.token_tree import (
     DEFAULT_CHOICES,
     MAX_NODES,
     CopyRates,
@@ -39,7 +39,7 @@ from decoders.token_tree import (
     spelled,
     worth,
 )
-from decoders.tree import ancestors, depths, feed_mask, tree_mask, tree_positions, with_root
+from decoders.trained.drafters import auto_draft
 
 # --- size=cost: which nodes pay for their input ------------------------------------------------------
 
@@ -126,7 +126,7 @@ def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):
     the sizes taking turns it lands on both sides of its rounds and the median holds."""
     from types import SimpleNamespace
 
-    from decoders import runtime
+    from decoders.core import runtime
 
     calls = []
 

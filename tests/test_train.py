@@ -21,16 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import decoders.artifacts
-import decoders.kangaroo
+import decoders.methods.kangaroo
+import decoders.trained.artifacts
 from conftest import KERNEL_TOL, PROMPTS, ROOT, assert_greedy, one_thread
 from decoders import InvalidParameter, generate
-from decoders.artifacts import artifact_path, read_card, save_artifact
 from decoders.bench import DEFAULT_SPEC_BENCH
-from decoders.eagle import EagleHead, load_head
-from decoders.kangaroo import KangarooAdapter, load_adapter
-from decoders.medusa_heads import MedusaHeads, load_heads
-from decoders.models import cache_dir
+from decoders.core.models import cache_dir
+from decoders.methods.kangaroo import KangarooAdapter, load_adapter
 from decoders.train import ARTIFACTS
 from decoders.train import corpus as corpus_builder
 from decoders.train import eagle as eagle_trainer
@@ -54,6 +51,9 @@ from decoders.train.states import (
     target_states,
     windows,
 )
+from decoders.trained.artifacts import artifact_path, read_card, save_artifact
+from decoders.trained.eagle import EagleHead, load_head
+from decoders.trained.medusa_heads import MedusaHeads, load_heads
 
 KINDS = ("eagle", "kangaroo", "medusa")
 ELL = 2  # the Kangaroo exit layer trained here (tiny-random has 4 layers)
@@ -302,8 +302,8 @@ def trained(tiny, states, vocab, tmp_path_factory):
 @pytest.fixture
 def assets(trained, monkeypatch):
     """The trained artifacts where the methods look for shipped ones (this test only)."""
-    monkeypatch.setattr(decoders.artifacts, "ASSETS", trained[0])
-    monkeypatch.setattr(decoders.kangaroo, "ASSETS", trained[0])  # its shipped-ℓ listing
+    monkeypatch.setattr(decoders.trained.artifacts, "ASSETS", trained[0])
+    monkeypatch.setattr(decoders.methods.kangaroo, "ASSETS", trained[0])  # its shipped-ℓ listing
     return trained[0]
 
 
@@ -387,8 +387,8 @@ def test_decoding_with_the_saved_artifacts_is_lossless(
 def test_the_methods_read_their_artifacts_from_the_stand_in(tiny, method, params, monkeypatch):
     # With an empty stand-in every method refuses, so the tests above decode with the files the
     # `trained` fixture wrote, not with the shipped ones.
-    monkeypatch.setattr(decoders.artifacts, "ASSETS", ROOT / "no-such-assets")
-    monkeypatch.setattr(decoders.kangaroo, "ASSETS", ROOT / "no-such-assets")
+    monkeypatch.setattr(decoders.trained.artifacts, "ASSETS", ROOT / "no-such-assets")
+    monkeypatch.setattr(decoders.methods.kangaroo, "ASSETS", ROOT / "no-such-assets")
     with pytest.raises(InvalidParameter, match="no trained"):
         generate(tiny, PROMPTS[0], method, 4, chat=False, record=False, **params)
 
@@ -697,7 +697,7 @@ def test_a_warm_start_loads_every_weight_but_the_rebuilt_vocabulary(tiny, vocab,
 def test_a_warm_started_exit_adapter_keeps_this_corpus_token_counts(tiny, vocab, tmp_path):
     """HASH EE's token counts, like the draft vocabulary, come from the run's own corpus: a warm
     start from adapters trained on another corpus loads their weights and keeps them."""
-    from decoders.exits import ExitAdapters
+    from decoders.trained.exits import ExitAdapters
 
     config = tiny.model.config
     counts = torch.arange(config.vocab_size)
@@ -719,7 +719,7 @@ def test_a_warm_started_exit_adapter_keeps_this_corpus_token_counts(tiny, vocab,
 def test_a_warm_start_refuses_space_masks_of_another_configuration(tiny, tmp_path):
     """SPACE's k, rank and alpha live in a float buffer: a warm start from masks trained with
     another alpha would load their weights under this run's card, so it is refused."""
-    from decoders.mask_model import MaskAdapter
+    from decoders.trained.mask_model import MaskAdapter
 
     config = tiny.model.config
     trained = MaskAdapter(config, 3, 4, 8)

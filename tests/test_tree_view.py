@@ -5,7 +5,7 @@ import random
 import plotly.graph_objects as go
 import pytest
 
-from decoders.events import Commit, Draft, Forward, Prefill, Verify
+from decoders.core.events import Commit, Draft, Forward, Prefill, Verify
 from visualizer.tokens import COLOURS
 from visualizer.tree_view import MAX_NODES, drawn_nodes, label_limit, token_tree, tree_layout
 

@@ -1,4 +1,4 @@
-"""The shared verification rules (decoders/verify.py), as pure functions: no model.
+"""The shared verification rules (decoders/core/verify.py), as pure functions: no model.
 
 Greedy rules are checked token for token on hand-made trees; sampling rules are checked to keep
 the target's distribution exactly, with Pearson chi-square tests at a false-alarm rate of 1e-3 per
@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_speculative import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
-from decoders.sampling import Sampler
-from decoders.tree import chain
-from decoders.verify import greedy_chain, greedy_tree, sample_tree, speculative_chain
+from decoders.core.sampling import Sampler
+from decoders.core.tree import chain
+from decoders.core.verify import greedy_chain, greedy_tree, sample_tree, speculative_chain
 
 # Upper 1e-3 quantiles of the chi-square distribution, by degrees of freedom.
 CHI2_CRIT_1E3 = {

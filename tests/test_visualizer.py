@@ -4,8 +4,9 @@ import re
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Done, Draft, Forward, Prefill, TopK, Verify
-from decoders.stats import compute_stats
+from decoders import METHODS
+from decoders.core.events import Commit, Done, Draft, Forward, Prefill, TopK, Verify
+from decoders.core.stats import compute_stats
 from visualizer import (
     acceptance_by_position,
     acceptance_histogram,
@@ -15,7 +16,7 @@ from visualizer import (
     token_spans_html,
     tokens_per_step,
 )
-from visualizer.panels import EXTRA_PANELS, MAX_EXTRA_PANELS
+from visualizer.panels import MAX_EXTRA_PANELS
 from visualizer.text import add_caption, cut, short_token, token_hover, wrap
 from visualizer.tokens import COLOURS, lossless_badge_html
 
@@ -100,13 +101,16 @@ def test_acceptance_figures():
 
 
 def test_topk_panel_marks_the_chosen_token():
-    fig = method_panel("autoregressive", AR, TEXTS, 1)
+    fig = method_panel(METHODS["autoregressive"].views, AR, TEXTS, 1)
     bar = fig.data[0]
     assert list(bar.x) == [0.6, 0.3]
     assert bar.marker.color[0] != bar.marker.color[1]
     assert fig.layout.title.text == "Step 1: top-2 candidates"
     assert "chosen: dark green" in fig.layout.title.subtitle.text.replace("<br>", " ")
-    assert "no top-k" in method_panel("autoregressive", SPEC, TEXTS, 1).layout.annotations[0].text
+    assert (
+        "no top-k"
+        in method_panel(METHODS["autoregressive"].views, SPEC, TEXTS, 1).layout.annotations[0].text
+    )
 
 
 def test_metrics_and_badges():
@@ -144,7 +148,7 @@ def test_titles_fit_a_phone_and_legends_sit_below_the_plot():
         tokens_per_step(SPEC),
         acceptance_panel(stats),
         draft_panel(SPEC, TEXTS, 1),
-        method_panel("autoregressive", AR, TEXTS, 1),
+        method_panel(METHODS["autoregressive"].views, AR, TEXTS, 1),
     ]
     for fig in figures:
         assert len(fig.layout.title.text) <= 40
@@ -180,7 +184,7 @@ def test_acceptance_panel_shows_histogram_and_rate_per_position():
 
 
 def test_every_methods_extra_views_fit_the_pages_slots():
-    assert all(len(views) <= MAX_EXTRA_PANELS for views in EXTRA_PANELS.values())
+    assert all(len(m.views) - 1 <= MAX_EXTRA_PANELS for m in METHODS.values())
 
 
 def test_token_labels_show_whitespace_cut_and_escape():
@@ -214,9 +218,11 @@ def test_at_the_prefill_extra_views_with_nothing_to_draw_are_left_out(tiny):
     from visualizer.panels import extra_panels
 
     res = generate(tiny, "def add(a, b):\n    return a + b\n\ndef add(a, b):", "lookahead", 12)
-    assert extra_panels("lookahead", res.events, {}, 0) == []  # the window, pool: not yet
-    later = extra_panels("lookahead", res.events, {}, 1)
-    assert len(later) == len(EXTRA_PANELS["lookahead"]) and any(f.data for f in later)
+    assert (
+        extra_panels(METHODS["lookahead"].views, res.events, {}, 0) == []
+    )  # the window, pool: not yet
+    later = extra_panels(METHODS["lookahead"].views, res.events, {}, 1)
+    assert len(later) == len(METHODS["lookahead"].views) - 1 and any(f.data for f in later)
 
 
 def test_an_exit_runs_curve_shows_early_exit_families_only():

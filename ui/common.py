@@ -10,7 +10,6 @@ import gradio as gr
 from .links import UI_MAX_NEW_TOKENS
 from .models import ALLOW_ANY_MODEL
 
-EXPLAINERS = Path(__file__).resolve().parents[1] / "assets" / "explainers"
 # The benchmark's quality-against-compute points per model (decoders/bench.py writes
 # quality_points.json; the shipped ones are copied here with the command in README.md).
 QUALITY = Path(__file__).resolve().parents[1] / "assets" / "quality"
@@ -26,8 +25,12 @@ except ImportError:  # anywhere else, a no-op
 
 
 def explainer(method: str) -> str:
-    path = EXPLAINERS / f"{method}.md"
-    return path.read_text() if path.is_file() else f"*No explainer yet for `{method}`.*"
+    """The method's explainer, beside its module (decoders/methods/<method>.md)."""
+    from decoders import METHODS
+
+    if method not in METHODS:
+        return f"*No explainer yet for `{method}`.*"
+    return METHODS[method].explainer()
 
 
 def quality_points(model_id: str) -> list[dict]:
@@ -35,7 +38,7 @@ def quality_points(model_id: str) -> list[dict]:
     the panel then draws the run's point alone)."""
     import json
 
-    from decoders.models import slug
+    from decoders.core.models import slug
 
     try:
         path = QUALITY / f"{slug(model_id)}.json"

@@ -15,12 +15,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from decoders import METHODS, InvalidInput, compare_tokens, prepare, quality
+from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.bench import parse_method
+from decoders.core import quality
+from decoders.core.errors import DecodingLabError
+from decoders.core.events import Commit, Done, token_ids
+from decoders.core.params import SAMPLING_PARAMS, validate_params
 from decoders.engine import check_request, run_events, with_near_tie
-from decoders.errors import DecodingLabError
-from decoders.events import Commit, Done, token_ids
-from decoders.params import SAMPLING_PARAMS, validate_params
 from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
 
 from .links import check_budget
@@ -54,85 +55,14 @@ def paper_spec(name: str) -> str:
 
 
 DEFAULT_PRESET = "each family at its best"
+# Derived from the methods' declarations: every method at its defaults (each at its best on this
+# machine), the papers' settings, then the presets each method brings (`Method.compare`).
 PRESETS: dict[str, tuple[str, ...]] = {
-    # Every method at its defaults: the defaults are each method at its best on this machine
-    # (speculative and token_tree draft with the shipped EAGLE head where one exists).
-    DEFAULT_PRESET: (
-        "prompt_lookup",
-        "speculative",
-        "token_tree",
-        "self_speculative",
-        "kangaroo",
-        "layerskip",  # pays on the exit-tuned model; on others it still runs, exactly
-        "medusa",
-        "blockwise",
-        "space",
-        "jacobi",
-        "lookahead",
-        "mask_predict",  # lossy: the headline races the others and reports it apart
-        "calm",  # lossy too: early exit
-        "free",
-        "hash_ee",
-    ),
+    DEFAULT_PRESET: tuple(name for name, m in METHODS.items() if m.in_default_compare),
     "the papers' settings": tuple(
         paper_spec(name) for name, m in METHODS.items() if "paper" in m.presets
     ),
-    # The same mask model with and without verification: SPACE is exact, Mask-Predict trades
-    # agreement with greedy for forwards (a block of m tokens in T forwards).
-    "mask guesses: verified (SPACE) vs Mask-Predict's m and T": (
-        "space",
-        "mask_predict:m=2:T=1",
-        "mask_predict:m=5:T=1",
-        "mask_predict:m=5:T=2",
-        "mask_predict:m=5:T=4",
-    ),
-    # Who drafts matters more than how: the trained head against the model's own first layers.
-    "drafters: trained head vs the model's first layers": (
-        "speculative:draft=eagle",
-        "speculative:draft=self:8",
-        "token_tree:draft=eagle",
-        "token_tree:draft=self:8",
-        # Kangaroo's first two layers + its trained adapter against the same two layers alone
-        "kangaroo:exit_layer=2",
-        "speculative:draft=self:2",
-        "medusa",
-    ),
-    # Kangaroo's draft as the paper has it (a chain) against ours: the adapter's runners-up beside
-    # each draft token, verified in the same pass for an input each.
-    "Kangaroo: the paper's chain vs runners-up": (
-        "kangaroo:siblings=0",
-        "kangaroo",
-        "kangaroo:siblings=2",
-    ),
-    # Doing less per token instead of more tokens per forward: CALM's confidence threshold and
-    # fill (the true computation shows what state propagation changes) against HASH EE's depth.
-    "early exit: CALM, FREE and HASH EE": (
-        "calm",
-        "calm:threshold=0.9",
-        "calm:confidence=saturation:threshold=0.995",
-        "calm:fill=compute",
-        "free",
-        "free:threshold=0.6",
-        "hash_ee",
-        "hash_ee:min_depth=0.6",
-    ),
-    # CALM's oracle peeks at the full model and leaves at the first exit that agrees. With the true
-    # cache it is greedy, and its exit depth bounds every confidence measure on these exits; with
-    # propagation even these decisions drift (the stand-in keys and values).
-    "CALM's oracle: what perfect exit decisions would give": (
-        "calm",
-        "calm:confidence=oracle",
-        "calm:confidence=oracle:min_depth=0",
-        "calm:confidence=oracle:min_depth=0:fill=compute",
-    ),
-    # SpecDec's relaxed acceptance on the EAGLE drafter: β = 1 is exact, larger β and τ keep
-    # more drafts and drift from greedy.
-    "relaxed verification: SpecDec's β and τ": (
-        "speculative:draft=eagle",
-        "speculative:draft=eagle:beta=2:tolerance=1",
-        "speculative:draft=eagle:beta=4:tolerance=2",
-        "speculative:draft=eagle:beta=8:tolerance=4",
-    ),
+    **{label: specs for m in METHODS.values() for label, specs in m.compare.items()},
     "quick look": ("prompt_lookup", "speculative", "lookahead"),
 }
 

@@ -13,7 +13,7 @@ import os
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
-from decoders.events import Commit, Forward
+from decoders.core.events import Commit, Forward
 from visualizer import forward_timeline, tokens_per_step
 
 from .common import gpu, internal_error

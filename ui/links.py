@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decoders import METHODS, InvalidInput
+from decoders.core.errors import DecodingLabError
+from decoders.core.params import SAMPLING_PARAMS, Param
 from decoders.engine import MAX_PROMPT_CHARS
-from decoders.errors import DecodingLabError
-from decoders.params import SAMPLING_PARAMS, Param
 
 from .models import check_draft, resolve_model
 

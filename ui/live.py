@@ -13,7 +13,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decoders import METHODS, InvalidInput, compare_tokens, prepare, quality
+from decoders import METHODS, InvalidInput, compare_tokens, prepare
+from decoders.core import quality
+from decoders.core.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
+from decoders.core.models import ModelBundle
+from decoders.core.stats import compute_stats
 from decoders.engine import (
     Run,
     check_request,
@@ -22,9 +26,6 @@ from decoders.engine import (
     run_events,
     with_near_tie,
 )
-from decoders.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
-from decoders.models import ModelBundle
-from decoders.stats import compute_stats
 
 from .links import check_budget
 from .models import check_draft, get_bundle, token_texts, vocab_size
@@ -128,7 +129,7 @@ def greedy_check(
 def lossy_info(
     bundle: ModelBundle, prompt_ids: list[int], reference: tuple[int, ...], tokens: list[int]
 ) -> dict[str, Any]:
-    """A lossy method's badge: never "identical", always how close it came (decoders/quality.py):
+    """A lossy method's badge: never "identical", always how close it came (decoders/core/quality.py):
     agreement, the first difference, ROUGE-L, and NLL beside greedy's own."""
     q = quality.compare(reference, tokens)
     return {

@@ -8,8 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decoders import InvalidInput, load_model
-from decoders.exit_tuned import delta_path
-from decoders.models import (
+from decoders.core.models import (
     EMBEDDED_ID,
     TINY_ID,
     TINY_SEEDS,
@@ -17,6 +16,7 @@ from decoders.models import (
     ModelBundle,
     hub_reachable,
 )
+from decoders.trained.exit_tuned import delta_path
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
 TUNED_LABEL = f"{TUNED_ID} (tuned for early exit: LayerSkip, offline)"

@@ -20,8 +20,8 @@ from typing import Any
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
-from decoders.events import MAX_TRACE_BYTES, Commit, Verify
-from decoders.params import SAMPLING_PARAMS, Param
+from decoders.core.events import MAX_TRACE_BYTES, Commit, Verify
+from decoders.core.params import SAMPLING_PARAMS, Param
 from visualizer import (
     acceptance_panel,
     extra_panels,
@@ -32,7 +32,6 @@ from visualizer import (
     token_spans_html,
     tokens_per_step,
 )
-from visualizer.exit_view import EARLY_EXIT
 from visualizer.panels import MAX_EXTRA_PANELS
 from visualizer.tokens import display_text
 
@@ -132,12 +131,17 @@ def result_panel(trace: Trace):
     """The panel beside the metrics: an early-exit run as a point on its method's benchmarked
     quality-against-compute curve; every other run, its acceptance."""
     method = trace.meta.get("method")
-    if method not in EARLY_EXIT:  # lossy by leaving early: a quality-vs-layers point
+    if method not in METHODS or METHODS[method].family != "early exit":  # a quality-vs-layers point
         return acceptance_panel(trace.stats)
     badge = trace.meta.get("lossless") or {}
     agreement = badge.get("agreement") if badge.get("status") == "lossy" else None
     points = quality_points(str(trace.meta.get("model", "")))
     return quality_point(points, method, agreement, trace.stats.get("layers_per_token"))
+
+
+def views_of(method: str) -> tuple[str, ...]:
+    """The views a method declares (an unknown method, as an old trace may name: the top-k)."""
+    return METHODS[method].views if method in METHODS else ("topk_panel",)
 
 
 @dataclass
@@ -185,12 +189,12 @@ class RunTab:
         upto = step if step is not None and step < trace.last_step else None
         at = trace.last_step if upto is None else upto
         method = trace.meta.get("method", "autoregressive")
-        extras = extra_panels(method, trace.events, trace.texts, at)
+        extras = extra_panels(views_of(method), trace.events, trace.texts, at)
         return {
             self.tokens: token_spans_html(trace.events, trace.texts, upto),
             self.timeline: forward_timeline(trace.events, upto),
             self.per_step: tokens_per_step(trace.events, upto),
-            self.panel: method_panel(method, trace.events, trace.texts, at),
+            self.panel: method_panel(views_of(method), trace.events, trace.texts, at),
             **{
                 plot: gr.Plot(value=extras[i], visible=True)
                 if i < len(extras)
@@ -486,8 +490,8 @@ def _initial(example: Trace | None) -> dict[str, Any]:
         timeline=forward_timeline(example.events, upto),
         per_step=tokens_per_step(example.events, upto),
         hist=acceptance_panel(example.stats),
-        panel=method_panel(method, example.events, example.texts, at),
-        extras=extra_panels(method, example.events, example.texts, at),
+        panel=method_panel(views_of(method), example.events, example.texts, at),
+        extras=extra_panels(views_of(method), example.events, example.texts, at),
         last_step=example.last_step,
         step=at,
         export=_export(example),
@@ -549,7 +553,9 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
                     update |= {
                         t.timeline: forward_timeline(trace.events),
                         t.per_step: tokens_per_step(trace.events),
-                        t.panel: method_panel(method, trace.events, trace.texts, trace.last_step),
+                        t.panel: method_panel(
+                            views_of(method), trace.events, trace.texts, trace.last_step
+                        ),
                     }
                     figures_at = time.perf_counter()
                     draw_s = figures_at - now

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from decoders import METHODS
-from decoders.engine import MAX_PROMPT_CHARS
-from decoders.errors import DecodingLabError, TraceError
-from decoders.events import (
+from decoders.core.errors import DecodingLabError, TraceError
+from decoders.core.events import (
     AttentionMask,
     CatchUp,
     Commit,
@@ -35,9 +34,10 @@ from decoders.events import (
     TopK,
     Verify,
 )
-from decoders.models import loaded
-from decoders.params import validate_params
-from decoders.stats import compute_stats
+from decoders.core.models import loaded
+from decoders.core.params import validate_params
+from decoders.core.stats import compute_stats
+from decoders.engine import MAX_PROMPT_CHARS
 
 from .links import UI_MAX_NEW_TOKENS
 from .live import Trace, cached_reference, greedy_check, lossy_info, sampling_info

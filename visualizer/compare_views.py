@@ -13,7 +13,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Event, Forward
+from decoders.core.events import Commit, Event, Forward
 
 from .figures import _base_layout, _empty
 from .lookahead_views import _swatch

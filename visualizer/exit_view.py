@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import CatchUp, Commit, Event, Forward, LayerExit
+from decoders.core.events import CatchUp, Commit, Event, Forward, LayerExit
 
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .lookahead_views import _tok

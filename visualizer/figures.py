@@ -9,7 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Event, Forward, TopK
+from decoders.core.events import Commit, Event, Forward, TopK
 
 from .text import cut, short_token, token_hover, wrap
 
@@ -302,7 +302,7 @@ def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
 def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
     """A chain draft at one step: draft tokens on top (accepted green, first rejected red, never
     checked grey), the tokens the target committed underneath (orange correction, blue bonus)."""
-    from decoders.events import Draft, Verify
+    from decoders.core.events import Draft, Verify
 
     from .tokens import COLOURS
 

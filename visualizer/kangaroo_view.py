@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from decoders.events import Draft, DraftStop, Event, Forward, Verify
-from decoders.tree import depths
+from decoders.core.events import Draft, DraftStop, Event, Forward, Verify
+from decoders.core.tree import depths
 
 from .figures import LANE_COLOURS, _base_layout, _empty
 from .self_speculative_view import confidence_bars, run_cost

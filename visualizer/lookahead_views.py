@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import plotly.graph_objects as go
 
-from decoders.events import (
+from decoders.core.events import (
     AttentionMask,
     Commit,
     Draft,
@@ -26,7 +26,7 @@ from decoders.events import (
     NgramPool,
     Verify,
 )
-from decoders.tree import depths, leaf_paths
+from decoders.core.tree import depths, leaf_paths
 
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .text import cut, escape, short_token, token_hover, visible, wrap

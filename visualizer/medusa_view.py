@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Draft, Event, HeadProposals, Verify
+from decoders.core.events import Commit, Draft, Event, HeadProposals, Verify
 
 from .figures import _base_layout, _empty, _token_row
 from .text import cut, escape, short_token, token_hover, visible

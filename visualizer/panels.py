@@ -1,4 +1,5 @@
-"""The method-specific panel: each method names the figure that explains its steps."""
+"""The method-specific panels: each method names, in its declaration, the views that explain its
+steps; this module finds them by name (the visualizer imports no engine)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import Event
+from decoders.core.events import Event
 
 from .exit_view import catch_ups, exit_confidence, exit_heatmap, hash_layers
 from .figures import draft_panel, topk_panel
@@ -33,55 +34,52 @@ from .tree_view import token_tree
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
 
-PANELS: dict[str, Panel] = {
-    "autoregressive": topk_panel,
-    "prompt_lookup": copy_source,
-    "speculative": draft_panel,
-    "self_speculative": self_speculative_panel,
-    "token_tree": token_tree,
-    "jacobi": jacobi_trajectory,
-    "lookahead": lookahead_panel,
-    "kangaroo": kangaroo_confidence,
-    "layerskip": layerskip_confidence,
-    "medusa": heads_grid,
-    "blockwise": blockwise_chain,
-    "space": relay,
-    "mask_predict": refinement,
-    "calm": exit_heatmap,
-    "hash_ee": exit_heatmap,
-    "free": exit_heatmap,
+# Every view a method may name in its declaration (`Method.views`: its panel first, then the
+# figures drawn under it), by name. A view reads events only.
+VIEWS: dict[str, Panel] = {
+    f.__name__: f
+    for f in (
+        topk_panel,
+        draft_panel,
+        copy_source,
+        self_speculative_panel,
+        token_tree,
+        jacobi_trajectory,
+        lookahead_panel,
+        lookahead_window,
+        pool_candidates,
+        ngram_pool,
+        attention_mask,
+        kangaroo_confidence,
+        kangaroo_layers,
+        layerskip_confidence,
+        layerskip_layers,
+        heads_grid,
+        blockwise_chain,
+        relay,
+        refinement,
+        exit_heatmap,
+        exit_confidence,
+        hash_layers,
+        catch_ups,
+    )
 }
-
-
-def method_panel(
-    method: str, events: Sequence[Event], texts: Mapping[int, str], step: int
-) -> go.Figure:
-    return PANELS.get(method, topk_panel)(events, texts, step)
-
-
-# Methods with more to show than one panel: drawn under the main one, same step, each full width
-# (the page, ui/run_tab.py, has MAX_EXTRA_PANELS slots for them).
-EXTRA_PANELS: dict[str, tuple[Panel, ...]] = {
-    "lookahead": (lookahead_window, pool_candidates, ngram_pool),
-    "prompt_lookup": (draft_panel,),  # under the copy's source: the draft against what was kept
-    "kangaroo": (kangaroo_layers,),  # under the confidences: where in the model the step ran
-    "layerskip": (layerskip_layers,),
-    "medusa": (token_tree,),  # the tree the heads' guesses formed, verified
-    "blockwise": (heads_grid,),  # each head's top few: where the right token ranked
-    "space": (attention_mask,),  # the layout's real mask: every group hidden from later rows
-    "mask_predict": (attention_mask,),  # masks see all before them; kept tokens see no mask
-    "calm": (exit_confidence,),  # this step's token: its confidence at each exit against λ_t
-    "hash_ee": (hash_layers,),  # the hash for the tokens on screen
-    "free": (catch_ups,),  # the held-back tokens and their synchronized passes
-}
+# The page (ui/run_tab.py) has this many slots for the figures under a method's panel.
 MAX_EXTRA_PANELS = 4
 
 
+def method_panel(
+    views: Sequence[str], events: Sequence[Event], texts: Mapping[int, str], step: int
+) -> go.Figure:
+    """The method's own panel at `step`: the first of its declared views."""
+    return VIEWS.get(views[0] if views else "", topk_panel)(events, texts, step)
+
+
 def extra_panels(
-    method: str, events: Sequence[Event], texts: Mapping[int, str], step: int
+    views: Sequence[str], events: Sequence[Event], texts: Mapping[int, str], step: int
 ) -> list[go.Figure]:
-    """The method's extra figures at `step`. At step 0, the prefill, those with nothing to draw
-    are left out (the page hides their slots): a column of "nothing at step 0" notes says less
-    than the one main panel."""
-    figures = [panel(events, texts, step) for panel in EXTRA_PANELS.get(method, ())]
+    """The method's further figures at `step` (its declared views after the first). At step 0,
+    the prefill, those with nothing to draw are left out (the page hides their slots): a column
+    of "nothing at step 0" notes says less than the one main panel."""
+    figures = [VIEWS[name](events, texts, step) for name in views[1:] if name in VIEWS]
     return [f for f in figures if f.data] if step == 0 else figures

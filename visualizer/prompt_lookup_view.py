@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, CopySource, Draft, Event, Prefill, Verify
+from decoders.core.events import Commit, CopySource, Draft, Event, Prefill, Verify
 
 from .figures import _base_layout, _empty, draft_panel
 from .text import add_caption, escape, token_hover

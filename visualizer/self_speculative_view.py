@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Draft, DraftStop, Event, Forward, Verify
+from decoders.core.events import Commit, Draft, DraftStop, Event, Forward, Verify
 
 from .figures import _base_layout, _empty, draft_panel
 from .text import CAPTION_CHARS as CAPTION_CHARS  # the caption's wrap width (tests read it here)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Event, MaskGroups, Verify
+from decoders.core.events import Commit, Event, MaskGroups, Verify
 
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .lookahead_views import _at, _codes, _heatmap, _swatch, _tok

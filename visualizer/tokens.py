@@ -9,7 +9,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decoders.events import Commit, Event
+from decoders.core.events import Commit, Event
 
 COLOURS = {
     "draft": "#c8e6c9",  # accepted draft

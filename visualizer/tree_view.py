@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.events import Commit, Draft, Event, Prefill, Verify
+from decoders.core.events import Commit, Draft, Event, Prefill, Verify
 
 from .figures import SUBTITLE_CHARS, TITLE_CHARS, _base_layout, _empty
 from .text import cut, short_token, token_hover, wrap

@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-from . import ARTIFACTS
+from decoders.train import ARTIFACTS
 
 
 def main(argv: list[str] | None = None) -> int:

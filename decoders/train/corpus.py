@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..models import ModelBundle, cache_dir
+from decoders.core.models import ModelBundle, cache_dir
 
 NGRAM = 8  # decontamination: word n-grams shared with a benchmark prompt
 
@@ -534,7 +534,7 @@ BENCHMARKS_ENV = "DECODING_LAB_BENCHMARKS"
 
 def benchmark_files() -> dict[str, Path | None]:
     """Where this machine keeps each benchmark's prompts (None: nowhere)."""
-    from ..bench import DEFAULT_SPEC_BENCH, humaneval_path
+    from decoders.bench import DEFAULT_SPEC_BENCH, humaneval_path
 
     folder = os.environ.get(BENCHMARKS_ENV)
     spec_bench = Path(folder) / "question.jsonl" if folder else DEFAULT_SPEC_BENCH
@@ -583,7 +583,7 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     """Build (or find in the cache) the corpus and report it."""
-    from ..models import load_model
+    from decoders.core.models import load_model
 
     started = time.perf_counter()  # --deadline counts the model's loading too
     # float32: the drafters learn the features the CPU default (float32) will feed them.

@@ -23,11 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..artifacts import save_artifact
-from ..eagle import EagleHead, head_path
-from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments, run_fields, warm_start
-from .states import (
+from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.loop import Loop, add_loop_arguments, run_fields, warm_start
+from decoders.train.states import (
     Prepared,
     States,
     answers_only,
@@ -37,6 +35,8 @@ from .states import (
     prepare,
     windows,
 )
+from decoders.trained.artifacts import save_artifact
+from decoders.trained.eagle import EagleHead, head_path
 
 FEATURE_NOISE = 0.2  # std of the Gaussian noise on input features, relative to their RMS
 EVAL_DEPTH = 3  # held-out agreement is reported for the first three draft steps

@@ -28,11 +28,11 @@ import random
 import torch
 import torch.nn.functional as F
 
-from ..artifacts import save_artifact
-from ..exits import ExitAdapters, adapters_path
-from .corpus import add_arguments as add_corpus_arguments
-from .loop import add_loop_arguments, fit_artifact
-from .states import States, draft_vocabulary, prediction_counts, prepare, windows
+from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.loop import add_loop_arguments, fit_artifact
+from decoders.train.states import States, draft_vocabulary, prediction_counts, prepare, windows
+from decoders.trained.artifacts import save_artifact
+from decoders.trained.exits import ExitAdapters, adapters_path
 
 CALIBRATION = (0.9, 0.99)  # thresholds the card reports coverage and precision at
 
@@ -151,7 +151,7 @@ def oracle_depth(exits: ExitAdapters, norm, w, head, states: States, docs: list[
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if args.placeholder:
         return placeholder(args, argv)
-    from ..models import load_model
+    from decoders.core.models import load_model
 
     n_layers = load_model(args.model, device=args.device).n_layers
     layers = parse_layers(args.layers, n_layers)
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 def placeholder(args: argparse.Namespace, argv: list[str]) -> dict:
     """Untrained exits for a test model: the logit lens plus a small random adapter (seeded),
     counts from a Zipf law over token ids (HASH EE needs some frequencies to hash)."""
-    from ..models import load_model
+    from decoders.core.models import load_model
 
     bundle = load_model(args.model, device="cpu", dtype="float32")
     layers = parse_layers(args.layers, bundle.n_layers)

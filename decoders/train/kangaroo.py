@@ -22,12 +22,12 @@ import time
 
 import torch
 
-from ..artifacts import ASSETS
-from ..kangaroo import KIND, KangarooAdapter, adapter_path
-from ..models import slug
-from .corpus import add_arguments as add_corpus_arguments
-from .loop import add_loop_arguments, fit_artifact
-from .states import Prepared, States, draft_vocabulary, prepare, windows
+from decoders.core.models import slug
+from decoders.methods.kangaroo import KIND, KangarooAdapter, adapter_path
+from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.loop import add_loop_arguments, fit_artifact
+from decoders.train.states import Prepared, States, draft_vocabulary, prepare, windows
+from decoders.trained.artifacts import ASSETS
 
 SEARCH_PROMPTS = ASSETS / "tuning_prompts.jsonl"  # tuning prompts, never benchmark prompts
 
@@ -155,7 +155,7 @@ def time_exit_layers(
 ) -> dict[int, float]:
     """Speedup of the real `kangaroo` decoder at each ℓ over autoregressive, on search prompts
     (interleaved, the same prompts for every ℓ)."""
-    from .. import generate
+    from decoders import generate
 
     rows = [json.loads(line) for line in SEARCH_PROMPTS.read_text().splitlines() if line.strip()]
     code = [r for r in rows if not r.get("chat")]

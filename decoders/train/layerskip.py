@@ -1,5 +1,5 @@
 """LayerSkip tuning (Elhoushi et al. 2024): the embedded model itself learns to be read early, and
-ships as a low-rank delta that makes `SmolLM2-135M-Instruct-exit-tuned` (decoders/exit_tuned.py).
+ships as a low-rank delta that makes `SmolLM2-135M-Instruct-exit-tuned` (decoders/trained/exit_tuned.py).
 
     python -m decoders.train layerskip --model embedded --minutes 4 --device cuda
 
@@ -35,12 +35,12 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask
 
-from .. import exit_tuned
-from ..models import ModelBundle
-from ..runtime import cache_arg
-from .corpus import add_arguments as add_corpus_arguments
-from .loop import Loop, add_loop_arguments, init_weights, run_fields
-from .states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare
+from decoders.core.models import ModelBundle
+from decoders.core.runtime import cache_arg
+from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.loop import Loop, add_loop_arguments, init_weights, run_fields
+from decoders.train.states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare
+from decoders.trained import exit_tuned
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -294,7 +294,7 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
         return exit_tuned.delta_state(tuning.params, args.rank, args.alpha, vocab)
 
     def write(result: dict, quality: dict | None = None) -> None:
-        from ..artifacts import save_artifact
+        from decoders.trained.artifacts import save_artifact
 
         fields = {
             "tuned_model": bundle.model_id + exit_tuned.TUNED_SUFFIX,
@@ -338,15 +338,15 @@ def greedy_agreement(
     bundle: ModelBundle, delta: Path, prompts: int, tokens: int, held: dict
 ) -> dict:
     """The tuned model (the delta as shipped, float16 factors merged) against the original:
-    greedy outputs on the first `prompts` tuning prompts, token by token (decoders/quality.py),
+    greedy outputs on the first `prompts` tuning prompts, token by token (decoders/core/quality.py),
     and the held-out perplexities."""
     import math
 
     from safetensors.torch import load_file
 
-    from .. import generate
-    from ..artifacts import ASSETS
-    from ..quality import compare
+    from decoders import generate
+    from decoders.core.quality import compare
+    from decoders.trained.artifacts import ASSETS
 
     tuned_model = type(bundle.model)(bundle.model.config)
     tuned_model.load_state_dict(bundle.model.state_dict())

@@ -300,8 +300,8 @@ def fit_artifact(
     """Train `module` with the Loop (its checkpoint in the cache, named after `out`) and write the
     artifact with its card after every epoch and at the end: `fields(result)` gives the card's
     artifact-specific entries; the time, steps, epochs and learning rate are added here."""
-    from ..artifacts import save_artifact
-    from .states import card, checkpoint_path
+    from decoders.train.states import card, checkpoint_path
+    from decoders.trained.artifacts import save_artifact
 
     warm_start(module, args.init)
 

@@ -17,10 +17,10 @@ import random
 
 import torch
 
-from ..medusa_heads import MedusaHeads, heads_path
-from .corpus import add_arguments as add_corpus_arguments
-from .loop import add_loop_arguments, fit_artifact
-from .states import Prepared, States, draft_vocabulary, prepare, windows
+from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.loop import add_loop_arguments, fit_artifact
+from decoders.train.states import Prepared, States, draft_vocabulary, prepare, windows
+from decoders.trained.medusa_heads import MedusaHeads, heads_path
 
 DECAY = 0.8  # λ_k = 0.8^k
 

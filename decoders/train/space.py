@@ -1,5 +1,5 @@
 """Mask tuning for SPACE (`space`), on a frozen base: the [MASK] embedding and the low-rank adapters
-that act on mask rows only (decoders/mask_model.py).
+that act on mask rows only (decoders/trained/mask_model.py).
 
     python -m decoders.train space --model embedded --k 4
 
@@ -38,12 +38,12 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..mask_model import SFT_FILE, MaskAdapter, adapter_path, masked_forward
-from ..models import cache_dir, slug
-from ..runtime import cache_arg
-from .corpus import add_arguments as add_corpus_arguments
-from .loop import add_loop_arguments, fit_artifact, run_fields
-from .states import Prepared, States, prepare, windows
+from decoders.core.models import cache_dir, slug
+from decoders.core.runtime import cache_arg
+from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.loop import add_loop_arguments, fit_artifact, run_fields
+from decoders.train.states import Prepared, States, prepare, windows
+from decoders.trained.mask_model import SFT_FILE, MaskAdapter, adapter_path, masked_forward
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -337,9 +337,9 @@ def full_losses(
 def train_full(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
     """(b): the whole model and the mask learn; the result goes to a directory in the model cache
     (the weights, the tokenizer, the mask as space_mask.safetensors and its card)."""
-    from ..artifacts import save_artifact
-    from .loop import Loop
-    from .states import card
+    from decoders.train.loop import Loop
+    from decoders.train.states import card
+    from decoders.trained.artifacts import save_artifact
 
     bundle, states = prep.bundle, prep.states
     torch.manual_seed(args.seed)

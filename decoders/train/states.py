@@ -20,9 +20,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers.masking_utils import create_causal_mask
 
-from ..models import ModelBundle
-from ..runtime import cache_arg
-from .corpus import Corpus
+from decoders.core.models import ModelBundle
+from decoders.core.runtime import cache_arg
+from decoders.train.corpus import Corpus
 
 
 @dataclass
@@ -199,8 +199,8 @@ def prepare(args, layers: tuple[int, ...] | None = None, probe: bool = True) -> 
     the probe, unless `probe` is False or `--probe-tokens` is 0."""
     import time
 
-    from ..models import cache_dir, load_model
-    from .corpus import corpus_key, load_or_build
+    from decoders.core.models import cache_dir, load_model
+    from decoders.train.corpus import corpus_key, load_or_build
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -228,9 +228,9 @@ def probe_states(bundle: ModelBundle, layers: tuple[int, ...], args) -> States:
     import hashlib
     import json
 
-    from .. import generate
-    from ..artifacts import ASSETS
-    from ..models import cache_dir
+    from decoders import generate
+    from decoders.core.models import cache_dir
+    from decoders.trained.artifacts import ASSETS
 
     text = (ASSETS / "tuning_prompts.jsonl").read_text()
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
@@ -289,6 +289,6 @@ def card(prep: Prepared, name: str, argv: list[str], **fields) -> dict:
 
 def checkpoint_path(out: Path) -> Path:
     """Where a run training `out` keeps its resumable checkpoint (the cache, not assets/)."""
-    from ..models import cache_dir
+    from decoders.core.models import cache_dir
 
     return cache_dir() / "train" / f"{out.parent.name}-{out.stem}.ckpt"

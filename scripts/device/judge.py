@@ -21,7 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from decoders import generate, kangaroo, load_model, mask_model  # noqa: E402
+from decoders import generate, load_model  # noqa: E402
+from decoders.methods import kangaroo  # noqa: E402
+from decoders.trained import mask_model  # noqa: E402
 
 # The module whose adapter_path locates each lossless method's artifact (artifacts are cached
 # per path). Mask-Predict shares SPACE's masks but is lossy: judge the masks through `space`.

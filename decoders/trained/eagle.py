@@ -1,0 +1,177 @@
+"""EAGLE (Li et al. 2024): a draft head that extrapolates the target's features, not its tokens.
+
+    entry i  = fc([embed(t_{i+1}) ; f_i])        f_i: the target's final hidden state at position i
+    f̂_{i+1} = decoder_layer(entries ≤ i)        one trained layer, its own small KV cache
+    q(t_{i+2}) = softmax(lm_head(f̂_{i+1}))       the target's own LM head (rows of the draft vocab)
+
+Drafting several tokens ahead feeds the head its own predicted features: the second draft token's
+entry is fc([embed(d_1) ; f̂_{L-1}]). After verification the target's real features for the kept
+tokens replace the predictions, so errors never accumulate across steps.
+
+The head scores a draft vocabulary (the tokens the target predicts most often on the training
+data, FR-Spec-style) rather than all 49152, which keeps a draft step at a few milliseconds; a token
+outside it simply is never drafted. The weights are trained by `python -m decoders.train eagle` and
+ship in `assets/eagle/<model>.safetensors` (saved and loaded like every trained part: artifacts.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from decoders.core.drafter import Drafter
+from decoders.core.events import Forward
+from decoders.core.models import ModelBundle
+from decoders.core.runtime import ForwardResult, cache_arg, crop_cache, elapsed_ms
+from decoders.trained.artifacts import artifact_path, load_artifact, save_artifact
+
+KIND = "eagle"  # assets/eagle/<model>.safetensors
+
+
+class EagleHead(nn.Module):
+    """fc over [token embedding ; feature], then one Llama decoder layer shaped like the target's."""
+
+    def __init__(self, config, vocab: torch.Tensor) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.fc = nn.Linear(2 * d, d)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.register_buffer("vocab", vocab.long())  # draft vocabulary: target token ids
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [b, n, d] embeddings of t_{i+1}
+        features: torch.Tensor,  # [b, n, d] f_i, real or predicted
+        positions: torch.Tensor,  # [b, n]
+        mask: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
+        """Predicted features f̂_{i+1}, [b, n, d]. Without a mask: causal (training, no cache)."""
+        h = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.layer(
+            h,
+            attention_mask=mask,
+            position_ids=positions,
+            **cache_arg(cache),
+            use_cache=cache is not None,
+            position_embeddings=self.rotary(h, position_ids=positions),
+        )
+
+
+def head_path(model_id: str) -> Path:
+    return artifact_path(KIND, model_id)
+
+
+def save_head(head: EagleHead, path: Path, card: dict) -> None:
+    """float16 weights + the JSON card (artifacts.save_artifact)."""
+    save_artifact(head, path, card)
+
+
+def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
+    """The trained head for `bundle`'s model, in its device and dtype (cached per process), with
+    `lm_head` = the target's LM head cut to its draft vocabulary. Heads saved before the artifacts
+    module existed load too: same keys (their metadata says "record" where new files say "card")."""
+    return load_artifact(
+        bundle,
+        path or head_path(bundle.model_id),
+        lambda state: EagleHead(bundle.model.config, state["vocab"]),
+        "EAGLE head",
+        f"python -m decoders.train eagle --model {bundle.model_id}",
+        drafts=True,
+    )
+
+
+class EagleDrafter(Drafter):
+    """Drafts with an EAGLE head. Needs the target's final features: the decoding loop hands it the
+    features of every input the target keeps (`observe`), prefill included."""
+
+    needs_features = True
+
+    def __init__(self, target: ModelBundle, head: EagleHead) -> None:
+        super().__init__(
+            target, DynamicCache(), 1, "eagle (1 trained layer on the target's features)"
+        )
+        self.head = head
+        self.dtype = head.fc.weight.dtype  # bundle.draft_dtype: maybe bfloat16 beside float32
+        self.embed = target.model.model.embed_tokens
+        self.features = torch.empty(0, target.model.config.hidden_size, device=target.device)
+        self.filled = 0  # entries in the head's cache built from real target features
+        self.step_features: list[torch.Tensor] = []  # predicted features of this step's inputs
+        self.context: Sequence[int] = ()
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Append the target's final features for the inputs it just kept (positions in order)."""
+        self.features = torch.cat([self.features, features.to(self.features.dtype)])
+
+    def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
+        # Entry i pairs f_i with t_{i+1}; x = context[-1] is entry L-2, so entries < L-2 are history.
+        self.context = context
+        self.prefix = len(context) - 2
+        self.step_features = []
+        assert len(self.features) == len(context) - 1, (
+            "the target's features must cover context[:-1]"
+        )
+        return []  # the catch-up rides along with the first draft forward
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Sequence[int],
+        step: int,
+        positions: Sequence[int] | None = None,
+        mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        parents: Sequence[int] | None = None,
+    ) -> ForwardResult:
+        start = time.perf_counter()
+        tokens = list(tokens)
+        if not self.step_features:  # the first input this step is x: prepend the history entries
+            assert tokens == [self.context[-1]] and mask is None
+            tokens = list(self.context[self.filled + 1 :])
+            feats = self.features[self.filled :]
+            n_new = 1
+        else:
+            if parents is None:  # a chain: each input continues the previous one
+                last = len(self.step_features) - 1
+                parents = range(last, last + len(tokens))
+            feats = torch.stack([self.step_features[p] for p in parents])
+            n_new = len(tokens)
+        n = len(tokens)
+        past = self.cache.get_seq_length()
+        pos = torch.arange(past, past + n) if positions is None else torch.as_tensor(positions)
+        if mask is None and n > 1:
+            mask = torch.full((n, past + n), torch.finfo(self.dtype).min)
+            mask = mask.triu(past + 1).view(1, 1, n, past + n)
+        device = self.bundle.device
+        ids = torch.as_tensor(tokens, device=device).view(1, -1)
+        pred = self.head(
+            self.embed(ids).to(self.dtype),
+            feats.view(1, n, -1).to(self.dtype),
+            pos.to(device).view(1, -1),
+            None if mask is None else mask.to(device=device, dtype=self.dtype),
+            self.cache,
+        )[0]
+        if n_new == 1 and len(self.step_features) == 0:
+            self.filled = self.prefix  # every history entry is now in the cache
+        self.step_features.extend(pred[n - n_new :])
+        kept = pred[-logits_to_keep:] if logits_to_keep else pred[n - n_new :]
+        logits = torch.full(
+            (len(kept), self.bundle.model.config.vocab_size),
+            float("-inf"),
+            device=device,
+        )
+        logits[:, self.head.vocab] = self.head.lm_head(kept).float()
+        wall_ms = elapsed_ms(self.bundle, start)
+        event = Forward(step=step, kind="draft", n_input_tokens=n, layers=1, wall_ms=wall_ms)
+        return ForwardResult(logits, {}, event)
+
+    def end(self) -> None:
+        crop_cache(self.cache, self.filled)
+        self.step_features = []
