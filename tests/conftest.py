@@ -15,6 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
 
 from decoders import load_model
 
+# Under pytest-xdist (`make test` runs two workers on a 2-core box) each worker is one process on
+# one core: a second intra-op thread per worker would only wait for its time slice (see one_thread).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 
@@ -125,6 +130,8 @@ def server():
         "GRADIO_ANALYTICS_ENABLED": "False",
         # Enough decoding slots that test_concurrency's six /run calls truly run at once.
         "DECODING_LAB_CONCURRENCY": "8",
+        # The app shares the box with the tests (and, under xdist, with a second worker).
+        "OMP_NUM_THREADS": "1",
     }
     # The app's output goes to a file: a pipe nobody reads fills up (64 KB of logs and warnings
     # over a long session) and then blocks the app's next write, which hangs every later run.
