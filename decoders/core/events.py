@@ -9,9 +9,11 @@ meaning changes, so a saved trace from an older version is refused with a clear 
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
-from dataclasses import MISSING, asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Union
 
 from decoders.core.errors import TraceError
@@ -37,6 +39,10 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        """Check this event's fields against the trace read so far (an event read from a file:
+        its types are already coerced); raise TraceError naming the field."""
+
 
 @dataclass(frozen=True)
 class Prefill(Event):
@@ -44,6 +50,13 @@ class Prefill(Event):
 
     type: ClassVar[str] = "Prefill"
     prompt_ids: tuple[int, ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.tokens(self.prompt_ids, f"{where}.prompt_ids")
+        c.need(
+            list(self.prompt_ids) == list(c.prompt_ids),
+            f"{where}: prompt_ids differ from the trace's",
+        )
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,16 @@ class Forward(Event):
     layers: int
     wall_ms: float
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        kinds = typing.get_args(ForwardKind)
+        c.need(self.kind in kinds, f"{where}: kind must be among {', '.join(sorted(kinds))}")
+        c.need(
+            whole(self.n_input_tokens, 0, c.max_new_tokens + len(c.prompt_ids)),
+            f"{where}: bad n_input_tokens",
+        )
+        c.need(whole(self.layers, 0, c.n_layers), f"{where}: layers must be in 0..{c.n_layers}")
+        c.need(math.isfinite(self.wall_ms) and self.wall_ms >= 0, f"{where}: wall_ms must be >= 0")
+
 
 @dataclass(frozen=True)
 class Draft(Event):
@@ -69,6 +92,24 @@ class Draft(Event):
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     probs: tuple[float, ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.tokens(self.tokens, f"{where}.tokens")
+        c.need(
+            len(self.tokens) == len(self.parents) == len(self.probs),
+            f"{where}: tokens, parents and probs must be equally long",
+        )
+        c.need(
+            all(-1 <= p < j for j, p in enumerate(self.parents)),
+            f"{where}: each parent must be -1 or an earlier node",
+        )
+        c.probs(self.probs, where)
+        c.need(
+            len(self.tokens) <= MAX_DRAFT_NODES,
+            f"{where}: a draft has at most {MAX_DRAFT_NODES} nodes, got {len(self.tokens)}",
+        )
+        c.need(self.step not in c.drafted, f"{where}: step {self.step} drafts twice")
+        c.drafted[self.step] = list(self.parents)
 
 
 @dataclass(frozen=True)
@@ -87,6 +128,28 @@ class Verify(Event):
     target_probs: tuple[float, ...] = ()
     relaxed: tuple[int, ...] = ()
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        parents = c.drafted.get(self.step, [])
+        c.need(
+            all(whole(a, 0, len(parents) - 1) for a in self.accepted),
+            f"{where}: accepted nodes must be among the step's {len(parents)} drafted",
+        )
+        # Acceptance walks down the tree from its root: each node is the previous one's child.
+        c.need(
+            all(
+                parents[a] == (self.accepted[j - 1] if j else -1)
+                for j, a in enumerate(self.accepted)
+            ),
+            f"{where}: accepted nodes must form a path from the draft's root",
+        )
+        if self.correction is not None:
+            c.tokens([self.correction], f"{where}.correction")
+        c.probs(self.target_probs, where)
+        c.need(
+            set(self.relaxed) <= set(self.accepted),
+            f"{where}: relaxed nodes must be among the accepted ones",
+        )
+
 
 @dataclass(frozen=True)
 class JacobiIteration(Event):
@@ -100,6 +163,29 @@ class JacobiIteration(Event):
     tokens: tuple[int, ...]
     changed: tuple[bool, ...]
     start: int = -1
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.tokens(self.tokens, f"{where}.tokens")
+        c.need(
+            len(self.tokens) == len(self.changed),
+            f"{where}: tokens and changed must be equally long",
+        )
+        c.need(
+            len(self.tokens) <= MAX_DRAFT_NODES,
+            f"{where}: a Jacobi block has at most {MAX_DRAFT_NODES} tokens",
+        )
+        c.need(
+            whole(self.iteration, 0, c.n_events),
+            f"{where}: iteration must be a whole number in 0..{c.n_events}",
+        )
+        # The block guesses absolute output positions start, start + 1, ...: those right after
+        # what the earlier steps committed (-1: a trace made before the field existed).
+        before = c.committed_before[self.step]
+        c.need(
+            whole(self.start, -1, c.n_committed) and self.start in (-1, before),
+            f"{where}: start must be the {before} tokens committed before step {self.step} "
+            f"(or -1), got {self.start!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -117,6 +203,17 @@ class NgramPool(Event):
     top: tuple[tuple[int, ...], ...] = ()  # each: (hit count, *n-gram tokens)
     n: int = 0
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            whole(self.n, 0, max(NGRAM_SIZES)) and (self.n == 0 or self.n in NGRAM_SIZES),
+            f"{where}: n must be in {min(NGRAM_SIZES)}..{max(NGRAM_SIZES)} (or 0), got {self.n!r}",
+        )
+        for gram in self.added:
+            c.tokens(gram, f"{where}.added")
+        for entry in self.top:
+            c.need(len(entry) >= 2 and entry[0] >= 0, f"{where}: top entries are (count, *tokens)")
+            c.tokens(entry[1:], f"{where}.top")
+
 
 @dataclass(frozen=True)
 class LookaheadWindow(Event):
@@ -127,6 +224,21 @@ class LookaheadWindow(Event):
     step: int
     levels: tuple[tuple[int, ...], ...]
     outputs: tuple[int, ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        for level in self.levels:
+            c.tokens(level, f"{where}.levels")
+        c.tokens(self.outputs, f"{where}.outputs")
+        width = len(self.outputs)
+        c.need(
+            all(len(level) == width for level in self.levels),
+            f"{where}: every level and the outputs must be equally wide",
+        )
+        c.need(
+            width <= MAX_DRAFT_NODES and len(self.levels) <= max(NGRAM_SIZES),
+            f"{where}: the window is at most {MAX_DRAFT_NODES} wide and "
+            f"{max(NGRAM_SIZES)} levels deep",
+        )
 
 
 @dataclass(frozen=True)
@@ -143,6 +255,19 @@ class AttentionMask(Event):
     input_ids: tuple[int, ...] = ()
     branches: tuple[str, ...] = ()
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(len(self.visible) == len(self.labels), f"{where}: one visible list per label")
+        c.need(
+            all(0 <= j < len(self.labels) for row in self.visible for j in row),
+            f"{where}: visible indices must be among the {len(self.labels)} inputs",
+        )
+        c.tokens(self.input_ids, f"{where}.input_ids")
+        c.need(
+            len(self.input_ids) in (0, len(self.labels))
+            and len(self.branches) in (0, len(self.labels)),
+            f"{where}: input_ids and branches must have one entry per label",
+        )
+
 
 @dataclass(frozen=True)
 class TopK(Event):
@@ -153,6 +278,13 @@ class TopK(Event):
     position: int
     tokens: tuple[int, ...]
     probs: tuple[float, ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.tokens(self.tokens, f"{where}.tokens")
+        c.need(
+            len(self.tokens) == len(self.probs), f"{where}: tokens and probs must be equally long"
+        )
+        c.probs(self.probs, where)
 
 
 @dataclass(frozen=True)
@@ -167,6 +299,25 @@ class Commit(Event):
     tokens: tuple[int, ...]
     origins: tuple[str, ...]  # Origin per token
     probs: tuple[float, ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            self.step > c.last_commit,
+            f"{where}: step {self.step} commits again after step {c.last_commit}",
+        )
+        c.last_commit = self.step
+        c.tokens(self.tokens, f"{where}.tokens")
+        c.n_committed += len(self.tokens)
+        c.need(
+            len(self.tokens) == len(self.origins) == len(self.probs) > 0,
+            f"{where}: tokens, origins and probs must be equally long and not empty",
+        )
+        origins = typing.get_args(Origin)
+        c.need(
+            set(self.origins) <= set(origins),
+            f"{where}: origins must be among {', '.join(sorted(origins))}",
+        )
+        c.probs(self.probs, where)
 
 
 @dataclass(frozen=True)
@@ -187,6 +338,14 @@ class DraftStop(Event):
     reason: str
     rate: float = 0.0
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.probs((self.threshold, self.rate, *self.confidences), where)
+        c.need(
+            self.reason in DRAFT_STOP_REASONS,
+            f"{where}: reason must be one of {', '.join(sorted(DRAFT_STOP_REASONS))}, "
+            f"got {self.reason!r}",
+        )
+
 
 @dataclass(frozen=True)
 class CopySource(Event):
@@ -201,6 +360,14 @@ class CopySource(Event):
     n: int
     context_len: int
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        # The copy's source must lie in the context the model saw at that step.
+        longest = len(c.prompt_ids) + c.max_new_tokens
+        c.need(
+            self.start >= 0 and self.n >= 1 and self.start + self.n <= self.context_len <= longest,
+            f"{where}: the copied span must lie within the {self.context_len}-token context",
+        )
+
 
 @dataclass(frozen=True)
 class HeadProposals(Event):
@@ -214,6 +381,20 @@ class HeadProposals(Event):
     position: int
     heads: tuple[tuple[int, ...], ...]
     probs: tuple[tuple[float, ...], ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            len(self.heads) == len(self.probs) <= MAX_HEADS
+            and all(
+                len(t) == len(p) <= MAX_HEADS for t, p in zip(self.heads, self.probs, strict=True)
+            ),
+            f"{where}: heads and probs must have the same shape, at most {MAX_HEADS} x {MAX_HEADS}",
+        )
+        for row in self.heads:
+            c.tokens(row, f"{where}.heads")
+        c.probs(tuple(p for row in self.probs for p in row), where)
+        # Head 1 guesses the first position after what the earlier steps committed.
+        c.position(self.position, self.step, where)
 
 
 @dataclass(frozen=True)
@@ -233,6 +414,28 @@ class MaskGroups(Event):
     handed: int
     guesses: tuple[int, ...] = ()
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.tokens(self.candidates, f"{where}.candidates")
+        c.tokens(self.guesses, f"{where}.guesses")
+        c.need(
+            len(self.groups) == len(self.probs) <= MAX_DRAFT_NODES
+            and all(
+                len(t) == len(p) <= MAX_DRAFT_NODES
+                for t, p in zip(self.groups, self.probs, strict=True)
+            )
+            and len(self.candidates) <= MAX_DRAFT_NODES,
+            f"{where}: groups and probs must have the same shape, at most "
+            f"{MAX_DRAFT_NODES} x {MAX_DRAFT_NODES}",
+        )
+        for row in self.groups:
+            c.tokens(row, f"{where}.groups")
+        c.probs(tuple(p for row in self.probs for p in row), where)
+        c.need(
+            whole(self.handed, -1, max(0, len(self.groups) - 1)),
+            f"{where}: handed must name one of the {len(self.groups)} groups",
+        )
+        c.position(self.position, self.step, where)
+
 
 @dataclass(frozen=True)
 class MaskPredictStep(Event):
@@ -249,6 +452,24 @@ class MaskPredictStep(Event):
     probs: tuple[float, ...]
     updated: tuple[int, ...]
     remasked: tuple[int, ...]
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.tokens(self.tokens, f"{where}.tokens")
+        c.probs(self.probs, where)
+        width = len(self.tokens)
+        c.need(
+            len(self.probs) == width <= MAX_DRAFT_NODES,
+            f"{where}: tokens and probs must be equally long, at most {MAX_DRAFT_NODES}",
+        )
+        c.need(
+            all(whole(j, 0, width - 1) for j in (*self.updated, *self.remasked)),
+            f"{where}: updated and remasked must be positions in the block (0..{width - 1})",
+        )
+        c.need(
+            whole(self.iteration, 0, MAX_DRAFT_NODES),
+            f"{where}: iteration must be a whole number in 0..{MAX_DRAFT_NODES}",
+        )
+        c.position(self.position, self.step, where)
 
 
 @dataclass(frozen=True)
@@ -270,6 +491,27 @@ class LayerExit(Event):
     threshold: float
     rule: str
 
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            whole(self.n_layers, 1, MAX_LAYERS)
+            and (not c.layers_given or self.n_layers == c.n_layers)
+            and whole(self.layer, 1, self.n_layers),
+            f"{where}: layer must be in 1..n_layers, the model's {c.n_layers} layers",
+        )
+        c.need(
+            list(self.layers) == sorted(set(self.layers))
+            and all(whole(ell, 1, self.n_layers - 1) for ell in self.layers)
+            and len(self.confidences) == len(self.layers),
+            f"{where}: layers must rise within 1..{c.n_layers - 1}, one confidence each",
+        )
+        c.probs((*self.confidences, self.threshold), where)
+        c.need(self.rule in EXIT_RULES, f"{where}: rule must be one of {', '.join(EXIT_RULES)}")
+        c.need(self.step not in c.exited, f"{where}: step {self.step} exits twice")
+        c.exited.add(self.step)
+        if self.layer < self.n_layers:
+            c.left_early.add(self.position)
+        c.position(self.position, self.step, where)
+
 
 @dataclass(frozen=True)
 class CatchUp(Event):
@@ -284,6 +526,21 @@ class CatchUp(Event):
     positions: tuple[int, ...]
     agreed: tuple[bool, ...]
     threshold: float
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            len(self.positions) == len(self.agreed) > 0
+            and list(self.positions) == sorted(set(self.positions))
+            and all(whole(x, 0, c.committed_before[self.step] - 1) for x in self.positions),
+            f"{where}: positions must be earlier output tokens, rising, one agreed flag each",
+        )
+        c.need(
+            set(self.positions) <= c.left_early,
+            f"{where}: positions must be tokens that left at an early exit",
+        )
+        c.probs((self.threshold,), where)
+        c.need(self.step not in c.caught, f"{where}: step {self.step} catches up twice")
+        c.caught.add(self.step)
 
 
 @dataclass(frozen=True)
@@ -445,3 +702,79 @@ def trace_from_json(
     events = events_from_json(data.get("events"))
     meta = {k: v for k, v in data.items() if k not in ("format", "version", "events")}
     return meta, events
+
+
+# --- checking a trace read from a file: each event checks its own fields -----------------------------
+
+MAX_LAYERS = 1024
+MAX_VOCAB = 10_000_000
+# The largest draft any method proposes in one step: lookahead's pool trie, G ≤ 16 candidates of
+# N − 1 ≤ 11 tokens (token_tree: MAX_NODES = 64 grown + a 32-token copied branch).
+MAX_DRAFT_NODES = 16 * 11
+MAX_HEADS = 16  # Medusa heads' guesses: rows (heads) and columns (ranks) per step
+NGRAM_SIZES = range(2, 13)  # lookahead's N; 0 in traces made before the field existed
+EXIT_RULES = ("confidence", "hash")
+DRAFT_STOP_REASONS = frozenset({"confidence", "max_draft", "eos", "budget", "cost"})
+
+
+def whole(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+@dataclass
+class TraceCheck:
+    """What checking a trace's events needs to know: the trace's bounds (`vocab`, `n_layers`,
+    the prompt, the budget) and what the events before the one checked established (which steps
+    committed how much, drafted, exited). Events check themselves against it (`Event.check`);
+    a broken rule raises TraceError naming the event and the field."""
+
+    vocab: int
+    n_layers: int
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    n_events: int
+    layers_given: bool = False  # the trace names its model's layer count
+    last_commit: int = -1
+    n_committed: int = 0
+    committed_before: dict[int, int] = field(default_factory=dict)  # step -> tokens before it
+    drafted: dict[int, list[int]] = field(default_factory=dict)  # step -> its draft's parents
+    exited: set[int] = field(default_factory=set)  # steps with a LayerExit
+    caught: set[int] = field(default_factory=set)  # steps with a CatchUp
+    left_early: set[int] = field(default_factory=set)  # output positions that left early
+
+    @staticmethod
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise TraceError(message)
+
+    def tokens(self, ids: Any, where: str) -> None:
+        self.need(
+            isinstance(ids, list | tuple) and all(whole(t, 0, self.vocab - 1) for t in ids),
+            f"trace field '{where}' must hold token ids in 0..{self.vocab - 1}",
+        )
+
+    def probs(self, probs: Sequence[float], where: str) -> None:
+        self.need(all(0.0 <= p <= 1.0 for p in probs), f"{where}: probabilities must be in [0, 1]")
+
+    def position(self, position: int, step: int, where: str) -> None:
+        """An output position an event names: the tokens the earlier steps committed."""
+        before = self.committed_before[step]
+        self.need(
+            position == before,
+            f"{where}: position must be the {before} tokens committed before step {step}, "
+            f"got {position!r}",
+        )
+
+    def step(self, event: Event, where: str) -> None:
+        """The order every stepped event keeps: steps rise one at a time, from 0."""
+        step = getattr(event, "step", None)
+        if step is None:
+            return
+        self.need(
+            whole(step, 0, self.n_events), f"{where}: step {step} is outside 0..{self.n_events}"
+        )
+        self.need(
+            step <= self.last_commit + 1,
+            f"{where}: step {step} comes before step {self.last_commit + 1}",
+        )
+        self.committed_before.setdefault(step, self.n_committed)
