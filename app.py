@@ -24,7 +24,7 @@ from ui.models import get_bundle
 demo = build_demo()
 
 if __name__ == "__main__":
-    get_bundle(None)  # load before serving, so the first visitor does not wait
+    get_bundle(None)  # load (and price its drafts, in the background) before serving
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), app_kwargs=app_kwargs()
     )

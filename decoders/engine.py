@@ -13,9 +13,10 @@ from typing import Any
 
 from decoders.core.base import DecodeConfig, Method
 from decoders.core.errors import InvalidInput, InvalidParameter, UnknownMethod
-from decoders.core.events import Commit, Done, Event, trace_to_dict
+from decoders.core.events import Commit, Done, Event, Forward, trace_to_dict
 from decoders.core.models import ModelBundle
 from decoders.core.params import validate_params
+from decoders.core.runtime import second_guess_price
 from decoders.core.stats import StatsAccumulator
 from decoders.registry import METHODS
 
@@ -139,14 +140,19 @@ def run_events(run: Run) -> Iterator[Event]:
     """Decode, passing every event through, and end with Done(stats)."""
     acc = StatsAccumulator()
     tokens: list[int] = []
+    verified: list[tuple[int, float]] = []  # (inputs, wall ms) of the verify forwards
     start = time.perf_counter()
     for event in run.method.decode(run.bundle, run.prompt_ids, run.cfg):
         acc.add(event)
         if isinstance(event, Commit):
             tokens.extend(event.tokens)
+        elif isinstance(event, Forward) and event.kind == "verify":
+            verified.append((event.n_input_tokens, event.wall_ms))
         yield event
     wall = time.perf_counter() - start
     reason = "eos" if tokens and tokens[-1] in run.bundle.eos_ids else "length"
+    if acc.priced is not None:  # a sized run: do its own forwards agree with the price it used?
+        second_guess_price(run.bundle, verified)
     yield Done(reason, acc.result(wall))
 
 

@@ -4,6 +4,7 @@ that keeps the target's distribution."""
 
 import dataclasses
 import re
+import threading
 
 import pytest
 import torch
@@ -118,6 +119,97 @@ def test_the_input_cost_is_measured_once_per_model(tiny):
     assert input_cost(tiny) == cost  # cached: the same value for every later run
     one = forward_ms(tiny)  # measured with it: what draft forwards are priced against
     assert one > 0 and forward_ms(tiny) == one
+
+
+def test_the_price_is_in_the_runs_stats_and_trace(tiny, monkeypatch):
+    """A sized run says what it was sized by: a Priced event, and input and draft cost in its
+    stats, and its verify forwards are weighed against that price when it ends; a run at a fixed
+    size prices nothing."""
+    from decoders import engine
+    from decoders.core import runtime
+
+    weighed = []
+    monkeypatch.setattr(engine, "second_guess_price", lambda b, f: weighed.append(list(f)))
+    res = generate(tiny, PROMPTS[0], "token_tree", 12, draft="self:1")
+    (priced,) = [e for e in res.events if e.type == "Priced"]
+    assert priced.input_cost == round(runtime.input_cost(tiny), 5)
+    assert priced.draft_cost == round(draft_cost(tiny, "self:1"), 5) > 0
+    assert (res.stats["input_cost"], res.stats["draft_cost"]) == (
+        priced.input_cost,
+        priced.draft_cost,
+    )
+    assert len(weighed) == 1 and weighed[0] == [
+        (e.n_input_tokens, e.wall_ms)
+        for e in res.events
+        if e.type == "Forward" and e.kind == "verify"
+    ]
+    fixed = generate(tiny, PROMPTS[0], "token_tree", 12, draft="self:1", size="fixed")
+    assert fixed.stats["input_cost"] is None and not any(e.type == "Priced" for e in fixed.events)
+    assert len(weighed) == 1  # nothing was priced: nothing to second-guess
+
+
+@pytest.mark.parametrize(
+    ("implied", "repriced"),
+    [(0.04, False), (0.07, False), (0.10, True), (0.01, True)],
+)
+def test_a_run_whose_forwards_disagree_with_the_price_has_it_measured_again(
+    tiny, monkeypatch, implied, repriced
+):
+    """The stored price is 0.04 of a 10 ms forward. A run's verify forwards imply their own
+    price; off by more than a factor of 2 either way, the model is measured again in the
+    background, and later runs use the new price (the run itself kept its own)."""
+    from decoders.core import runtime
+
+    monkeypatch.setenv(runtime.REPRICE_ENV, "1")
+    key = id(tiny.model)
+    monkeypatch.setitem(runtime._input_costs, key, 0.04)
+    monkeypatch.setitem(runtime._forward_ms, key, 10.0)
+    measured = []
+
+    def measure(bundle, *a, **kw):
+        measured.append(bundle)
+        return 0.123, 11.0
+
+    monkeypatch.setattr(runtime, "_measure_input_cost", measure)
+    forwards = [(9, 10.0 * (1 + implied * 8))] * 8  # 9 inputs: 1 + 8 x the implied price
+    assert runtime.implied_input_cost(tiny, forwards) == pytest.approx(implied)
+    assert runtime.second_guess_price(tiny, forwards) is repriced
+    for thread in threading.enumerate():
+        if thread.name == "decoding-lab-calibrate":
+            thread.join(timeout=30)
+    assert runtime._input_costs[key] == (0.123 if repriced else 0.04)
+    assert len(measured) == repriced
+
+
+def test_no_second_guess_on_too_little_evidence_or_when_asked_not_to(tiny, monkeypatch):
+    from decoders.core import runtime
+
+    key = id(tiny.model)
+    monkeypatch.setitem(runtime._input_costs, key, 0.04)
+    monkeypatch.setitem(runtime._forward_ms, key, 10.0)
+    monkeypatch.setattr(runtime, "calibrate_in_background", lambda *a, **kw: pytest.fail())
+    far_off = [(9, 50.0)] * 8
+    monkeypatch.setenv(runtime.REPRICE_ENV, "0")  # the suite's own setting: prices stay put
+    assert not runtime.second_guess_price(tiny, far_off)
+    monkeypatch.setenv(runtime.REPRICE_ENV, "1")
+    assert not runtime.second_guess_price(tiny, far_off[:7])  # fewer than MIN_OBSERVED
+    assert not runtime.second_guess_price(tiny, [(3, 50.0)] * 8)  # too few inputs to say
+    monkeypatch.setitem(runtime._forward_ms, key, 2.0)  # a forward under MIN_TIMED_MS: noise
+    assert not runtime.second_guess_price(tiny, far_off)
+
+
+def test_the_page_prices_a_model_when_it_loads_not_inside_a_run(tiny, monkeypatch):
+    from decoders.core import runtime
+    from ui import models
+
+    monkeypatch.setattr(runtime, "_input_costs", {})
+    monkeypatch.setattr(runtime, "_forward_ms", {})
+    monkeypatch.setattr(models, "resolve_model", lambda model: "tiny-random")
+    assert models.get_bundle(None) is tiny
+    for thread in threading.enumerate():
+        if thread.name == "decoding-lab-calibrate":
+            thread.join(timeout=60)
+    assert set(runtime.measured_costs(tiny)) == {"input_cost", "forward_ms"}
 
 
 def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):

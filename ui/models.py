@@ -16,6 +16,7 @@ from decoders.core.models import (
     ModelBundle,
     hub_reachable,
 )
+from decoders.core.runtime import calibrate_in_background
 from decoders.trained.exit_tuned import delta_path
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
@@ -69,7 +70,11 @@ def check_draft(params: Mapping[str, Any]) -> None:
 
 
 def get_bundle(model: str | None) -> ModelBundle:
-    return load_model(resolve_model(model))
+    """The model, loaded once per process; its draft prices are measured when it first loads, in
+    the background (runtime.calibrate), not inside a visitor's run."""
+    bundle = load_model(resolve_model(model))
+    calibrate_in_background(bundle)
+    return bundle
 
 
 def vocab_size(bundle: ModelBundle) -> int:

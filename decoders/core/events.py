@@ -544,6 +544,29 @@ class CatchUp(Event):
 
 
 @dataclass(frozen=True)
+class Priced(Event):
+    """What a run sized its drafts by (token_tree's size=cost, speculative's schedule=cost), as
+    this machine measured it (runtime.calibrate, at model load; re-measured when a run's own
+    forwards disagree): `input_cost` = one more verified input, as a fraction of a one-token
+    target forward; `draft_cost` = one draft forward, in one-token target forwards (0: not
+    priced); `forward_ms` = the one-token forward those are fractions of."""
+
+    type: ClassVar[str] = "Priced"
+    step: int
+    input_cost: float
+    draft_cost: float = 0.0
+    forward_ms: float = 0.0
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            all(math.isfinite(v) and 0.0 <= v <= 100.0 for v in (self.input_cost, self.draft_cost))
+            and math.isfinite(self.forward_ms)
+            and self.forward_ms >= 0.0,
+            f"{where}: costs must be finite, in 0..100 forwards, and forward_ms >= 0",
+        )
+
+
+@dataclass(frozen=True)
 class Done(Event):
     """End of a run: why it stopped ("eos" | "length" | "cancelled") and the metrics."""
 
@@ -572,6 +595,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         MaskPredictStep,
         LayerExit,
         CatchUp,
+        Priced,
         Done,
     )
 }

@@ -16,6 +16,7 @@ Each call times itself (synchronizing CUDA) into a `Forward` event.
 from __future__ import annotations
 
 import inspect
+import os
 import statistics
 import threading
 import time
@@ -440,11 +441,18 @@ def input_cost(
     key = id(bundle.model)
     with _cost_lock:
         if key not in _input_costs:
-            ones, manys = _timed_forwards(bundle, context, (1, 1 + extra), repeats)
-            rounds = [(m - o) / extra / max(o, 1e-6) for o, m in zip(ones, manys, strict=True)]
-            _input_costs[key] = max(0.0, statistics.median(rounds))
-            _forward_ms.setdefault(key, statistics.median(ones))
+            _input_costs[key], one = _measure_input_cost(bundle, context, extra, repeats)
+            _forward_ms.setdefault(key, one)
         return _input_costs[key]
+
+
+def _measure_input_cost(
+    bundle: ModelBundle, context: int = 64, extra: int = 16, repeats: int = 7
+) -> tuple[float, float]:
+    """(input cost, one-token forward ms), measured now (see input_cost)."""
+    ones, manys = _timed_forwards(bundle, context, (1, 1 + extra), repeats)
+    rounds = [(m - o) / extra / max(o, 1e-6) for o, m in zip(ones, manys, strict=True)]
+    return max(0.0, statistics.median(rounds)), statistics.median(ones)
 
 
 def forward_ms(bundle: ModelBundle) -> float:
@@ -464,6 +472,86 @@ def measured_costs(bundle: ModelBundle) -> dict[str, float]:
     with _cost_lock:
         found = {"input_cost": _input_costs.get(key), "forward_ms": _forward_ms.get(key)}
     return {k: round(v, 4) for k, v in found.items() if v is not None}
+
+
+def calibrate(bundle: ModelBundle, *, again: bool = False) -> dict[str, float]:
+    """Measure what draft sizes are priced by (`input_cost`, `forward_ms`): the app calls it when
+    a model loads, in the background, so no visitor's run pays for it or waits behind it (a run
+    that starts before it finishes waits on the lock, as it would have measured itself).
+    `again`: measure even when prices are stored, and replace them when done (runs go on with
+    the old ones meanwhile)."""
+    if again:
+        price, one = _measure_input_cost(bundle)
+        with _cost_lock:
+            _input_costs[id(bundle.model)] = price
+            _forward_ms[id(bundle.model)] = one
+    input_cost(bundle)
+    forward_ms(bundle)
+    return measured_costs(bundle)
+
+
+def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> threading.Thread | None:
+    """`calibrate` on a daemon thread, unless this model's prices are stored (and not `again`)
+    or being measured already."""
+    key = id(bundle.model)
+    with _cost_lock:
+        if (key in _input_costs and not again) or key in _remeasuring:
+            return None
+        _remeasuring.add(key)
+
+    def run() -> None:
+        try:
+            calibrate(bundle, again=again)
+        finally:
+            with _cost_lock:
+                _remeasuring.discard(key)
+
+    thread = threading.Thread(target=run, name="decoding-lab-calibrate", daemon=True)
+    thread.start()
+    return thread
+
+
+# A run's own verify forwards second-guess the price: when the price they imply is off by more
+# than this factor (either way) over at least MIN_OBSERVED forwards of 4+ inputs, the model is
+# re-measured in the background for later runs. Not below MIN_TIMED_MS a one-token forward: there
+# the timer and the scheduler, not the inputs, make the differences (the tiny test models).
+REPRICE_FACTOR = 2.0
+MIN_OBSERVED = 8
+MIN_TIMED_MS = 5.0
+_remeasuring: set[int] = set()
+# "0" keeps every price as first measured: what a process that compares runs with each other
+# needs (the test suite: a run alone and the same run among others must size the same trees).
+REPRICE_ENV = "DECODING_LAB_REPRICE"
+
+
+def implied_input_cost(bundle: ModelBundle, forwards: Sequence[tuple[int, float]]) -> float | None:
+    """The per-input price a run's own verify forwards (inputs, wall ms) imply against the
+    measured one-token forward: the median of (ms / one - 1) / (n - 1) over forwards of 4+
+    inputs; None when there are too few of them or no measured one-token forward."""
+    one = _forward_ms.get(id(bundle.model))
+    seen = [(ms / one - 1.0) / (n - 1) for n, ms in forwards if n >= 4] if one else []
+    return statistics.median(seen) if len(seen) >= MIN_OBSERVED else None
+
+
+def second_guess_price(bundle: ModelBundle, forwards: Sequence[tuple[int, float]]) -> bool:
+    """After a sized run: when its verify forwards imply a per-input price off by more than
+    REPRICE_FACTOR from the stored one, re-measure them in the background (later runs use the new
+    ones; this one kept its own). True when it started that."""
+    if os.environ.get(REPRICE_ENV, "1") == "0":
+        return False
+    key = id(bundle.model)
+    price, one = _input_costs.get(key), _forward_ms.get(key)
+    if price is None or one is None or one < MIN_TIMED_MS:
+        return False
+    implied = implied_input_cost(bundle, forwards)
+    if implied is None:
+        return False
+    floor = 0.005  # near 0 (a GPU) a ratio says nothing
+    if max(implied, floor) <= REPRICE_FACTOR * max(price, floor) and max(
+        price, floor
+    ) <= REPRICE_FACTOR * max(implied, floor):
+        return False
+    return calibrate_in_background(bundle, again=True) is not None
 
 
 def _timed_forwards(

@@ -9,6 +9,9 @@
   FREE's shallow and sync passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
   prefill's): 1 for autoregressive decoding, below 1 where tokens exit early (a draft's own
   layers are not counted, nor CALM's oracle passes)
+- input cost, draft cost = what a sized draft (token_tree's size=cost, speculative's
+  schedule=cost) priced one more verified input and one draft forward at, in one-token target
+  forwards (the Priced event; None when the run sized nothing)
 - exit depth (early exit) = where tokens were written from, as a share of the depth (LayerExit
   events), whatever their skipped layers cost afterwards
 """
@@ -19,7 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from decoders.core.events import Commit, Draft, Event, Forward, LayerExit, Verify
+from decoders.core.events import Commit, Draft, Event, Forward, LayerExit, Priced, Verify
 from decoders.core.tree import depths
 
 TARGET_KINDS = ("prefill", "target", "verify", "sync")
@@ -41,6 +44,7 @@ class StatsAccumulator:
         self.depth = 0  # the model's layers (the prefill runs them all)
         self.layer_inputs = 0  # Σ layers × inputs over target and verify passes
         self.exits, self.exit_share = 0, 0.0  # early exit: tokens, Σ (layer left at / depth)
+        self.priced: Priced | None = None  # what a sized draft was priced by
 
     def add(self, event: Event) -> None:
         if isinstance(event, Forward):
@@ -58,6 +62,8 @@ class StatsAccumulator:
             if event.tokens:
                 deepest = max(depths(event.parents)) + 1
                 self.draft_depth[event.step] = max(self.draft_depth.get(event.step, 0), deepest)
+        elif isinstance(event, Priced):
+            self.priced = event
         elif isinstance(event, LayerExit):
             self.exits += 1
             self.exit_share += event.layer / event.n_layers
@@ -102,6 +108,9 @@ class StatsAccumulator:
             # Where tokens left (early exit), whatever the skipped layers then cost: below
             # layers_per_token's share when their keys and values are computed for real.
             "exit_depth": round(self.exit_share / self.exits, 4) if self.exits else None,
+            # What a sized draft was priced by on this machine (a Priced event; None: not sized)
+            "input_cost": self.priced.input_cost if self.priced else None,
+            "draft_cost": self.priced.draft_cost if self.priced else None,
             "wall_s": round(wall, 4),
             "tokens_per_s": _ratio(self.new_tokens, wall),
             "time_ms": {k: round(v, 2) for k, v in self.ms.items()},

@@ -29,10 +29,10 @@ from collections.abc import Iterator
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
-from decoders.core.events import DraftStop, Event
+from decoders.core.events import DraftStop, Event, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
-from decoders.core.runtime import input_cost, new_cache, pays
+from decoders.core.runtime import forward_ms, input_cost, new_cache, pays
 from decoders.core.steps import chain_draft, start, verify_chain
 from decoders.trained.drafters import check_draft, make_drafter
 
@@ -78,6 +78,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cost = input_cost(bundle) if cfg.params["schedule"] == "cost" else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
+    if cost is not None:  # what the drafts are sized by here, for the run's record
+        yield Priced(0, round(cost, 5), forward_ms=forward_ms(bundle))
     step = 0
     while not budget.done:
         step += 1

@@ -37,7 +37,7 @@ import torch
 from decoders.core.base import Budget, DecodeConfig, Method
 from decoders.core.drafter import Drafter
 from decoders.core.errors import InvalidParameter
-from decoders.core.events import Draft, Event, Forward
+from decoders.core.events import Draft, Event, Forward, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param, validate_params
 from decoders.core.runtime import forward_ms, input_cost, new_cache, pays
@@ -407,6 +407,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     rates = CopyRates()
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
+    if cost is not None:  # what the tree is sized by here, for the run's record
+        yield Priced(0, round(cost, 5), round(draft, 5), forward_ms(bundle))
     step = 0
     while not budget.done:
         step += 1
