@@ -651,10 +651,10 @@ def synthetic_run(n_layers: int = 30, exit_layer: int = 2) -> list:
         Forward(0, "prefill", 3, n_layers, 40.0),
         Forward(0, "draft", 3, 1, 1.0),  # the adapter reads the prompt's layer-ℓ states
         Commit(0, (5,), ("target",), (0.9,)),
-        *(Forward(1, "draft", 1, exit_layer + 1, 4.0) for _ in range(5)),
+        *(Forward(1, "draft", 1, exit_layer + 1, 4.0, exit_layer, 1) for _ in range(5)),
         DraftStop(1, 0.6, (0.95, 0.9, 0.8, 0.7, 0.4), "confidence"),
         Draft(1, "kangaroo: exit at layer 2 + adapter", (6, 7, 8, 9, 10), chain(5), (0.9,) * 5),
-        Forward(1, "verify", 6, n_layers, 20.0),
+        Forward(1, "verify", 6, n_layers, 20.0, exit_layer, 1),  # d5 runs layers 1..ℓ here
         Verify(1, (0, 1, 2), 11, "greedy-chain"),
         Commit(1, (6, 7, 8, 11), ("draft",) * 3 + ("correction",), (0.5,) * 4),
     ]
@@ -712,7 +712,7 @@ def runner_up_run() -> list:
     the second drafted token and takes the runner-up beside it."""
     return [
         *synthetic_run()[:4],
-        *(Forward(1, "draft", 1, 3, 4.0) for _ in range(3)),
+        *(Forward(1, "draft", 1, 3, 4.0, 2, 1) for _ in range(3)),
         DraftStop(1, 0.3, (0.95, 0.5, 0.2), "confidence"),
         Draft(
             1,
@@ -721,10 +721,30 @@ def runner_up_run() -> list:
             (-1, 0, 1, -1, 0, 1),
             (0.95, 0.5, 0.2, 0.03, 0.3, 0.1),
         ),
-        Forward(1, "verify", 7, 30, 21.0),
+        Forward(1, "verify", 7, 30, 21.0, 2, 4),  # d3 and the three runners-up through 1..ℓ
         Verify(1, (0, 4), 5, "greedy-tree"),
         Commit(1, (6, 10, 5), ("draft", "draft", "correction"), (0.5,) * 3),
     ]
+
+
+def test_a_version_1_trace_is_migrated_to_say_where_its_passes_were_split():
+    """Traces written before Forward said where a pass was split (schema version 1) still open:
+    the split and the shallow inputs are filled in on reading, in one place, as they were
+    inferred then; the views read the fields only."""
+    import dataclasses
+    import json
+
+    from decoders.core.events import trace_from_json, trace_to_dict
+
+    new = synthetic_run()
+    old = [dataclasses.replace(e, split=0, shallow=0) if isinstance(e, Forward) else e for e in new]
+    data = trace_to_dict({"method": "kangaroo"}, old) | {"version": 1}
+    _, events = trace_from_json(json.dumps(data))
+    assert events == new
+    _, others = trace_from_json(json.dumps(data | {"method": "token_tree"}))
+    assert others == old  # only the methods that split their passes had anything to fill in
+    with pytest.raises(Exception, match="schema version 0 is not supported"):
+        trace_from_json(json.dumps(data | {"version": 0}))
 
 
 def test_views_show_the_runner_up_the_target_took():

@@ -71,11 +71,8 @@ class StepPasses:
 
 
 def exit_layer_of(events: Sequence[Event]) -> int | None:
-    """ℓ, from a draft forward that ran the shallow layers and the adapter (ℓ + 1 layers)."""
-    for e in events:
-        if isinstance(e, Forward) and e.kind == "draft" and e.step > 0 and e.layers >= 2:
-            return e.layers - 1
-    return None
+    """ℓ: the exit layer the run's passes were split at (Forward.split)."""
+    return next((e.split for e in events if isinstance(e, Forward) and e.split), None)
 
 
 def step_passes(events: Sequence[Event], step: int) -> StepPasses | None:
@@ -86,21 +83,14 @@ def step_passes(events: Sequence[Event], step: int) -> StepPasses | None:
     if target is None:
         return None
     prefill = next((e.layers for e in forwards if e.kind == "prefill"), None)
-    n_layers = max(prefill or 0, target.layers)
     mine = [e for e in forwards if e.step == step and e.kind == "draft"]
-    exit_layer = exit_layer_of(mine) or exit_layer_of(events)
-    if target.kind == "prefill":
-        shallow_verify = target.n_input_tokens
-    else:  # the verify pass ran layers 1..ℓ for the inputs no draft forward had fed (the last
-        # draft token and any runners-up), when it ran them at all
-        deep_only = n_layers - (exit_layer or 0)
-        fed = sum(e.n_input_tokens for e in mine)
-        shallow_verify = max(1, target.n_input_tokens - fed) if target.layers > deep_only else 0
     return StepPasses(
-        n_layers=n_layers,
-        exit_layer=exit_layer,
-        shallow_draft=sum(e.n_input_tokens for e in mine if e.layers >= 2),
-        shallow_verify=shallow_verify,
+        n_layers=max(prefill or 0, target.layers),
+        exit_layer=exit_layer_of(mine) or exit_layer_of(events),
+        shallow_draft=sum(e.shallow for e in mine),
+        # the prefill ran every layer for the prompt; a verify pass resuming at ℓ ran layers
+        # 1..ℓ for the inputs it says (the last draft token and any runners-up)
+        shallow_verify=target.n_input_tokens if target.kind == "prefill" else target.shallow,
         adapter=sum(e.n_input_tokens for e in mine),
         deep=target.n_input_tokens,
         draft_forwards=len(mine),

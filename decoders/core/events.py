@@ -13,12 +13,12 @@ import math
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, Union
 
 from decoders.core.errors import TraceError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Forward's split and shallow (version 1 traces are migrated on reading)
 TRACE_FORMAT = "decoding-lab-trace"
 
 # "shallow": FREE's pass through the layers below its exit (every token); "sync": its synchronized
@@ -62,7 +62,10 @@ class Prefill(Event):
 @dataclass(frozen=True)
 class Forward(Event):
     """One model forward pass. `kind` says whose pass it was (ForwardKind); prefill, target,
-    verify and sync (FREE's catch-up) are target passes, which stats counts as such."""
+    verify and sync (FREE's catch-up) are target passes, which stats counts as such.
+    A pass split at an early exit (Kangaroo, LayerSkip) names it: `split` = ℓ, the exit layer
+    (0: not split), and `shallow` = how many of its inputs ran layers 1..ℓ in this pass (a draft
+    pass: all of them; a verify pass resuming at ℓ: the inputs no draft pass had taken there)."""
 
     type: ClassVar[str] = "Forward"
     step: int
@@ -70,6 +73,8 @@ class Forward(Event):
     n_input_tokens: int
     layers: int
     wall_ms: float
+    split: int = 0
+    shallow: int = 0
 
     def check(self, c: TraceCheck, where: str) -> None:
         kinds = typing.get_args(ForwardKind)
@@ -80,6 +85,10 @@ class Forward(Event):
         )
         c.need(whole(self.layers, 0, c.n_layers), f"{where}: layers must be in 0..{c.n_layers}")
         c.need(math.isfinite(self.wall_ms) and self.wall_ms >= 0, f"{where}: wall_ms must be >= 0")
+        c.need(
+            whole(self.split, 0, c.n_layers - 1) and whole(self.shallow, 0, self.n_input_tokens),
+            f"{where}: split must be in 0..{c.n_layers - 1} and shallow in 0..n_input_tokens",
+        )
 
 
 @dataclass(frozen=True)
@@ -719,13 +728,48 @@ def trace_from_json(
         raise TraceError("not a Decoding Lab trace: JSON nested too deeply") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
         raise TraceError(f'not a Decoding Lab trace (missing "format": "{TRACE_FORMAT}")')
-    if data.get("version") != SCHEMA_VERSION:
+    version = data.get("version")
+    if version not in MIGRATIONS and version != SCHEMA_VERSION:
         raise TraceError(
-            f"trace schema version {data.get('version')!r} is not supported (this build reads {SCHEMA_VERSION})"
+            f"trace schema version {version!r} is not supported (this build reads "
+            f"{', '.join(map(str, [*MIGRATIONS, SCHEMA_VERSION]))})"
         )
     events = events_from_json(data.get("events"))
     meta = {k: v for k, v in data.items() if k not in ("format", "version", "events")}
+    while version != SCHEMA_VERSION:  # older formats, brought up to this one, step by step
+        meta, events, version = *MIGRATIONS[version](meta, events), version + 1
     return meta, events
+
+
+def _split_passes_from_layers(meta: dict, events: list[Event]) -> tuple[dict, list[Event]]:
+    """Version 1 -> 2: Kangaroo's and LayerSkip's passes did not say where they were split. A
+    draft pass that ran the shallow layers ran ℓ of them plus the exit head (layers = ℓ + 1); the
+    verify pass ran layers 1..ℓ, when it ran all L layers, for the inputs no draft pass fed."""
+    if meta.get("method") not in ("kangaroo", "layerskip"):
+        return meta, events
+    forwards = [e for e in events if isinstance(e, Forward)]
+    ell = next(
+        (e.layers - 1 for e in forwards if e.kind == "draft" and e.step > 0 and e.layers >= 2), 0
+    )
+    depth = next((e.layers for e in forwards if e.kind == "prefill"), 0)
+    fed: dict[int, int] = {}
+    for e in forwards:
+        if e.kind == "draft":
+            fed[e.step] = fed.get(e.step, 0) + e.n_input_tokens
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Forward) and ell and e.kind == "draft" and e.layers >= 2:
+            e = replace(e, split=ell, shallow=e.n_input_tokens)  # (an adapter-only pass: not split)
+        elif isinstance(e, Forward) and ell and e.kind in ("verify", "target"):
+            ran_shallow = e.layers > depth - ell
+            shallow = max(1, e.n_input_tokens - fed.get(e.step, 0)) if ran_shallow else 0
+            e = replace(e, split=ell, shallow=min(shallow, e.n_input_tokens))
+        out.append(e)
+    return meta, out
+
+
+# version -> how a trace of that version becomes one of the next
+MIGRATIONS = {1: _split_passes_from_layers}
 
 
 # --- checking a trace read from a file: each event checks its own fields -----------------------------

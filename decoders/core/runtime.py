@@ -287,6 +287,8 @@ def forward_shallow(
         n_input_tokens=n,
         layers=depth + (exit_head is not None),
         wall_ms=elapsed_ms(bundle, start),
+        split=depth,
+        shallow=n,
     )
     return ForwardResult(logits, {depth: h[0]}, event)
 
@@ -345,6 +347,8 @@ def forward_from(
         n_input_tokens=m + k,
         layers=bundle.n_layers - (0 if k else depth),
         wall_ms=elapsed_ms(bundle, start),
+        split=depth,
+        shallow=k,
     )
     return ForwardResult(logits.float(), {depth: states}, event)
 
