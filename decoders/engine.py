@@ -13,11 +13,12 @@ from typing import Any
 
 from decoders.core.base import DecodeConfig, Method
 from decoders.core.errors import InvalidInput, InvalidParameter, UnknownMethod
-from decoders.core.events import Commit, Done, Event, Forward, trace_to_dict
+from decoders.core.events import Commit, Done, Event, Forward
 from decoders.core.models import ModelBundle
 from decoders.core.params import validate_params
 from decoders.core.runtime import second_guess_price
 from decoders.core.stats import StatsAccumulator
+from decoders.core.tracefile import trace_to_dict
 from decoders.registry import METHODS
 
 MAX_NEW_TOKENS_CAP = int(os.environ.get("DECODING_LAB_MAX_NEW_TOKENS", "2048"))

@@ -5,7 +5,6 @@ import pytest
 from decoders.core.errors import TraceError
 from decoders.core.events import (
     EVENT_TYPES,
-    SCHEMA_VERSION,
     AttentionMask,
     CatchUp,
     Commit,
@@ -22,12 +21,11 @@ from decoders.core.events import (
     MaskPredictStep,
     NgramPool,
     Prefill,
+    Priced,
     TopK,
     Verify,
-    event_from_dict,
-    trace_from_json,
-    trace_to_dict,
 )
+from decoders.core.tracefile import SCHEMA_VERSION, event_from_dict, trace_from_json, trace_to_dict
 
 SAMPLES = [
     Prefill((1, 2, 3)),
@@ -57,6 +55,8 @@ SAMPLES = [
     LayerExit(10, 15, 27, 30, (), (), 0.0, "hash"),
     Commit(9, (4,), ("exit",), (0.97,)),
     CatchUp(11, (14, 15), (True, False), 0.85),
+    Priced(0, 0.0391, 0.2231, 23.1),
+    Forward(1, "verify", 6, 30, 20.0, 2, 1),  # resumed at an exit, layer 2: one input ran 1..2
     Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),
 ]
 

@@ -734,7 +734,7 @@ def test_a_version_1_trace_is_migrated_to_say_where_its_passes_were_split():
     import dataclasses
     import json
 
-    from decoders.core.events import trace_from_json, trace_to_dict
+    from decoders.core.tracefile import trace_from_json, trace_to_dict
 
     new = synthetic_run()
     old = [dataclasses.replace(e, split=0, shallow=0) if isinstance(e, Forward) else e for e in new]

@@ -44,10 +44,10 @@ from decoders.core.events import (
     HeadProposals,
     Prefill,
     Verify,
-    event_from_dict,
     token_ids,
 )
 from decoders.core.runtime import forward, new_cache
+from decoders.core.tracefile import event_from_dict
 from decoders.core.tree import chain
 from decoders.engine import prepare, run_events
 from decoders.methods import blockwise, medusa

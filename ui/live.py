@@ -15,9 +15,10 @@ from typing import Any
 
 from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.core import quality
-from decoders.core.events import Commit, Done, Event, token_ids, trace_from_json, trace_to_dict
+from decoders.core.events import Commit, Done, Event, token_ids
 from decoders.core.models import ModelBundle
 from decoders.core.stats import compute_stats
+from decoders.core.tracefile import trace_from_json, trace_to_dict
 from decoders.engine import (
     Run,
     check_request,

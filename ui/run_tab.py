@@ -20,8 +20,9 @@ from typing import Any
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
-from decoders.core.events import MAX_TRACE_BYTES, Commit, Verify
+from decoders.core.events import Commit, Verify
 from decoders.core.params import SAMPLING_PARAMS, Param
+from decoders.core.tracefile import MAX_TRACE_BYTES
 from visualizer import (
     acceptance_panel,
     extra_panels,

@@ -10,10 +10,11 @@ from typing import Any
 
 from decoders import METHODS
 from decoders.core.errors import DecodingLabError, TraceError
-from decoders.core.events import MAX_LAYERS, MAX_VOCAB, Commit, Done, TraceCheck, whole
+from decoders.core.events import MAX_LAYERS, MAX_VOCAB, Commit, Done, whole
 from decoders.core.models import loaded
 from decoders.core.params import validate_params
 from decoders.core.stats import compute_stats
+from decoders.core.tracefile import TraceCheck
 from decoders.engine import MAX_PROMPT_CHARS
 
 from .links import UI_MAX_NEW_TOKENS
