@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from decoders.core import quality
+from decoders.core.costs import measured_costs
 from decoders.core.errors import DecodingLabError, InvalidInput
 from decoders.core.models import ModelBundle, load_model
 from decoders.core.params import validate_params
-from decoders.core.runtime import measured_costs
 from decoders.engine import generate, get_method
 
 ROOT = Path(__file__).resolve().parents[1]

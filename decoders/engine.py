@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decoders.core.base import DecodeConfig, Method
+from decoders.core.costs import second_guess_price
 from decoders.core.errors import InvalidInput, InvalidParameter, UnknownMethod
 from decoders.core.events import Commit, Done, Event, Forward
 from decoders.core.models import ModelBundle
 from decoders.core.params import validate_params
-from decoders.core.runtime import second_guess_price
 from decoders.core.stats import StatsAccumulator
 from decoders.core.tracefile import trace_to_dict
 from decoders.registry import METHODS

@@ -15,7 +15,7 @@ from test_prompt_lookup import humaneval
 
 from conftest import PROMPTS, assert_greedy, one_thread
 from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
-from decoders.core import runtime
+from decoders.core import costs
 from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Verify
 from decoders.core.tree import chain
 from decoders.methods.speculative import MAX_GAMMA
@@ -473,7 +473,7 @@ def test_the_confidence_stop_is_lossless_and_stops_where_it_says(tiny, draft, st
 @pytest.mark.parametrize("cost", [0.0, 0.05, 0.3, 10.0])
 def test_the_cost_schedule_is_lossless_and_keeps_only_paying_tokens(tiny, monkeypatch, draft, cost):
     # The measured per-input cost, pinned for this model so each case is deterministic.
-    monkeypatch.setitem(runtime._input_costs, id(tiny.model), cost)
+    monkeypatch.setitem(costs._input_costs, id(tiny.model), cost)
     gamma, budget = 6, 30
     for prompt in PROMPTS[:3]:
         res = same_as_greedy(tiny, prompt, budget, draft=draft, gamma=gamma, schedule="cost")
@@ -491,7 +491,7 @@ def test_the_cost_schedule_is_lossless_and_keeps_only_paying_tokens(tiny, monkey
                 path, total = 1.0, 0.0
                 for n, q in enumerate(d.probs):  # each kept token paid, given those before it
                     path *= q
-                    assert runtime.pays(path, total, n, cost) or cost == 0.0, (path, total, n)
+                    assert costs.pays(path, total, n, cost) or cost == 0.0, (path, total, n)
                     total += path
                 if cost == 0.0:  # free inputs: the full cap, as schedule=fixed
                     assert len(d.tokens) == cap

@@ -24,8 +24,8 @@ from test_speculative import (
 
 from conftest import PROMPTS, assert_greedy
 from decoders import InvalidParameter, generate, load_model, stream
+from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.events import Commit, Draft, Forward, Verify
-from decoders.core.runtime import forward_ms, input_cost, pays
 from decoders.core.tree import ancestors, depths, feed_mask, tree_mask, tree_positions, with_root
 from decoders.methods.prompt_lookup import lookup
 from decoders.methods.token_tree import (
@@ -126,13 +126,13 @@ def test_the_price_is_in_the_runs_stats_and_trace(tiny, monkeypatch):
     stats, and its verify forwards are weighed against that price when it ends; a run at a fixed
     size prices nothing."""
     from decoders import engine
-    from decoders.core import runtime
+    from decoders.core import costs
 
     weighed = []
     monkeypatch.setattr(engine, "second_guess_price", lambda b, f: weighed.append(list(f)))
     res = generate(tiny, PROMPTS[0], "token_tree", 12, draft="self:1")
     (priced,) = [e for e in res.events if e.type == "Priced"]
-    assert priced.input_cost == round(runtime.input_cost(tiny), 5)
+    assert priced.input_cost == round(costs.input_cost(tiny), 5)
     assert priced.draft_cost == round(draft_cost(tiny, "self:1"), 5) > 0
     assert (res.stats["input_cost"], res.stats["draft_cost"]) == (
         priced.input_cost,
@@ -158,58 +158,58 @@ def test_a_run_whose_forwards_disagree_with_the_price_has_it_measured_again(
     """The stored price is 0.04 of a 10 ms forward. A run's verify forwards imply their own
     price; off by more than a factor of 2 either way, the model is measured again in the
     background, and later runs use the new price (the run itself kept its own)."""
-    from decoders.core import runtime
+    from decoders.core import costs
 
-    monkeypatch.setenv(runtime.REPRICE_ENV, "1")
+    monkeypatch.setenv(costs.REPRICE_ENV, "1")
     key = id(tiny.model)
-    monkeypatch.setitem(runtime._input_costs, key, 0.04)
-    monkeypatch.setitem(runtime._forward_ms, key, 10.0)
+    monkeypatch.setitem(costs._input_costs, key, 0.04)
+    monkeypatch.setitem(costs._forward_ms, key, 10.0)
     measured = []
 
     def measure(bundle, *a, **kw):
         measured.append(bundle)
         return 0.123, 11.0
 
-    monkeypatch.setattr(runtime, "_measure_input_cost", measure)
+    monkeypatch.setattr(costs, "_measure_input_cost", measure)
     forwards = [(9, 10.0 * (1 + implied * 8))] * 8  # 9 inputs: 1 + 8 x the implied price
-    assert runtime.implied_input_cost(tiny, forwards) == pytest.approx(implied)
-    assert runtime.second_guess_price(tiny, forwards) is repriced
+    assert costs.implied_input_cost(tiny, forwards) == pytest.approx(implied)
+    assert costs.second_guess_price(tiny, forwards) is repriced
     for thread in threading.enumerate():
         if thread.name == "decoding-lab-calibrate":
             thread.join(timeout=30)
-    assert runtime._input_costs[key] == (0.123 if repriced else 0.04)
+    assert costs._input_costs[key] == (0.123 if repriced else 0.04)
     assert len(measured) == repriced
 
 
 def test_no_second_guess_on_too_little_evidence_or_when_asked_not_to(tiny, monkeypatch):
-    from decoders.core import runtime
+    from decoders.core import costs
 
     key = id(tiny.model)
-    monkeypatch.setitem(runtime._input_costs, key, 0.04)
-    monkeypatch.setitem(runtime._forward_ms, key, 10.0)
-    monkeypatch.setattr(runtime, "calibrate_in_background", lambda *a, **kw: pytest.fail())
+    monkeypatch.setitem(costs._input_costs, key, 0.04)
+    monkeypatch.setitem(costs._forward_ms, key, 10.0)
+    monkeypatch.setattr(costs, "calibrate_in_background", lambda *a, **kw: pytest.fail())
     far_off = [(9, 50.0)] * 8
-    monkeypatch.setenv(runtime.REPRICE_ENV, "0")  # the suite's own setting: prices stay put
-    assert not runtime.second_guess_price(tiny, far_off)
-    monkeypatch.setenv(runtime.REPRICE_ENV, "1")
-    assert not runtime.second_guess_price(tiny, far_off[:7])  # fewer than MIN_OBSERVED
-    assert not runtime.second_guess_price(tiny, [(3, 50.0)] * 8)  # too few inputs to say
-    monkeypatch.setitem(runtime._forward_ms, key, 2.0)  # a forward under MIN_TIMED_MS: noise
-    assert not runtime.second_guess_price(tiny, far_off)
+    monkeypatch.setenv(costs.REPRICE_ENV, "0")  # the suite's own setting: prices stay put
+    assert not costs.second_guess_price(tiny, far_off)
+    monkeypatch.setenv(costs.REPRICE_ENV, "1")
+    assert not costs.second_guess_price(tiny, far_off[:7])  # fewer than MIN_OBSERVED
+    assert not costs.second_guess_price(tiny, [(3, 50.0)] * 8)  # too few inputs to say
+    monkeypatch.setitem(costs._forward_ms, key, 2.0)  # a forward under MIN_TIMED_MS: noise
+    assert not costs.second_guess_price(tiny, far_off)
 
 
 def test_the_page_prices_a_model_when_it_loads_not_inside_a_run(tiny, monkeypatch):
-    from decoders.core import runtime
+    from decoders.core import costs
     from ui import models
 
-    monkeypatch.setattr(runtime, "_input_costs", {})
-    monkeypatch.setattr(runtime, "_forward_ms", {})
+    monkeypatch.setattr(costs, "_input_costs", {})
+    monkeypatch.setattr(costs, "_forward_ms", {})
     monkeypatch.setattr(models, "resolve_model", lambda model: "tiny-random")
     assert models.get_bundle(None) is tiny
     for thread in threading.enumerate():
         if thread.name == "decoding-lab-calibrate":
             thread.join(timeout=60)
-    assert set(runtime.measured_costs(tiny)) == {"input_cost", "forward_ms"}
+    assert set(costs.measured_costs(tiny)) == {"input_cost", "forward_ms"}
 
 
 def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):
@@ -218,7 +218,7 @@ def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):
     the sizes taking turns it lands on both sides of its rounds and the median holds."""
     from types import SimpleNamespace
 
-    from decoders.core import runtime
+    from decoders.core import costs
 
     calls = []
 
@@ -228,13 +228,13 @@ def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):
         ms = 10.0 * (1 + 0.05 * (len(tokens) - 1)) * burst
         return SimpleNamespace(event=SimpleNamespace(wall_ms=ms))
 
-    monkeypatch.setattr(runtime, "forward", fake_forward)
-    monkeypatch.setattr(runtime, "crop_cache", lambda cache, n: None)
-    monkeypatch.delitem(runtime._input_costs, id(tiny.model), raising=False)
-    monkeypatch.delitem(runtime._forward_ms, id(tiny.model), raising=False)
+    monkeypatch.setattr(costs, "forward", fake_forward)
+    monkeypatch.setattr(costs, "crop_cache", lambda cache, n: None)
+    monkeypatch.delitem(costs._input_costs, id(tiny.model), raising=False)
+    monkeypatch.delitem(costs._forward_ms, id(tiny.model), raising=False)
     assert input_cost(tiny) == pytest.approx(0.05)
     assert forward_ms(tiny) == pytest.approx(10.0)
-    assert runtime.measured_costs(tiny) == {"input_cost": 0.05, "forward_ms": 10.0}
+    assert costs.measured_costs(tiny) == {"input_cost": 0.05, "forward_ms": 10.0}
     assert calls[5:9] == [1, 17, 1, 17]  # the sizes take turns (after prefill + 2 warm-ups each)
 
 

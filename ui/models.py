@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decoders import InvalidInput, load_model
+from decoders.core.costs import calibrate_in_background
 from decoders.core.models import (
     EMBEDDED_ID,
     TINY_ID,
@@ -16,7 +17,6 @@ from decoders.core.models import (
     ModelBundle,
     hub_reachable,
 )
-from decoders.core.runtime import calibrate_in_background
 from decoders.trained.exit_tuned import delta_path
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
@@ -71,7 +71,7 @@ def check_draft(params: Mapping[str, Any]) -> None:
 
 def get_bundle(model: str | None) -> ModelBundle:
     """The model, loaded once per process; its draft prices are measured when it first loads, in
-    the background (runtime.calibrate), not inside a visitor's run."""
+    the background (costs.calibrate), not inside a visitor's run."""
     bundle = load_model(resolve_model(model))
     calibrate_in_background(bundle)
     return bundle

@@ -11,7 +11,7 @@ tokens one by one, the target checks all of them in ONE forward.
         adaptive γ: all kept -> γ + 2, a rejection -> γ − 1 (transformers' heuristic schedule)
         cost:       γ is a cap; the draft ends before the first token whose path probability
                     (the product of the draft's p so far) no longer pays for its input in the
-                    verifying forward on this machine (`runtime.pays`, the token tree's rule)
+                    verifying forward on this machine (`costs.pays`, the token tree's rule)
         stop > 0: the draft also ends after the first token the drafter gives less than `stop`
                   probability: its confidence predicts acceptance (EAGLE-2), so a long γ is spent
                   where the drafter is sure and a short one where it guesses
@@ -29,10 +29,11 @@ from collections.abc import Iterator
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.events import DraftStop, Event, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
-from decoders.core.runtime import forward_ms, input_cost, new_cache, pays
+from decoders.core.runtime import new_cache
 from decoders.core.steps import chain_draft, start, verify_chain
 from decoders.trained.drafters import check_draft, make_drafter
 

@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.drafter import Drafter
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Draft, Event, Forward, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param, validate_params
-from decoders.core.runtime import forward_ms, input_cost, new_cache, pays
+from decoders.core.runtime import new_cache
 from decoders.core.sampling import Sampler
 from decoders.core.steps import start, verify_tree
 from decoders.core.tree import depths, feed_mask
