@@ -13,7 +13,7 @@ from decoders.core.events import (
     Prefill,
     Verify,
 )
-from visualizer.lookahead_views import (
+from visualizer.cells import (
     ADDED_LABEL,
     BOUNDARY_COLOUR,
     CANDIDATE_STATUS,
@@ -23,14 +23,15 @@ from visualizer.lookahead_views import (
     MAX_POSITIONS,
     SEPARATOR_COLOUR,
     WINDOW_STATUS,
-    attention_mask,
-    jacobi_panel,
-    jacobi_trajectory,
+)
+from visualizer.jacobi_view import jacobi_trajectory
+from visualizer.lookahead_views import (
     lookahead_panel,
     lookahead_window,
     ngram_pool,
     pool_candidates,
 )
+from visualizer.mask_view import attention_mask
 from visualizer.tokens import COLOURS
 
 TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
@@ -168,7 +169,6 @@ def test_jacobi_fixed_prefix_grows_row_by_row_and_keeps_the_last_16():
     assert fixed == list(range(5, 21))  # iteration s sees the s tokens committed before it
     assert list(h.x) == list(range(22))  # every position up to the last block's end
     assert "last 16 of 20 iterations" in fig.layout.title.subtitle.text.replace("<br>", " ")
-    assert jacobi_panel is jacobi_trajectory
 
 
 def test_jacobi_draws_at_most_the_last_positions_of_a_far_block():
@@ -498,7 +498,7 @@ def test_cell_labels_fit_a_phone_wide_cell():
     cell spilled over its neighbours (Jacobi's trajectory, 19 columns)."""
     from html import unescape
 
-    from visualizer.lookahead_views import PHONE_PLOT_PX, _cell_label
+    from visualizer.jacobi_view import PHONE_PLOT_PX, _cell_label
 
     for columns in (9, 12, 16, 19, 25, 32, 48):
         label = unescape(_cell_label("<|assistant|>", columns))

@@ -174,7 +174,8 @@ def test_the_mask_view_labels_kept_fills_and_masks(tiny):
                 assert not any(e.branches[j] == "mask" for j in e.visible[i])
     # Drawn: every kind of input present has its legend entry and its count, and Lookahead's
     # branch names do not appear where there is no window.
-    from visualizer.lookahead_views import MASK_BRANCH, attention_mask
+    from visualizer.cells import MASK_BRANCH
+    from visualizer.mask_view import attention_mask
 
     texts = {t: str(t) for t in range(tiny.model.config.vocab_size)}
     for e in masks:
@@ -308,7 +309,7 @@ def test_the_mask_view_shows_masks_at_every_step_after_the_prefill(tiny, m, T):
 
 
 def test_the_mask_view_of_a_block_without_masks_names_no_lookahead_branch(tiny):
-    from visualizer.lookahead_views import attention_mask
+    from visualizer.mask_view import attention_mask
 
     res = generate(tiny, PROMPTS[1], "mask_predict", 6, m=1, T=1)  # m = 1: no input after x
     steps = sorted({e.step for e in res.events if isinstance(e, AttentionMask)})

@@ -440,7 +440,7 @@ def test_the_training_layout_is_what_decoding_computes(tiny, states):
 
 
 def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
-    from visualizer.lookahead_views import attention_mask
+    from visualizer.mask_view import attention_mask
     from visualizer.panels import extra_panels, method_panel
     from visualizer.space_view import RELAY_STATUS, relay
 

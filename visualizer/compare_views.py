@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 
 from decoders.core.events import Commit, Event, Forward
 
+from .cells import _swatch
 from .figures import _base_layout, _empty
-from .lookahead_views import _swatch
 from .text import fmt_ratio, fmt_speedup
 
 # One colour per row, in row order (autoregressive, the reference, is grey and dashed).

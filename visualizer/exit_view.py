@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 
 from decoders.core.events import CatchUp, Commit, Event, Forward, LayerExit
 
+from .cells import _tok
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
-from .lookahead_views import _tok
 from .text import escape, short_token, visible, wrap
 
 EARLY_EXIT = ("calm", "free", "hash_ee")  # the methods these views draw

@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 
 from decoders.core.events import Commit, Event, MaskPredictStep
 
+from .cells import _at, _codes, _heatmap, _swatch, _tok
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
-from .lookahead_views import _at, _codes, _heatmap, _swatch, _tok
 from .text import short_token, wrap
 from .tokens import COLOURS
 

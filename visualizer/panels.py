@@ -11,21 +11,16 @@ from decoders.core.events import Event
 
 from .exit_view import catch_ups, exit_confidence, exit_heatmap, hash_layers
 from .figures import draft_panel, topk_panel
+from .jacobi_view import jacobi_trajectory
 from .kangaroo_view import (
     kangaroo_confidence,
     kangaroo_layers,
     layerskip_confidence,
     layerskip_layers,
 )
-from .lookahead_views import (
-    attention_mask,
-    jacobi_trajectory,
-    lookahead_panel,
-    lookahead_window,
-    ngram_pool,
-    pool_candidates,
-)
+from .lookahead_views import lookahead_panel, lookahead_window, ngram_pool, pool_candidates
 from .mask_predict_view import refinement
+from .mask_view import attention_mask
 from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
 from .self_speculative_view import self_speculative_panel
