@@ -419,7 +419,7 @@ def test_a_stopped_run_keeps_its_trace_to_step_and_export(tiny):
 )
 def test_a_finished_run_opens_where_its_panel_has_something_to_show(method, params, expect):
     from decoders.core.events import Commit, Verify
-    from ui.run_tab import showcase_step
+    from ui.run_views import showcase_step
 
     trace = run_to_end("tiny-random", PROMPTS[2], method, 24, params, check_lossless=False)
     at = showcase_step(trace)
@@ -657,11 +657,13 @@ def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
     tiny, handlers, monkeypatch
 ):
     import ui.run_tab
+    import ui.run_views
 
     def broken(*args, **kwargs):
         raise IndexError("index 2 is out of bounds")
 
-    monkeypatch.setattr(ui.run_tab, "method_panel", broken)
+    for module in (ui.run_tab, ui.run_views):  # the tab's handlers and the views they draw
+        monkeypatch.setattr(module, "method_panel", broken)
     controls = [p.default for m in METHODS.values() for p in m.knobs]
     updates = list(
         handlers["on_run"]("tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, *controls)
@@ -675,11 +677,13 @@ def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
 
 def test_a_failing_export_after_an_import_is_a_message(tiny_trace, handlers, monkeypatch, tmp_path):
     import ui.run_tab
+    import ui.run_views
 
     def full_disk(trace):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ui.run_tab, "_export", full_disk)
+    for module in (ui.run_tab, ui.run_views):
+        monkeypatch.setattr(module, "_export", full_disk)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(tiny_trace))
     last = list(handlers["on_import"](str(path)))[-1]

@@ -698,7 +698,7 @@ def test_a_catch_up_of_a_token_that_never_left_early_is_refused(tiny):
 
 def test_an_early_exit_run_is_drawn_as_a_point_on_its_benchmarked_curve(monkeypatch, tmp_path):
     import ui.common
-    from ui.run_tab import result_panel
+    from ui.run_views import result_panel
 
     trace = live_trace("calm", threshold=0.0, min_depth=0.0)
     points = [

@@ -22,7 +22,8 @@ from .learn_tab import build_learn_tab
 from .links import check_budget
 from .live import run_to_end
 from .models import model_choices
-from .run_tab import CSS, DEFAULT_METHOD, build_run_tab
+from .run_tab import build_run_tab
+from .run_views import CSS, DEFAULT_METHOD
 from .traces import EXAMPLE_PROMPTS
 
 EXAMPLES = [[p] for p in EXAMPLE_PROMPTS]

@@ -8,20 +8,16 @@ errors become a message in the status line and clear the views they would have m
 
 from __future__ import annotations
 
-import html
 import os
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
-from decoders.core.events import Commit, Verify
-from decoders.core.params import SAMPLING_PARAMS, Param
+from decoders.core.params import SAMPLING_PARAMS
 from decoders.core.tracefile import MAX_TRACE_BYTES
 from visualizer import (
     acceptance_panel,
@@ -29,12 +25,10 @@ from visualizer import (
     forward_timeline,
     method_panel,
     metrics_html,
-    quality_point,
     token_spans_html,
     tokens_per_step,
 )
 from visualizer.panels import MAX_EXTRA_PANELS
-from visualizer.tokens import display_text
 
 from .common import (
     budget_slider,
@@ -43,265 +37,24 @@ from .common import (
     internal_error,
     message,
     model_picker,
-    quality_points,
 )
-from .links import UI_MAX_NEW_TOKENS, parse_link, parse_param
+from .links import parse_link
 from .live import Trace, run_live, stopped
 from .models import model_choices
+from .run_views import (
+    DEFAULT_METHOD,
+    DRAW_SHARE,
+    FIGURES_EVERY_S,
+    TOKENS_EVERY_S,
+    RunTab,
+    _control,
+    _describe,
+    _export,
+    prompt_html,
+    showcase_step,
+    views_of,
+)
 from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
-
-DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
-# While streaming: tokens at most every TOKENS_EVERY_S; figures every FIGURES_EVERY_S, or less
-# often when drawing them is slow (at most a quarter of the time goes to drawing), since each
-# update competes with the decoding thread for the GIL.
-TOKENS_EVERY_S = 0.25
-FIGURES_EVERY_S = 1.0
-DRAW_SHARE = 0.25
-
-# Desktop: two columns. Phone: the controls column dissolves, so the output (its own column) sits
-# directly under Run and the status, and the parameters follow the output.
-CSS = """
-@media (max-width: 768px) {
-  #run-row {flex-direction: column;}
-  #run-controls {display: contents;}
-  #run-top {order: 1;}
-  #run-output {order: 2;}
-  #run-params {order: 3;}
-  #run-top, #run-output, #run-params {width: 100%; min-width: 0;}
-  /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
-  .modebar-container {display: none;}
-}
-/* A long name ends in an ellipsis before the dropdown's arrow, not under it (both tabs). */
-#model input, #method input, #cmp-model input {text-overflow: ellipsis; padding-right: 1.6em;}
-.dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
-  line-height: 1.9; white-space: pre-wrap; word-break: break-word;}
-.dl-seen span {border-radius: 3px; margin-right: 1px; padding: 1px 0;}
-.dl-seen span.a {background: #eef2f5;} .dl-seen span.b {background: #e1e8ed;}
-.dl-seen span.special {background: #fff3cd; color: #6d4c00;}
-"""
-
-
-def _control(p: Param, method: str) -> gr.components.Component:
-    label = f"{p.name} — {p.help}"
-    key = f"{method}-{p.name}"
-    if p.type is bool:
-        return gr.Checkbox(value=p.default, label=label, elem_id=key)
-    if p.choices:
-        return gr.Dropdown(list(p.choices), value=p.default, label=label, elem_id=key)
-    if p.type in (int, float) and p.min is not None and p.max is not None and p.max - p.min <= 1000:
-        step = 1 if p.type is int else 0.01
-        return gr.Slider(p.min, p.max, value=p.default, step=step, label=label, elem_id=key)
-    if p.type in (int, float):
-        return gr.Number(
-            value=p.default, label=label, precision=0 if p.type is int else None, elem_id=key
-        )
-    return gr.Textbox(value=str(p.default), label=label, elem_id=key)
-
-
-def prompt_html(trace: Trace) -> str:
-    """What the model sees: the prompt ids as tokens, chat template included. Special tokens are
-    marked; alternating shades show where one token ends and the next begins."""
-    ids = trace.meta.get("prompt_ids") or []
-    spans = []
-    for i, t in enumerate(ids):
-        text = trace.texts.get(t, "?")
-        special = text.startswith("<|") and text.endswith("|>")
-        cls = "special" if special else "ab"[i % 2]
-        title = html.escape(f"{text!r} · id {t} · position {i}")
-        spans.append(f'<span class="{cls}" title="{title}">{display_text(text)}</span>')
-    return (
-        f"<div><b>What the model sees</b> — {len(ids)} prompt tokens: your prompt inside the "
-        "model's chat template (prompt lookup can copy from all of it).</div>"
-        f'<div class="dl-seen">{"".join(spans)}</div>'
-    )
-
-
-def _export(trace: Trace) -> str:
-    folder = Path(tempfile.mkdtemp(prefix="decoding-lab-"))
-    path = folder / f"trace-{trace.meta.get('method', 'run')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(trace.to_json())
-    return str(path)
-
-
-def _describe(trace: Trace) -> str:
-    meta = trace.meta
-    return f"{meta.get('method')} on {meta.get('model')}, {len(trace.token_ids)} tokens"
-
-
-def result_panel(trace: Trace):
-    """The panel beside the metrics: an early-exit run as a point on its method's benchmarked
-    quality-against-compute curve; every other run, its acceptance."""
-    method = trace.meta.get("method")
-    if method not in METHODS or METHODS[method].family != "early exit":  # a quality-vs-layers point
-        return acceptance_panel(trace.stats)
-    badge = trace.meta.get("lossless") or {}
-    agreement = badge.get("agreement") if badge.get("status") == "lossy" else None
-    points = quality_points(str(trace.meta.get("model", "")))
-    return quality_point(points, method, agreement, trace.stats.get("layers_per_token"))
-
-
-def views_of(method: str) -> tuple[str, ...]:
-    """The views a method declares (an unknown method, as an old trace may name: the top-k)."""
-    return METHODS[method].views if method in METHODS else ("topk_panel",)
-
-
-@dataclass
-class RunTab:
-    """The tab's components, kept by name so handlers can say what they update."""
-
-    prompt: Any
-    model: Any
-    method: Any
-    max_new: Any
-    temperature: Any
-    top_p: Any
-    seed: Any
-    run_btn: Any
-    stop_btn: Any
-    status: Any
-    preset: Any
-    groups: dict[str, Any]
-    controls: dict[tuple[str, str], Any]  # (method, parameter) -> its control
-    export_btn: Any
-    upload: Any
-    show_seen: Any
-    seen: Any
-    tokens: Any
-    metrics: Any
-    prev_btn: Any
-    play_btn: Any
-    pause_btn: Any
-    next_btn: Any
-    step: Any
-    timeline: Any
-    per_step: Any
-    hist: Any
-    panel: Any
-    extras: list[Any]
-    method_help: Any
-    timer: Any
-    trace: Any  # gr.State holding the Trace shown (a run, its partial stream, an import)
-    sampling: tuple[Any, ...] = field(default=())
-
-    # --- views of a trace --------------------------------------------------------------------
-
-    def step_views(self, trace: Trace, step: int | None) -> dict:
-        """Tokens and figures as they stood at `step` (None = the end)."""
-        upto = step if step is not None and step < trace.last_step else None
-        at = trace.last_step if upto is None else upto
-        method = trace.meta.get("method", "autoregressive")
-        extras = extra_panels(views_of(method), trace.events, trace.texts, at)
-        return {
-            self.tokens: token_spans_html(trace.events, trace.texts, upto),
-            self.timeline: forward_timeline(trace.events, upto),
-            self.per_step: tokens_per_step(trace.events, upto),
-            self.panel: method_panel(views_of(method), trace.events, trace.texts, at),
-            **{
-                plot: gr.Plot(value=extras[i], visible=True)
-                if i < len(extras)
-                else gr.Plot(value=None, visible=False)
-                for i, plot in enumerate(self.extras)
-            },
-        }
-
-    def full_views(self, trace: Trace, status: str) -> dict:
-        """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
-        its example: at the showcase step (the last one with drafts accepted, whose method panel
-        has something to show; the tokens after it stay on screen, pending), else the last."""
-        at, shown = showcase(trace)
-        if at < trace.last_step:
-            status += f" Opened at step {at}, the last with {shown}."
-        return {
-            **self.step_views(trace, at),
-            self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
-            self.hist: result_panel(trace),
-            self.step: gr.Slider(
-                minimum=0,
-                maximum=max(trace.last_step, 1),
-                value=at,
-                step=1,
-                interactive=True,
-                label=f"Step (0–{trace.last_step})",
-            ),
-            self.trace: trace,
-            self.export_btn: gr.DownloadButton(value=_export(trace), visible=True),
-            self.seen: prompt_html(trace),
-            self.status: status,
-        }
-
-    def cleared(self, status: str) -> dict:
-        """No trace: empty views, nothing to step or export (after an error, or as a run starts)."""
-        return {
-            self.tokens: token_spans_html([], {}),
-            self.metrics: "",
-            self.timeline: None,
-            self.per_step: None,
-            self.hist: None,
-            self.panel: None,
-            **{plot: gr.Plot(value=None, visible=False) for plot in self.extras},
-            self.step: gr.Slider(
-                minimum=0, maximum=1, value=0, step=1, interactive=False, label="Step"
-            ),
-            self.trace: None,
-            self.export_btn: gr.DownloadButton(visible=False),
-            self.seen: "",
-            self.status: status,
-        }
-
-    @property
-    def views(self) -> list[Any]:
-        """Every component `full_views` and `cleared` update."""
-        return [
-            self.tokens,
-            self.metrics,
-            self.timeline,
-            self.per_step,
-            self.hist,
-            self.panel,
-            *self.extras,
-            self.step,
-            self.trace,
-            self.export_btn,
-            self.seen,
-            self.status,
-        ]
-
-    @property
-    def form(self) -> list[Any]:
-        """The run's inputs, in the order `run_stream` takes them (scripts call it so)."""
-        return [
-            self.model,
-            self.prompt,
-            self.method,
-            self.max_new,
-            self.temperature,
-            self.top_p,
-            self.seed,
-            *self.controls.values(),
-        ]
-
-    def form_for(self, trace: Trace) -> dict:
-        """Method, model, prompt, budget and parameters as the trace recorded them (the ones this
-        page can show; the trace itself was checked before)."""
-        meta = trace.meta
-        method = meta["method"]
-        out: dict[Any, Any] = {self.method: method}
-        if meta["model"] in {v for _, v in model_choices()}:
-            out[self.model] = meta["model"]
-        if isinstance(meta.get("prompt"), str):
-            out[self.prompt] = meta["prompt"]
-        if meta["max_new_tokens"] <= UI_MAX_NEW_TOKENS:
-            out[self.max_new] = meta["max_new_tokens"]
-        by_name = {p.name: p for p in (*METHODS[method].knobs, *SAMPLING_PARAMS)}
-        targets = {p.name: self.controls[(method, p.name)] for p in METHODS[method].knobs}
-        targets |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
-        for name, raw in (meta.get("params") or {}).items():
-            if name in by_name and name in targets:
-                try:
-                    out[targets[name]] = parse_param(by_name[name], raw)
-                except DecodingLabError:
-                    continue  # a value this build would refuse: keep the form's
-        return out
 
 
 def build_run_tab(demo: gr.Blocks) -> RunTab:
@@ -445,23 +198,6 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
     )
     _wire(tab, demo)
     return tab
-
-
-def showcase(trace: Trace) -> tuple[int, str]:
-    """The step a page opens at, and what it shows: the last one where the target accepted
-    drafted tokens (its method panel has something to show); without verification (Mask-Predict's
-    blocks), the last that committed several tokens; else the last step ("")."""
-    accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
-    if accepted:
-        return max(accepted), "drafts accepted"
-    several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
-    if several:
-        return max(several), "several tokens committed"
-    return trace.last_step, ""
-
-
-def showcase_step(trace: Trace) -> int:
-    return showcase(trace)[0]
 
 
 def _initial(example: Trace | None) -> dict[str, Any]:
