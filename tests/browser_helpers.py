@@ -112,19 +112,23 @@ def settle(page) -> None:
 
 
 def go_to_step(page, step: int) -> None:
+    # What the method panel and the timeline show now: a redraw at the new step changes them.
+    drawn = """() => ['#panel', '#timeline'].map(id =>
+        document.querySelector(id + ' .js-plotly-plot')?.innerHTML || '').join('|')"""
+    before = page.evaluate(drawn)
     box = page.locator("#step input[type=number]")
     box.fill(str(step))
     box.press("Enter")
     page.wait_for_function(f"{STEP_NUMBER} === {step}", timeout=30_000)
-    # The method panel's title names its step ("Step 5: ..." or "... at step 5") once redrawn.
-    try:
+    try:  # the panel's title names its step ("Step 5: ..."), or its drawing changed
         page.wait_for_function(
-            """s => { const t = document.querySelector('#panel .gtitle');
-                      const m = t && /\\bstep (\\d+)\\b/i.exec(t.textContent);
-                      return m && +m[1] === s; }""",
-            arg=step,
+            """([s, before, drawn]) => {
+                const t = document.querySelector('#panel .gtitle');
+                const m = t && /\bstep (\d+)\b/i.exec(t.textContent);
+                return (m && +m[1] === s) || eval(drawn)() !== before; }""",
+            arg=[step, before, drawn],
             timeout=30_000,
         )
-    except Exception:  # a panel whose title does not name the step: give it time to redraw
+    except Exception:  # nothing changed in the panel or the timeline: give it time to redraw
         page.wait_for_timeout(3000)
     settle(page)

@@ -96,6 +96,7 @@ def train_call(env: dict, out: Path, stages: tuple[str, ...]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # six stages on the embedded model, the corpus generated first
 def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
     the Kangaroo adapter and the SPACE masks (the open bars) in their budgets, bring them back;
@@ -108,7 +109,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
         "OUT": str(out),
         "PY": sys.executable,
         "DEVICE": "cpu",
-        "CORPUS": "--chat 12 --tasks 2 --code 6 --chunks 2 --gen-batch 6 --probe-tokens 16 --seed 1",
+        "CORPUS": "--chat 6 --tasks 2 --code 4 --chunks 2 --gen-batch 6 --probe-tokens 16 --seed 1",
         "BUILD_S": "400",
         "DEADLINE": "1800",
         "EAGLE_MIN": "0.1",
@@ -134,7 +135,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
             assert '"top1_probe' in json.dumps(card), name
     # The documents of the corpus built there come back too, for sessions without a GPU: this
     # run's (its sizes and seed), not the fallback corpus carried over from here.
-    built = "SmolLM2-135M-Instruct-12-2-160-6-128-2-1500-stdlib-1.pt"  # the sizes and seed above
+    built = "SmolLM2-135M-Instruct-6-2-160-4-128-2-1500-stdlib-1.pt"  # the sizes and seed above
     assert [p.name for p in out.glob("*.pt")] == [built]
     # A second call on the warm machine: the trainers the first leaves out, on the corpus cached
     # there.
