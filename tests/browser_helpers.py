@@ -124,7 +124,7 @@ def go_to_step(page, step: int) -> None:
         page.wait_for_function(
             """([s, before, drawn]) => {
                 const t = document.querySelector('#panel .gtitle');
-                const m = t && /\bstep (\d+)\b/i.exec(t.textContent);
+                const m = t && /\\bstep (\\d+)\\b/i.exec(t.textContent);
                 return (m && +m[1] === s) || eval(drawn)() !== before; }""",
             arg=[step, before, drawn],
             timeout=30_000,

@@ -34,7 +34,7 @@ def test_greedy_matches_transformers_generate_tiny(tiny, prompt):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_greedy_matches_transformers_generate_embedded(embedded, prompt):
     res = generate(embedded, prompt, max_new_tokens=32)
     assert res.prompt_ids[-3:] == embedded.encode("x")[-3:]  # chat template applied

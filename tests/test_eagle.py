@@ -320,7 +320,7 @@ def test_shipped_heads_exist_with_the_command_that_made_them(model_id):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", [0, 2, 7])
+@pytest.mark.parametrize("task", [7])  # task 0 at the defaults (the shipped head): test_lossless
 @pytest.mark.parametrize("method", ["speculative", "token_tree"])
 def test_lossless_on_the_embedded_model_with_the_shipped_head(embedded, task, method):
     from test_prompt_lookup import humaneval

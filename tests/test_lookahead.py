@@ -226,9 +226,8 @@ def test_sampling_is_reproducible(tiny):
 @pytest.mark.parametrize(
     ("method", "params"),
     [
+        # the defaults and the paper's settings: test_lossless.py
         ("jacobi", dict(block=6)),
-        ("lookahead", dict()),  # the defaults
-        ("lookahead", dict(N=4, W=5, G=5, pool_from_output=False, rank_by_context=False)),  # paper
         ("lookahead", dict(N=3, W=2, G=2, pool_from_output=True)),
     ],
 )

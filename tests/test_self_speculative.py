@@ -234,7 +234,7 @@ def test_parse_and_format_skip_round_trip(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("prompt", "chat"), HELD_OUT)
+@pytest.mark.parametrize(("prompt", "chat"), HELD_OUT[:1])  # more prompts: test_lossless
 def test_default_set_drafts_on_most_steps_and_stays_lossless(embedded, prompt, chat):
     res = same_as_greedy(embedded, prompt, 48, chat=chat)
     steps = {e.step for e in res.events if isinstance(e, Forward) and e.step > 0}
