@@ -55,6 +55,7 @@ def exits_of(res) -> list[LayerExit]:
 # --- never exiting = greedy ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "params"), NEVER)
 @pytest.mark.parametrize("prompt", PROMPTS[:4])
 def test_thresholds_that_never_exit_are_greedy(tiny, method, params, prompt):

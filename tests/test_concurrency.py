@@ -119,6 +119,7 @@ def test_runs_register_no_hooks_and_leave_nothing_on_the_model(tiny, monkeypatch
     assert module_state(tiny.model) == before
 
 
+@pytest.mark.slow
 def test_every_method_at_once_on_tiny(tiny):
     check_isolated(tiny, TINY_RUNS, budget=24)
 

@@ -41,6 +41,7 @@ def spread():
     return bundle
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_every_lossless_method_matches_greedy_with_layers_offloaded(spread, tiny, method):
     for prompt in (PROMPTS[0], PROMPTS[1]):

@@ -48,6 +48,7 @@ def size(path: Path) -> int:
     return path.stat().st_size
 
 
+@pytest.mark.slow
 def test_the_parts_join_back_into_the_model_and_each_call_carries_one(tmp_path):
     blob = os.urandom(350_000)
     (tmp_path / "model.gguf").write_bytes(blob)
@@ -67,6 +68,7 @@ def test_the_parts_join_back_into_the_model_and_each_call_carries_one(tmp_path):
     assert [[c for c in carry if "part-" in c] for carry in carries] == [[str(p)] for p in parts]
 
 
+@pytest.mark.slow
 def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
     dev = tmp_path / "dev"
     carries = pack(dev)
@@ -152,6 +154,7 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     assert "held_out_oracle" in json.loads((out2 / "exits.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["space", "kangaroo"])
 def test_judge_compares_a_new_artifact_with_the_shipped_one(tmp_path, method):
     """docs/GPU.md step 3: judge.py runs the shipped and the new artifact side by side on the

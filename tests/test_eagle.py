@@ -89,6 +89,7 @@ def accepted(res) -> int:
 # --- the head and its file ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_fitted_head_drafts_what_the_target_writes(fitted, tiny):
     head = load_head(tiny, fitted[1])
     res = same_as_greedy(
@@ -216,6 +217,7 @@ def test_every_drafted_probability_matches_the_head_run_from_scratch(fitted, tin
 # --- lossless -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", range(len(PROMPTS)))
 @pytest.mark.parametrize(
     "gamma, schedule", [(1, "fixed"), (3, "fixed"), (4, "adaptive"), (12, "fixed")]
@@ -226,6 +228,7 @@ def test_speculative_with_eagle_is_lossless(fitted, tiny, prompt, gamma, schedul
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", range(len(PROMPTS)))
 @pytest.mark.parametrize(
     "params",
@@ -280,6 +283,7 @@ def test_eos_inside_an_accepted_draft_stops_like_autoregressive(fitted, tiny, me
     assert res.finish_reason == "eos" and res.token_ids == free.token_ids[: position + 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16])
 def test_eagle_sampling_follows_the_target_distribution(fitted, tiny, draft_dtype):
     """The second token (the first verified step) at temperature 1 follows the target exactly,

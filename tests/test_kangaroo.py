@@ -154,6 +154,7 @@ GRID = [
 ] + [(2, eta, gamma, siblings) for siblings in (2, 4) for eta in (0.0, 0.6) for gamma in (1, 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "exit_layer", "eta", "gamma", "siblings"),
     [(i, *c) for i, c in enumerate(GRID)],
@@ -279,6 +280,7 @@ def mirrored(request, monkeypatch):
     return bundle, exit_layer, counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("siblings", [0, 1])
 @pytest.mark.parametrize(("gamma", "budget"), [(1, 9), (3, 17), (6, 40), (6, 11)])
 def test_accepted_drafts_stay_lossless(mirrored, gamma, budget, siblings):
@@ -527,6 +529,7 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("siblings", "rule"), [(0, "speculative-sampling"), (2, "sample-tree")], ids=["chain", "tree"]
 )

@@ -114,6 +114,7 @@ GRID = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("N", "W", "G", "seeded", "own", "ranked", "prompt"), GRID)
 def test_lookahead_lossless_grid_on_tiny(tiny, N, W, G, seeded, own, ranked, prompt):
     same_as_greedy(

@@ -1,11 +1,15 @@
-"""Every lossless method against greedy on the embedded model, driven by the method registry: a
-method added to decoders/methods/ is checked here without a line of its own. Each method runs at
-its defaults on three kinds of prompt (code, chat, a translation that copies from its prompt)
-and at its paper's settings on the code prompt, token for token against autoregressive greedy
-(a float near-tie excepted and said: conftest.assert_greedy). The methods' own test files keep
-the edges (an end token inside a draft, the budget reached mid-draft, empty pools) on
-tiny-random, where a grid is cheap; LayerSkip, lossless against the exit-tuned model's own
-greedy, has its test in test_layerskip.py."""
+"""Every lossless method against greedy, driven by the method registry: a method added to
+decoders/methods/ is checked here without a line of its own, token for token against
+autoregressive greedy (a float near-tie excepted and said: conftest.assert_greedy).
+
+- On tiny-random (the fast tier): each method at its defaults on three prompts, at its paper's
+  settings, with the budget ending after 1 and 5 tokens (mid-draft), and with an end token that
+  falls inside an accepted draft.
+- On the embedded model (slow): at its defaults on three kinds of prompt (code, chat, a
+  translation that copies from its prompt) and at its paper's settings on the code prompt.
+
+The methods' own test files keep what is particular to them (their knobs' grids, their views,
+their drafters)."""
 
 from __future__ import annotations
 
@@ -16,20 +20,13 @@ from conftest import assert_greedy
 from decoders import METHODS, generate
 from decoders.engine import greedy_reference
 
-pytestmark = pytest.mark.slow
-
 BUDGET = 48
 PROMPTS = {
     "code": humaneval(0),
     "chat": "Give me three tips for writing clear emails.",
     "copy": "Translate to French: The cat sleeps on the warm windowsill, and the dog sleeps too.",
 }
-# Lossless on the embedded model as it is (LayerSkip is lossless against the tuned model's greedy)
-LOSSLESS = [
-    name
-    for name, m in METHODS.items()
-    if m.lossless and name not in ("autoregressive", "layerskip")
-]
+LOSSLESS = [name for name, m in METHODS.items() if m.lossless and name != "autoregressive"]
 # These draft well enough on code to verify more than one token per forward at their defaults.
 DRAFTING_ON_CODE = {"prompt_lookup", "speculative", "token_tree", "lookahead", "kangaroo", "space"}
 
@@ -47,12 +44,62 @@ def reference(bundle, kind: str) -> tuple[list[int], list[int]]:
 
 
 def test_the_grid_covers_every_lossless_method():
-    assert set(LOSSLESS) | {"autoregressive", "layerskip"} == {
-        n for n, m in METHODS.items() if m.lossless
-    }
+    assert set(LOSSLESS) | {"autoregressive"} == {n for n, m in METHODS.items() if m.lossless}
     assert len(LOSSLESS) >= 11
 
 
+# --- tiny-random: every method, its presets, the budget's and the end token's edges ----------------
+
+TINY_PROMPTS = ["def fibonacci(n):", "Write a haiku about the sea.", "import numpy as np\n\n"]
+TINY_BUDGET = 24
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_every_lossless_method_matches_greedy_on_tiny(tiny, method):
+    m = METHODS[method]
+    runs = [(prompt, "defaults", TINY_BUDGET) for prompt in TINY_PROMPTS]
+    runs += [(TINY_PROMPTS[0], preset, TINY_BUDGET) for preset in m.presets]
+    runs += [(TINY_PROMPTS[0], "defaults", budget) for budget in (1, 5)]  # ends mid-draft
+    for prompt, preset, budget in runs:
+        prompt_ids = tiny.encode(prompt, chat=False)
+        expected = greedy_reference(tiny, prompt_ids, budget)
+        res = generate(tiny, prompt_ids, method, budget, **m.preset(preset))
+        assert res.token_ids == expected, (method, preset, prompt, budget)
+        assert res.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_an_end_token_inside_an_accepted_draft_stops_every_method_there(tiny, method):
+    """The end token is one the method accepted as a draft (the second of a multi-token commit,
+    where it has one): the run must stop right there, as greedy does, not at the draft's end."""
+    import dataclasses
+
+    from decoders.core.events import Commit
+
+    prompt_ids = tiny.encode(TINY_PROMPTS[0], chat=False)
+    free = generate(tiny, prompt_ids, method, TINY_BUDGET)
+    seen: list[int] = []
+    eos = None
+    for c in (e for e in free.events if isinstance(e, Commit)):
+        if len(c.tokens) >= 2 and c.tokens[1] not in (*seen, c.tokens[0]):
+            eos = c.tokens[1]
+            break
+        seen += c.tokens
+    if eos is None:  # no multi-token commit: a token in the middle of the output
+        eos = next(
+            t for i, t in enumerate(free.token_ids) if i >= 5 and t not in free.token_ids[:i]
+        )
+    ended = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
+    res = generate(ended, prompt_ids, method, TINY_BUDGET)
+    expected = greedy_reference(ended, prompt_ids, TINY_BUDGET)
+    assert res.token_ids == expected and res.token_ids[-1] == eos, method
+    assert res.finish_reason == "eos"
+
+
+# --- the embedded model ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_every_lossless_method_matches_greedy_on_the_embedded_model(embedded, method):
     runs = [(kind, "defaults") for kind in PROMPTS]

@@ -291,6 +291,7 @@ HEADS = ("shipped", "fitted", "partial")
 CASES = [(h, c) for h in HEADS for c in CONFIGS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "heads", "config"),
     [(i, *c) for i, c in enumerate(CASES)],
@@ -450,6 +451,7 @@ def test_sampling_is_reproducible_per_seed(tiny, fitted, method, rule):
     assert {v.rule for v in a.events if isinstance(v, Verify)} == {rule}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "temperature", "children"),
     [

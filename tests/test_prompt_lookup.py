@@ -57,6 +57,7 @@ def test_greedy_chain_rule():
     assert greedy_chain([], logits[:1]).origins == ("target",)
 
 
+@pytest.mark.slow
 def test_deterministic_draft_sampling_keeps_the_target_distribution():
     """First committed token over many draws ~ p, whatever the draft (chi-square, 5 tokens)."""
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
@@ -71,6 +72,7 @@ def test_deterministic_draft_sampling_keeps_the_target_distribution():
         assert chi2 < 18.5, (d, chi2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize(("max_ngram", "num_draft"), [(1, 1), (2, 4), (3, 10), (5, 32)])
 def test_lossless_on_tiny(tiny, prompt, max_ngram, num_draft):
@@ -155,6 +157,7 @@ def context_before(events, step):
     return context
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chat", [False, True])
 @pytest.mark.parametrize("match", ["earliest", "latest"])
 def test_recorded_source_precedes_the_copy(tiny, chat, match):

@@ -45,6 +45,7 @@ def at(events, cls, step):
 # --- lossless --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", ["searched", "attn:3", "mlp:1,2", "attn:0,1,2,3 mlp:0,1,2,3"])
 @pytest.mark.parametrize(
     ("threshold", "max_draft", "adaptive"),
@@ -181,6 +182,7 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_targets_distribution(tiny):
     """The first two tokens over many seeds ~ p(t0) p(t1 | t0): t0 from the prefill, t1 from the
     first draft-and-verify step (a draft from the skipping model, kept with min(1, p/q), else

@@ -73,6 +73,7 @@ def test_the_layout_hides_every_group_and_positions_count_what_an_input_sees(m, 
 # --- lossless -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("k", "groups"), [(0, 0), (1, 1), (2, 1), (3, 3), (3, 2), (2, 5)])
 def test_lossless_on_tiny(tiny, k, groups):
     for prompt in PROMPTS[:4]:
@@ -265,6 +266,7 @@ def test_a_model_that_is_not_llama_style_is_a_clear_error(tiny, monkeypatch):
 # --- sampling -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_target_distribution(tiny):
     """Temperature 1: the second token (the first one verified from a mask's guess) follows the
     target's exact distribution given the first."""

@@ -127,6 +127,7 @@ COMBOS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "draft", "gamma", "schedule"),
     [(i, *c) for i, c in enumerate(COMBOS)],
@@ -381,6 +382,7 @@ def autoregressive_second_tokens(bundle, prompt_ids, seeds, temperature):
     return [r.token_ids[0] for r in out], [r.token_ids[1] for r in out]
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_target_distribution(tiny):
     """Temperature 1, draft tiny-random-2 (about 40% of its samples are kept). The first token is
     the prefill's own draw, so the second one (the first verified step) is tested: against the
@@ -446,6 +448,7 @@ def test_lossless_on_the_embedded_model(embedded, task, draft):
 # --- the confidence stop (EAGLE-2's confidence as a proxy for acceptance) ---------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("draft", "stop", "gamma"),
     [("self:1", 0.3, 6), ("self:2", 0.6, 8), ("tiny-random-2", 0.5, 4), ("eagle", 0.95, 6)],
@@ -468,6 +471,7 @@ def test_the_confidence_stop_is_lossless_and_stops_where_it_says(tiny, draft, st
 # --- schedule=cost: draft while the next token pays for its input -------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["self:2", "tiny-random", "tiny-random-2", "eagle"])
 @pytest.mark.parametrize("cost", [0.0, 0.05, 0.3, 10.0])
 def test_the_cost_schedule_is_lossless_and_keeps_only_paying_tokens(tiny, monkeypatch, draft, cost):
@@ -506,6 +510,7 @@ def test_without_a_stop_no_stop_events_are_recorded(tiny):
     assert not any(isinstance(e, DraftStop) for e in res.events)
 
 
+@pytest.mark.slow
 def test_sampling_with_the_confidence_stop_follows_the_target_distribution(tiny):
     """The stop decides how many drafted tokens are verified from the draft alone, so every
     kept token still follows the target: the third token (verified inside a draft that the stop

@@ -303,6 +303,7 @@ def test_copy_rates_learn_from_the_verdicts():
     assert rates.first[1][1] == first_seen + 1 and rates.then[1] == seen + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["self:2", "tiny-random"])
 @pytest.mark.parametrize("size", ["0.035", "0.3"])
 def test_the_cut_copied_branch_is_lossless(tiny, draft, size):
@@ -533,6 +534,7 @@ def same_as_greedy(bundle, prompt, max_new_tokens, chat=None, **params):
 CASES = [(shape, draft) for draft in DRAFTS for shape in SHAPES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "shape", "draft"),
     [(i, *c) for i, c in enumerate(CASES)],
@@ -736,6 +738,7 @@ def chain_parents(n: int) -> tuple[int, ...]:
     return tuple(range(-1, n - 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["self:2", "tiny-random-2"])
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 40])
 def test_the_lookup_branch_is_lossless_and_kept_when_right(tiny, draft, budget):
@@ -783,6 +786,7 @@ def test_sampling_is_reproducible_per_seed(tiny, shape):
     assert all(v.rule == "sample-tree" for v in a.events if isinstance(v, Verify))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("draft_id", "temperature", "seeds"),
     [

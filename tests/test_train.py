@@ -374,6 +374,7 @@ DECODES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", [0, 3, 5])
 @pytest.mark.parametrize("budget", [2, 5, 24])
 @pytest.mark.parametrize("method, params", DECODES)
@@ -411,6 +412,7 @@ def corpus_args(*extra: str) -> argparse.Namespace:
     return ap.parse_args([*TINY_CORPUS, "--no-cache", *extra])
 
 
+@pytest.mark.slow
 def test_the_corpus_is_the_same_for_a_seed_and_differs_for_another(tiny):
     # Many end tokens, so tiny-random ends its Magpie user turns and the chat part is built too.
     bundle = dataclasses.replace(tiny, eos_ids=frozenset(range(3, 49152, 97)))
@@ -428,6 +430,7 @@ def test_the_corpus_is_the_same_for_a_seed_and_differs_for_another(tiny):
     assert chat != chat_other and code != code_other
 
 
+@pytest.mark.slow
 def test_a_deadline_keeps_what_was_generated_by_then_and_says_what_it_cut(tiny):
     """A device call must end in time (scripts/device/train.sh): under --deadline the builder
     stops generating and keeps the finished part, and the report counts what it left out."""
@@ -563,6 +566,7 @@ def check_card(card: dict, name: str, given: list[str]) -> None:
     assert set(data["decontamination"]["removed"]) >= {"chat", "code", "code_chunks"}
 
 
+@pytest.mark.slow
 def test_the_eagle_command_writes_a_head_and_its_card(tiny, tmp_path, capsys):
     out = tmp_path / "head.safetensors"
     given = [*TINY_CORPUS, "--epochs", "2", "--vocab", "512"]
