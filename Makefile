@@ -2,6 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Test processes (pytest-xdist): two on the 2-core boxes CI runs on, each on one thread (tests/
+# conftest.py); files stay whole on one worker, so their fixtures are built once.
+WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile
 
 .PHONY: setup app test test-fast test-kernels lint format bench browser device-pack clean
 
@@ -25,14 +29,14 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: setup browser lint  ## the whole suite, slow tests included (what CI runs)
-	$(PY) -m pytest -q
+test: setup browser lint  ## the whole suite, slow tests included (what CI runs; under 15 min here)
+	$(PYTEST)
 
-test-fast: setup  ## skip the tests that load the embedded model or drive a browser
-	$(PY) -m pytest -q -m "not slow"
+test-fast: setup  ## the fast tier: every rule once, every method through the registry (under 3 min)
+	$(PYTEST) -m "not slow"
 
 test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, float32 drafts
-	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PY) -m pytest -q -m "not slow"
+	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PYTEST) -m "not slow"
 
 bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
 	$(PY) -m decoders.bench
