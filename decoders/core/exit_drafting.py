@@ -35,7 +35,7 @@ from decoders.core.base import Budget, DecodeConfig
 from decoders.core.events import Draft, DraftStop, Event, Forward, Prefill
 from decoders.core.models import ModelBundle
 from decoders.core.runtime import forward, forward_from, forward_shallow, new_cache
-from decoders.core.steps import settle_chain, settle_tree
+from decoders.core.steps import draft_until_unsure, settle_chain, settle_tree
 from decoders.core.tree import chain, tree_mask, tree_positions, with_root
 
 
@@ -83,43 +83,36 @@ def decode(
     while not budget.done:
         step += 1
         in_cache = len(context) - 1
-        draft: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        confidences: list[float] = []
-        states: list[torch.Tensor] = []  # h_ℓ of each token fed: x, d_1 .. d_{n-1}
-        feed = context[-1]
-        # The target adds one token of its own, so never draft past remaining - 1.
-        room = min(gamma, budget.remaining - 1)
-        reason = "max_draft" if room == gamma else "budget"
-        for j in range(room):
-            # Early exit: layers 1..ℓ, then the exit head.
-            d_out = forward_shallow(
+        # Early exit: layers 1..ℓ, then the exit head; the token below η is still drafted and
+        # drafting stops after it, as in Kangaroo's code. With runners-up the tree is verified
+        # as point masses (the multi-draft rule), where a draw from q would be wasted: draft q's
+        # top token, its runners-up after it.
+        drafted = yield from draft_until_unsure(
+            lambda j, token, step=step, at=in_cache: forward_shallow(
                 bundle,
                 cache,
-                [feed],
+                [token],
                 exit_layer,
                 step=step,
                 kind="draft",
-                positions=[in_cache + j],
-                exit_head=head.head(in_cache + j),
-            )
-            yield d_out.event
-            states.append(d_out.hidden[exit_layer])
-            q = sampler.distribution(d_out.logits[-1])
-            # With runners-up the tree is verified as point masses (the multi-draft rule), where a
-            # draw from q would be wasted: draft q's top token, its runners-up after it
-            feed = int(q.argmax()) if siblings else sampler.pick(d_out.logits[-1], q)
-            draft.append(feed)
-            q_rows.append(q)
-            confidences.append(round(float(q.max()), 6))
-            # The token below η is still drafted (its forward is paid; the target may accept
-            # it) and drafting stops after it, as in Kangaroo's code.
-            if confidences[-1] < eta:
-                reason = "confidence"
-                break
-            if feed in budget.eos_ids:  # the output would end here: nothing to draft after it
-                reason = "eos"
-                break
+                positions=[at + j],
+                exit_head=head.head(at + j),
+            ),
+            context[-1],
+            min(gamma, budget.remaining - 1),  # the target adds one token of its own
+            gamma,
+            sampler,
+            threshold=eta,
+            eos_ids=budget.eos_ids,
+            pick_top=bool(siblings),
+        )
+        draft, q_rows, confidences, reason = (
+            drafted.tokens,
+            drafted.q_rows,
+            drafted.confidences,
+            drafted.reason,
+        )
+        states = [d.hidden[exit_layer] for d in drafted.outs]  # h_ℓ of x, d_1 .. d_{n-1}
         yield DraftStop(step, eta, tuple(confidences), reason)
         tokens, parents, probs = with_runners_up(draft, q_rows, siblings)
         if tokens:

@@ -8,7 +8,7 @@ paper's loop: `context = yield from start(...)`, then per step draft, `yield fro
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -18,7 +18,7 @@ from transformers import DynamicCache
 from decoders.core.base import Budget
 from decoders.core.events import AttentionMask, Commit, Draft, Event, Prefill, Verify
 from decoders.core.models import ModelBundle
-from decoders.core.runtime import crop_cache, forward, keep_cache
+from decoders.core.runtime import ForwardResult, crop_cache, forward, keep_cache
 from decoders.core.sampling import Sampler
 from decoders.core.tree import chain, depths, tree_mask, tree_positions, with_root
 from decoders.core.verify import (
@@ -65,6 +65,71 @@ def start(
     )
     yield Commit(0, tuple(budget.take(first.tokens)), first.origins, first.probs)
     return [*prompt_ids, *budget.tokens]
+
+
+@dataclass
+class DraftedChain:
+    """What one round of chain drafting left: the drafted tokens, the drafter's distribution q
+    at each, the confidence each was weighed by, why drafting stopped, and each draft forward."""
+
+    tokens: list[int]
+    q_rows: list[torch.Tensor]
+    confidences: list[float]
+    reason: str  # DraftStop's: "confidence", "max_draft", "budget", "eos" or "cost"
+    outs: list[ForwardResult]
+
+
+def draft_until_unsure(
+    propose: Callable[[int, int], ForwardResult],
+    first: int,
+    room: int,
+    gamma: int,
+    sampler: Sampler,
+    *,
+    threshold: float = 0.0,
+    confidence: str = "top",
+    eos_ids: frozenset[int] = frozenset(),
+    pick_top: bool = False,
+    pays_for: Callable[[float], bool] | None = None,
+) -> Generator[Event, None, DraftedChain]:
+    """The stop-when-unsure drafting loop every chain drafter shares (speculative decoding,
+    Draft & Verify, Kangaroo and LayerSkip): feed the last token to the drafter (`propose(j,
+    token)`: the j-th draft forward), draft the next one from its distribution q, and go on at
+    most `room` times (γ, or what the budget leaves: the target adds one token of its own).
+
+    A token whose `confidence` falls below `threshold` is still drafted (its forward is paid;
+    the target may accept it) and drafting stops after it: "top" weighs q's top probability
+    (Draft & Verify's θ, Kangaroo's η), "drafted" the drafted token's own (EAGLE-2's confidence).
+    Drafting also stops after an end token in `eos_ids` (nothing to draft after it), and, with
+    `pays_for`, before a token whose path probability no longer pays for its input (it is not
+    kept). `pick_top`: draft q's top token even when sampling (point-mass drafts verified by the
+    multi-draft rule)."""
+    tokens: list[int] = []
+    q_rows: list[torch.Tensor] = []
+    confidences: list[float] = []
+    outs: list[ForwardResult] = []
+    reason = "max_draft" if room == gamma else "budget"
+    feed = first
+    for j in range(room):
+        out = propose(j, feed)
+        yield out.event
+        q = sampler.distribution(out.logits[-1])
+        feed = int(q.argmax()) if pick_top else sampler.pick(out.logits[-1], q)
+        if pays_for is not None and not pays_for(float(q[feed])):
+            reason = "cost"  # drafted, but not worth verifying: the draft ends before it
+            break
+        tokens.append(feed)
+        q_rows.append(q)
+        outs.append(out)
+        weighed = q.max() if confidence == "top" else q[feed]
+        confidences.append(round(float(weighed), 6))
+        if confidences[-1] < threshold:
+            reason = "confidence"
+            break
+        if feed in eos_ids:
+            reason = "eos"
+            break
+    return DraftedChain(tokens, q_rows, confidences, reason, outs)
 
 
 def chain_draft(

@@ -23,15 +23,13 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from decoders.core.base import Budget, DecodeConfig, Method
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import DraftStop, Event
 from decoders.core.models import ModelBundle, slug
 from decoders.core.params import Param
 from decoders.core.runtime import SkipSet, crop_cache, forward, new_cache, require_layers
-from decoders.core.steps import chain_draft, start, verify_chain
+from decoders.core.steps import chain_draft, draft_until_unsure, start, verify_chain
 
 SKIP_SETS = Path(__file__).resolve().parents[2] / "assets" / "skip_sets"
 ALPHA, EPSILON, BETA1, BETA2 = 0.85, 0.01, 0.5, 0.9  # target acceptance rate and update rates
@@ -140,31 +138,26 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     while not budget.done:
         step += 1
         in_cache = len(context) - 1
-        draft: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        confidences: list[float] = []
-        feed = context[-1]
-        # The target's own token comes with the verify forward: at most remaining - 1 drafts.
-        room = min(p["max_draft"], budget.remaining - 1)
-        reason = "max_draft" if room == p["max_draft"] else "budget"
-        for j in range(room):
-            d_out = forward(
-                bundle, cache, [feed], step=step, kind="draft", positions=[in_cache + j], skip=skip
-            )
-            yield d_out.event
-            q = sampler.distribution(d_out.logits[-1])
-            feed = sampler.pick(d_out.logits[-1], q)
-            draft.append(feed)
-            q_rows.append(q)
-            confidences.append(round(float(q.max()), 6))
-            # As in the authors' code, the token that falls below θ is still drafted (its
-            # forward is paid; the target may accept it) and drafting stops after it.
-            if confidences[-1] < threshold:
-                reason = "confidence"
-                break
-            if feed in budget.eos_ids:  # the output would end here: nothing to draft after it
-                reason = "eos"
-                break
+        # The target's own token comes with the verify forward: at most remaining - 1 drafts. As
+        # in the authors' code, the token that falls below θ is still drafted and drafting stops
+        # after it.
+        drafted = yield from draft_until_unsure(
+            lambda j, token, step=step, at=in_cache: forward(
+                bundle, cache, [token], step=step, kind="draft", positions=[at + j], skip=skip
+            ),
+            context[-1],
+            min(p["max_draft"], budget.remaining - 1),
+            p["max_draft"],
+            sampler,
+            threshold=threshold,
+            eos_ids=budget.eos_ids,
+        )
+        draft, q_rows, confidences, reason = (
+            drafted.tokens,
+            drafted.q_rows,
+            drafted.confidences,
+            drafted.reason,
+        )
         crop_cache(cache, in_cache)  # drop the draft's KV from the layers it ran
         yield DraftStop(step, round(threshold, 6), tuple(confidences), reason, round(rate, 6))
         if draft:

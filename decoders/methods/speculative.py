@@ -26,15 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
 from decoders.core.base import Budget, DecodeConfig, Method
 from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.events import DraftStop, Event, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
 from decoders.core.runtime import new_cache
-from decoders.core.steps import chain_draft, start, verify_chain
+from decoders.core.steps import chain_draft, draft_until_unsure, start, verify_chain
 from decoders.trained.drafters import check_draft, make_drafter
 
 DRAFT_HELP = (
@@ -87,29 +85,33 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         for catch_up in drafter.begin(context, step):
             yield catch_up.event
         # The target adds one token of its own, so never draft past remaining - 1.
-        n = min(gamma, budget.remaining - 1)
-        draft: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        confidences: list[float] = []
-        reason = "max_draft" if n == gamma else "budget"
-        feed, path, total = context[-1], 1.0, 0.0
-        for _ in range(n):
-            d_out = drafter.forward([feed], step, logits_to_keep=1)
-            yield d_out.event
-            q = sampler.distribution(d_out.logits[-1])
-            feed = sampler.pick(d_out.logits[-1], q)
-            if cost is not None:
-                path *= float(q[feed])
-                if not pays(path, total, len(draft), cost):
-                    reason = "cost"  # drafted, but not worth verifying: the draft ends before it
-                    break
-                total += path
-            draft.append(feed)
-            q_rows.append(q)
-            confidences.append(round(float(q[feed]), 6))  # the drafted token's
-            if confidences[-1] < stop:  # drafted and verified, but nothing is drafted after it
-                reason = "confidence"
-                break
+        room = min(gamma, budget.remaining - 1)
+        path, total, kept = 1.0, 0.0, 0
+
+        def pays_for(p: float) -> bool:  # schedule=cost: the path's next token pays its input
+            nonlocal path, total, kept
+            path *= p
+            if not pays(path, total, kept, cost):
+                return False
+            total, kept = total + path, kept + 1
+            return True
+
+        drafted = yield from draft_until_unsure(
+            lambda j, token, step=step: drafter.forward([token], step, logits_to_keep=1),
+            context[-1],
+            room,
+            gamma,
+            sampler,
+            threshold=stop,
+            confidence="drafted",
+            pays_for=pays_for if cost is not None else None,
+        )
+        draft, q_rows, confidences, reason = (
+            drafted.tokens,
+            drafted.q_rows,
+            drafted.confidences,
+            drafted.reason,
+        )
         drafter.end()
         if stop > 0 or cost is not None:  # a rule ended the draft: say which
             yield DraftStop(step, stop, tuple(confidences), reason)
