@@ -102,7 +102,7 @@ def train_call(env: dict, out: Path, stages: tuple[str, ...]) -> str:
 def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
     the Kangaroo adapter and the SPACE masks (the open bars) in their budgets, bring them back;
-    then an optional second call: the EAGLE head, the Medusa heads and the exit adapters."""
+    then an optional second call (here the exit adapters) on the corpus the first left there."""
     dev, out = tmp_path / "dev", tmp_path / "out"
     pack(dev)
     env = {
@@ -139,19 +139,17 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     # run's (its sizes and seed), not the fallback corpus carried over from here.
     built = "SmolLM2-135M-Instruct-6-2-160-4-128-2-1500-stdlib-1.pt"  # the sizes and seed above
     assert [p.name for p in out.glob("*.pt")] == [built]
-    # A second call on the warm machine: the trainers the first leaves out, on the corpus cached
-    # there.
+    # A second call on the warm machine: a trainer the first leaves out, on the corpus cached
+    # there (one trainer, the exits: the EAGLE head's and the Medusa heads' commands are tested in
+    # test_train.py).
     out2 = tmp_path / "out2"
-    env = {**env, "OUT": str(out2), "STAGES": "eagle medusa exits", "MEDUSA_MIN": "0.1"}
-    env["EXITS_MIN"] = env["EAGLE_MIN"] = "0.1"
-    log = train_call(env, out2, ("eagle", "medusa", "exits"))
-    assert "== space" not in log and "== kangaroo" not in log
+    env = {**env, "OUT": str(out2), "STAGES": "exits", "EXITS_MIN": "0.1"}
+    log = train_call(env, out2, ("exits",))
+    assert "== space" not in log and "== kangaroo" not in log and "== eagle" not in log
     assert not list(out2.glob("*.pt"))  # the corpus was cached: it came back the first time
-    trained = sorted(p.name for p in out2.glob("*.safetensors"))
-    assert trained == ["eagle.safetensors", "exits.safetensors", "medusa.safetensors"]
-    card = json.loads((out2 / "eagle.json").read_text())
-    assert card["minutes_budget"] == 0.1 and '"top1_probe' in json.dumps(card)
-    assert "held_out_oracle" in json.loads((out2 / "exits.json").read_text())
+    assert sorted(p.name for p in out2.glob("*.safetensors")) == ["exits.safetensors"]
+    card = json.loads((out2 / "exits.json").read_text())
+    assert "held_out_oracle" in card
 
 
 @pytest.mark.slow

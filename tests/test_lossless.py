@@ -5,8 +5,8 @@ autoregressive greedy (a float near-tie excepted and said: conftest.assert_greed
 - On tiny-random (the fast tier): each method at its defaults on three prompts, at its paper's
   settings, with the budget ending after 1 and 5 tokens (mid-draft), and with an end token that
   falls inside an accepted draft.
-- On the embedded model (slow): at its defaults on three kinds of prompt (code, chat, a
-  translation that copies from its prompt) and at its paper's settings on the code prompt.
+- On the embedded model (slow): at its defaults on code and on chat, and at its paper's
+  settings on a translation that copies from its prompt.
 
 The methods' own test files keep what is particular to them (their knobs' grids, their views,
 their drafters)."""
@@ -102,9 +102,9 @@ def test_an_end_token_inside_an_accepted_draft_stops_every_method_there(tiny, me
 @pytest.mark.slow
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_every_lossless_method_matches_greedy_on_the_embedded_model(embedded, method):
-    runs = [(kind, "defaults") for kind in PROMPTS]
-    if "paper" in METHODS[method].presets:
-        runs.append(("code", "paper"))
+    # the defaults on code and chat; the paper's settings (else the defaults) on the copying prompt
+    paper = "paper" if "paper" in METHODS[method].presets else "defaults"
+    runs = [("code", "defaults"), ("chat", "defaults"), ("copy", paper)]
     for kind, preset in runs:
         prompt_ids, expected = reference(embedded, kind)
         params = METHODS[method].preset(preset)
