@@ -9,10 +9,7 @@ All speak one small protocol so `speculative` (chains) and `token_tree` (trees) 
     drafter.end()                          # forget everything drafted this step
     drafter.observe(features)              # (feature-level drafters) what the target just kept
 
-`self:k` (the target's first k layers and its LM head) shares the target's KV cache: the target's verification
-forward already wrote layers 0..k-1 for every committed token, so drafting needs no catch-up, and
-`end()` crops the draft's entries from those layers. A separate draft model keeps its own cache
-and, at the start of each step, feeds the tokens committed since it last saw the text.
+How each drafter keeps its cache (a shared one for `self:k`, its own for a draft model): drafters.py.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Who writes the draft: the target's own first k layers (`self:k`), a smaller model, or a
 trained EAGLE head (`eagle`, see eagle.py).
 
-All speak one small protocol (drafter.py) so `speculative` (chains) and `token_tree` (trees) do
-not care:
-
-    drafter.begin(context, step)           # the draft's cache now holds context[:-1]; returns
-                                           # any catch-up forwards it ran to get there
-    out = drafter.forward(tokens, ...)     # score new tokens (chain or tree) against that cache
-    drafter.end()                          # forget everything drafted this step
-    drafter.observe(features)              # (feature-level drafters) what the target just kept
+All speak one small protocol (core/drafter.py: begin, forward, end, observe), so `speculative`
+(chains) and `token_tree` (trees) do not care which.
 
 `self:k` (the target's first k layers and its LM head) shares the target's KV cache: the target's verification
 forward already wrote layers 0..k-1 for every committed token, so drafting needs no catch-up, and
