@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # Test processes (pytest-xdist): two on the 2-core boxes CI runs on, each on one thread (tests/
 # conftest.py); files stay whole on one worker, so their fixtures are built once.
 WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup app test test-fast test-kernels lint format bench browser device-pack clean
 

@@ -73,8 +73,9 @@ def assert_greedy(bundle, result, reference: list[int]) -> None:
 
 
 # The files that take longest, first: pytest-xdist hands whole files to the two workers in the
-# order they were collected, so a long file started last would run on alone while the other
-# worker idles (the device script's end-to-end test, minutes long, did: 24 min instead of ~16).
+# order they were collected (make test turns its reordering by test count off), and a long file
+# started last runs on alone while the other worker idles (the device script's end-to-end test,
+# minutes long, did: 24 min).
 HEAVY_FIRST = (
     "test_device_scripts.py",
     "test_browser_views.py",

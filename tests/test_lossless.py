@@ -5,7 +5,7 @@ autoregressive greedy (a float near-tie excepted and said: conftest.assert_greed
 - On tiny-random (the fast tier): each method at its defaults on three prompts, at its paper's
   settings, with the budget ending after 1 and 5 tokens (mid-draft), and with an end token that
   falls inside an accepted draft.
-- On the embedded model (slow): at its defaults on code and on chat, and at its paper's
+- On the embedded model (slow), 32 tokens: at its defaults on code and on chat, and at its paper's
   settings on a translation that copies from its prompt.
 
 The methods' own test files keep what is particular to them (their knobs' grids, their views,
@@ -20,7 +20,7 @@ from conftest import assert_greedy
 from decoders import METHODS, generate
 from decoders.engine import greedy_reference
 
-BUDGET = 48
+BUDGET = 32
 PROMPTS = {
     "code": humaneval(0),
     "chat": "Give me three tips for writing clear emails.",
