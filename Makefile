@@ -2,10 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Test processes (pytest-xdist), each on one torch thread (tests/conftest.py): three on the 2-core
-# boxes CI runs on, since the browser and app tests spend much of their time waiting on the page
-# and the app server; files stay whole on one worker, so their fixtures are built once.
-WORKERS ?= 3
+# Test processes (pytest-xdist): two on the 2-core boxes CI runs on, each on one thread (tests/
+# conftest.py); files stay whole on one worker, so their fixtures are built once.
+WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup app test test-fast test-kernels lint format bench browser device-pack clean

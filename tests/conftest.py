@@ -79,10 +79,10 @@ def assert_greedy(bundle, result, reference: list[int]) -> None:
 HEAVY_FIRST = (
     "test_device_scripts.py",
     "test_browser_views.py",
+    "test_browser.py",
     "test_lossless.py",
-    "test_token_tree.py",
-    "test_browser.py",  # not beside the other browser file: each drives its own app server
     "test_concurrency.py",
+    "test_token_tree.py",
     "test_prompt_lookup.py",
     "test_speculative.py",
     "test_eagle.py",
