@@ -29,7 +29,7 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: setup browser lint  ## the whole suite, slow tests included (what CI runs; under 15 min here)
+test: setup browser lint  ## the whole suite, slow tests included (what CI runs; 22 min on a 2-core box)
 	$(PYTEST)
 
 test-fast: setup  ## the fast tier: every rule once, every method through the registry (under 3 min)
