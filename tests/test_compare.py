@@ -258,8 +258,10 @@ def test_race_lines_rise_with_time_and_end_at_the_token_count(compared):
             assert all(b > a for a, b in pairwise(tokens)), label
             assert tokens[-1] == len(trace.token_ids) == trace.stats["new_tokens"]
         assert times[1] > 0  # the first commit comes after the prefill forward
-        # The measured clock ends inside the run's own wall time.
-        assert trace.meta["commit_s"][-1] <= trace.stats["wall_s"] + 1e-3
+        # The measured clock ends inside the run's own wall time, up to the moment between the
+        # race's clock starting and the run's generator starting (on a loaded box, a few ms:
+        # 0.1628 s against 0.1588 s was seen with three test workers on two cores).
+        assert trace.meta["commit_s"][-1] <= trace.stats["wall_s"] + 0.02
     runs = [(label, t.events, t.meta["commit_s"]) for label, t in final.traces.items()]
     fig = race_chart(runs)
     assert len(fig.data) == len(runs)
