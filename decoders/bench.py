@@ -601,9 +601,7 @@ def _point_label(contestant: str) -> str:
     return contestant
 
 
-def main(argv: list[str] | None = None) -> int:
-    from decoders import METHODS
-
+def _parser(method_names: list[str]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m decoders.bench",
         description=__doc__,
@@ -632,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--methods",
-        default=",".join(METHODS),
+        default=",".join(method_names),
         help="comma-separated method specs, NAME[:KEY=VALUE...] (default: all)",
     )
     ap.add_argument(
@@ -658,31 +656,68 @@ def main(argv: list[str] | None = None) -> int:
         "the prompts that ran; 0 = none",
     )
     ap.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _contestants(
+    args: argparse.Namespace,
+) -> tuple[ModelBundle, list[Prompt], list[Contestant], Contestant]:
+    """The model, the prompts, every contestant and the autoregressive reference among them."""
+    if args.limit < 1 or args.max_new_tokens < 1 or args.repeat < 1:
+        raise InvalidInput("--limit, --max-new-tokens and --repeat must be positive")
+    prompts = load_prompts(args.dataset, args.category, args.limit, args.per_group)
+    specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+    for spec in specs:
+        get_method(parse_method(spec)[0])
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # generate()'s advisory warnings would drown the table
+    bundle = load_model(args.model, device=args.device, dtype=args.dtype)
+    if bundle.device.type == "cuda":  # float32 stays float32: no TF32 in the matmuls
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    contestants = [our_method(bundle, s) for s in specs]
+    reference = next((c for c in contestants if c.label == "autoregressive"), None)
+    if reference is None:
+        reference = our_method(bundle, "autoregressive")
+        contestants.insert(0, reference)
+    if not args.no_overhead:
+        contestants.append(our_method(bundle, "autoregressive", record=False))
+    contestants += [hf_peer(bundle, s.strip()) for s in args.peers.split(",") if s.strip()]
+    return bundle, prompts, contestants, reference
+
+
+def _meta(args: argparse.Namespace, bundle: ModelBundle, result: dict) -> dict:
+    """What the run was: the model, the device, the data, the versions and the measured prices."""
+    return {
+        "model": bundle.model_id,
+        "device": str(bundle.device)
+        if bundle.device.type == "cpu"
+        else torch.cuda.get_device_name(bundle.device),
+        "dtype": str(bundle.dtype).replace("torch.", ""),
+        "draft_dtype": str(bundle.drafting_dtype).replace("torch.", ""),
+        "dataset": args.dataset,
+        "category": args.category,
+        "n_prompts": len(result["prompts"]),
+        "per_group": args.per_group,
+        "repeat": args.repeat,
+        "max_new_tokens": args.max_new_tokens,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        # The prices a cost-sized draft was built by (token_tree's size=cost), if a method measured
+        # them: one noisy measurement sizes every tree of the run.
+        "costs": measured_costs(bundle),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from decoders import METHODS
+
+    args = _parser(list(METHODS)).parse_args(argv)
     started = time.perf_counter()
-
     try:
-        if args.limit < 1 or args.max_new_tokens < 1 or args.repeat < 1:
-            raise InvalidInput("--limit, --max-new-tokens and --repeat must be positive")
-        prompts = load_prompts(args.dataset, args.category, args.limit, args.per_group)
-        specs = [s.strip() for s in args.methods.split(",") if s.strip()]
-        for spec in specs:
-            get_method(parse_method(spec)[0])
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()  # generate()'s advisory warnings would drown the table
-        bundle = load_model(args.model, device=args.device, dtype=args.dtype)
-        if bundle.device.type == "cuda":  # float32 stays float32: no TF32 in the matmuls
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-        contestants = [our_method(bundle, s) for s in specs]
-        reference = next((c for c in contestants if c.label == "autoregressive"), None)
-        if reference is None:
-            reference = our_method(bundle, "autoregressive")
-            contestants.insert(0, reference)
-        if not args.no_overhead:
-            contestants.append(our_method(bundle, "autoregressive", record=False))
-        contestants += [hf_peer(bundle, s.strip()) for s in args.peers.split(",") if s.strip()]
+        bundle, prompts, contestants, reference = _contestants(args)
     except DecodingLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -706,26 +741,7 @@ def main(argv: list[str] | None = None) -> int:
             / rows["autoregressive [trace off]"]["tokens_per_s"],
             4,
         )
-    meta = {
-        "model": bundle.model_id,
-        "device": str(bundle.device)
-        if bundle.device.type == "cpu"
-        else torch.cuda.get_device_name(bundle.device),
-        "dtype": str(bundle.dtype).replace("torch.", ""),
-        "draft_dtype": str(bundle.drafting_dtype).replace("torch.", ""),
-        "dataset": args.dataset,
-        "category": args.category,
-        "n_prompts": len(result["prompts"]),
-        "per_group": args.per_group,
-        "repeat": args.repeat,
-        "max_new_tokens": args.max_new_tokens,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        # The prices a cost-sized draft was built by (token_tree's size=cost), if a method measured
-        # them: one noisy measurement sizes every tree of the run.
-        "costs": measured_costs(bundle),
-    }
+    meta = _meta(args, bundle, result)
     table = markdown_table(result, meta)
     print(table)
     out = Path(args.out) if args.out else ROOT / "runs" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,124 +59,137 @@ from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
 def build_run_tab(demo: gr.Blocks) -> RunTab:
     """Call inside a `gr.Tab`: lays the tab out, wires its handlers and the link pre-fill."""
-    choices = model_choices()
-    method_choices = [(m.title, name) for name, m in METHODS.items()]
     example = load_example()
     start = _initial(example)
-
     with gr.Row(elem_id="run-row"):
         with gr.Column(scale=2, min_width=320, elem_id="run-controls"):
-            with gr.Column(elem_id="run-top"):
-                prompt = gr.Textbox(
-                    label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt"
-                )
-                # One above the other: side by side, the methods' names were cut mid-word.
-                model = model_picker(choices, "model")
-                method = gr.Dropdown(
-                    method_choices, value=DEFAULT_METHOD, label="Method", elem_id="method"
-                )
-                max_new = budget_slider("max-new-tokens")
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
-                status = gr.Markdown(
-                    f"📂 An example run, recorded: {_describe(example)}. Press **Run** to decode "
-                    "live, then step through it."
-                    if example
-                    else "",
-                    elem_id="status",
-                )
-            with gr.Column(elem_id="run-params"):
-                gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
-                preset = gr.Dropdown(
-                    _preset_choices(DEFAULT_METHOD),
-                    value="defaults",
-                    label="Preset (sets the parameters below)",
-                    info="defaults = our best settings on this machine; paper = the paper's",
-                    elem_id="preset",
-                )
-                groups: dict[str, gr.Group] = {}
-                controls: dict[tuple[str, str], gr.components.Component] = {}
-                for name, m in METHODS.items():
-                    with gr.Group(visible=name == DEFAULT_METHOD) as groups[name]:
-                        for p in m.knobs:
-                            controls[(name, p.name)] = _control(p, name)
-                with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
-                    temperature, top_p, seed = (_control(p, "sampling") for p in SAMPLING_PARAMS)
-                with gr.Accordion("Trace file: export / import", open=False):
-                    export_btn = gr.DownloadButton(
-                        "Export trace (JSON)",
-                        value=start["export"],
-                        visible=start["export"] is not None,
-                        elem_id="export",
-                    )
-                    upload = gr.File(
-                        label="Import a trace to replay (no model needed)",
-                        file_types=[".json"],
-                        type="filepath",
-                        elem_id="import",
-                    )
+            form = _form(example, start)
         with gr.Column(scale=3, min_width=320, elem_id="run-output"):
-            show_seen = gr.Checkbox(
-                False, label="Show what the model sees (the chat template)", elem_id="show-seen"
-            )
-            seen = gr.HTML(start["seen"], visible=False, elem_id="seen")
-            tokens = gr.HTML(start["tokens"], elem_id="tokens")
-            metrics = gr.HTML(start["metrics"], elem_id="metrics")
-            with gr.Row(equal_height=True):
-                prev_btn = gr.Button("◀ Prev", size="sm", elem_id="prev", min_width=60)
-                play_btn = gr.Button("▶ Play", size="sm", elem_id="play", min_width=60)
-                pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="pause", min_width=60)
-                next_btn = gr.Button("Next ▶", size="sm", elem_id="next", min_width=60)
-            last = start["last_step"]
-            step = gr.Slider(
-                0,
-                max(last or 0, 1),
-                value=start["step"] or 0,
-                step=1,
-                label="Step" if last is None else f"Step (0–{last})",
-                interactive=last is not None,
-                elem_id="step",
-            )
-            timeline = gr.Plot(
-                start["timeline"], label="Forward passes", elem_id="timeline", show_label=False
-            )
-            with gr.Row():
-                per_step = gr.Plot(
-                    start["per_step"], label="Tokens per step", elem_id="per-step", show_label=False
-                )
-                hist = gr.Plot(start["hist"], label="Acceptance", elem_id="hist", show_label=False)
-            panel = gr.Plot(start["panel"], label="Method panel", elem_id="panel", show_label=False)
-            extras = [
-                gr.Plot(
-                    start["extras"][i] if i < len(start["extras"]) else None,
-                    visible=i < len(start["extras"]),
-                    elem_id=f"panel{i + 2}",
-                    show_label=False,
-                )
-                for i in range(MAX_EXTRA_PANELS)  # a method's further views, stacked
-            ]
-            with gr.Accordion("How this method works", open=True, elem_id="explainer"):
-                method_help = gr.Markdown(explainer(DEFAULT_METHOD))
-    timer = gr.Timer(0.6, active=False)
-    trace_state = gr.State(example)  # the cold page's views are the example's: step through it
-
+            output = _output(start)
     tab = RunTab(
+        **form,
+        **output,
+        timer=gr.Timer(0.6, active=False),
+        trace=gr.State(example),  # the cold page's views are the example's: step through it
+        sampling=(form["temperature"], form["top_p"], form["seed"]),
+    )
+    _wire(tab, demo)
+    return tab
+
+
+def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
+    """The left column: prompt, model, method, budget, Run/Stop and the status line on top; the
+    preset, each method's parameters (one group shown), sampling and trace files below."""
+    method_choices = [(m.title, name) for name, m in METHODS.items()]
+    with gr.Column(elem_id="run-top"):
+        prompt = gr.Textbox(label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt")
+        # One above the other: side by side, the methods' names were cut mid-word.
+        model = model_picker(model_choices(), "model")
+        method = gr.Dropdown(method_choices, value=DEFAULT_METHOD, label="Method", elem_id="method")
+        max_new = budget_slider("max-new-tokens")
+        with gr.Row():
+            run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
+            stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+        status = gr.Markdown(
+            f"📂 An example run, recorded: {_describe(example)}. Press **Run** to decode "
+            "live, then step through it."
+            if example
+            else "",
+            elem_id="status",
+        )
+    with gr.Column(elem_id="run-params"):
+        gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
+        preset = gr.Dropdown(
+            _preset_choices(DEFAULT_METHOD),
+            value="defaults",
+            label="Preset (sets the parameters below)",
+            info="defaults = our best settings on this machine; paper = the paper's",
+            elem_id="preset",
+        )
+        groups: dict[str, gr.Group] = {}
+        controls: dict[tuple[str, str], gr.components.Component] = {}
+        for name, m in METHODS.items():
+            with gr.Group(visible=name == DEFAULT_METHOD) as groups[name]:
+                for p in m.knobs:
+                    controls[(name, p.name)] = _control(p, name)
+        with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
+            temperature, top_p, seed = (_control(p, "sampling") for p in SAMPLING_PARAMS)
+        with gr.Accordion("Trace file: export / import", open=False):
+            export_btn = gr.DownloadButton(
+                "Export trace (JSON)",
+                value=start["export"],
+                visible=start["export"] is not None,
+                elem_id="export",
+            )
+            upload = gr.File(
+                label="Import a trace to replay (no model needed)",
+                file_types=[".json"],
+                type="filepath",
+                elem_id="import",
+            )
+    return dict(
         prompt=prompt,
         model=model,
         method=method,
         max_new=max_new,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
         run_btn=run_btn,
         stop_btn=stop_btn,
         status=status,
         preset=preset,
         groups=groups,
         controls=controls,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
         export_btn=export_btn,
         upload=upload,
+    )
+
+
+def _output(start: dict[str, Any]) -> dict[str, Any]:
+    """The right column: the tokens and metrics, step-through, the figures, the explainer."""
+    show_seen = gr.Checkbox(
+        False, label="Show what the model sees (the chat template)", elem_id="show-seen"
+    )
+    seen = gr.HTML(start["seen"], visible=False, elem_id="seen")
+    tokens = gr.HTML(start["tokens"], elem_id="tokens")
+    metrics = gr.HTML(start["metrics"], elem_id="metrics")
+    with gr.Row(equal_height=True):
+        prev_btn = gr.Button("◀ Prev", size="sm", elem_id="prev", min_width=60)
+        play_btn = gr.Button("▶ Play", size="sm", elem_id="play", min_width=60)
+        pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="pause", min_width=60)
+        next_btn = gr.Button("Next ▶", size="sm", elem_id="next", min_width=60)
+    last = start["last_step"]
+    step = gr.Slider(
+        0,
+        max(last or 0, 1),
+        value=start["step"] or 0,
+        step=1,
+        label="Step" if last is None else f"Step (0–{last})",
+        interactive=last is not None,
+        elem_id="step",
+    )
+    timeline = gr.Plot(
+        start["timeline"], label="Forward passes", elem_id="timeline", show_label=False
+    )
+    with gr.Row():
+        per_step = gr.Plot(
+            start["per_step"], label="Tokens per step", elem_id="per-step", show_label=False
+        )
+        hist = gr.Plot(start["hist"], label="Acceptance", elem_id="hist", show_label=False)
+    panel = gr.Plot(start["panel"], label="Method panel", elem_id="panel", show_label=False)
+    extras = [
+        gr.Plot(
+            start["extras"][i] if i < len(start["extras"]) else None,
+            visible=i < len(start["extras"]),
+            elem_id=f"panel{i + 2}",
+            show_label=False,
+        )
+        for i in range(MAX_EXTRA_PANELS)  # a method's further views, stacked
+    ]
+    with gr.Accordion("How this method works", open=True, elem_id="explainer"):
+        method_help = gr.Markdown(explainer(DEFAULT_METHOD))
+    return dict(
         show_seen=show_seen,
         seen=seen,
         tokens=tokens,
@@ -192,12 +205,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
         panel=panel,
         extras=extras,
         method_help=method_help,
-        timer=timer,
-        trace=trace_state,
-        sampling=(temperature, top_p, seed),
     )
-    _wire(tab, demo)
-    return tab
 
 
 def _initial(example: Trace | None) -> dict[str, Any]:
@@ -239,11 +247,18 @@ def _preset_choices(method: str) -> list[str]:
     return ["defaults", *METHODS[method].presets]
 
 
-def _wire(tab: RunTab, demo: gr.Blocks) -> None:
-    t = tab
-    method_params = list(t.controls)  # (method, parameter name), in the form's order
+def _wire(t: RunTab, demo: gr.Blocks) -> None:
+    _wire_run(t)
+    _wire_stepping(t)
+    _wire_trace_files(t)
+    _wire_method(t)
+    _wire_links(t, demo)
 
-    # --- run, stream, stop ------------------------------------------------------------------------
+
+def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
+    """Run: decode live, streaming the tokens at once and the figures as often as drawing them
+    leaves time for decoding; the finished run's full views at the end."""
+    method_params = list(t.controls)  # (method, parameter name), in the form's order
 
     @gpu
     def on_run(model_id, prompt_text, method_name, budget, temp, tp, sd, *values) -> Iterator[dict]:
@@ -302,6 +317,12 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         except Exception as exc:  # the boundary: a message, never a bare "Error"
             yield t.cleared(message(internal_error(exc)))
 
+    return on_run
+
+
+def _wire_run(t: RunTab) -> None:
+    """Run, stream, Stop; after a run the form shows the values it used."""
+    on_run = _run_handler(t)
     run_event = t.run_btn.click(
         on_run,
         t.form,
@@ -351,8 +372,9 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         on_stop, t.trace, t.views, api_visibility="private", show_progress="hidden"
     )
 
-    # --- step through -----------------------------------------------------------------------------
 
+def _wire_stepping(t: RunTab) -> None:
+    """The step slider, Prev / Next, Play / Pause."""
     step_outputs = [t.tokens, t.timeline, t.per_step, t.panel, *t.extras]
 
     def on_step(trace: Trace | None, s: float) -> dict:
@@ -395,7 +417,9 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         tick, [t.trace, t.step], [t.timer, t.step], api_visibility="private", show_progress="hidden"
     )
 
-    # --- trace files ------------------------------------------------------------------------------
+
+def _wire_trace_files(t: RunTab) -> None:
+    """Import a trace: replay it with no model, then re-check it against greedy."""
 
     @gpu
     def on_import(path: str | None) -> Iterator[dict]:
@@ -437,7 +461,9 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         show_progress="hidden",
     ).then(lambda: None, None, t.upload, api_visibility="private")  # ready for another file
 
-    # --- method, preset, the model's view ---------------------------------------------------------
+
+def _wire_method(t: RunTab) -> None:
+    """A method's parameters, preset and explainer; the chat template's view."""
 
     def on_method(name: str) -> dict:
         if name not in METHODS:
@@ -478,7 +504,9 @@ def _wire(tab: RunTab, demo: gr.Blocks) -> None:
         lambda on: {t.seen: gr.HTML(visible=on)}, t.show_seen, t.seen, api_visibility="private"
     )
 
-    # --- links: URL parameters pre-fill the form --------------------------------------------------
+
+def _wire_links(t: RunTab, demo: gr.Blocks) -> None:
+    """Links: URL parameters pre-fill the form."""
 
     def from_url(request: gr.Request) -> dict:
         query = dict(request.query_params) if request else {}

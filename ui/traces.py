@@ -65,13 +65,9 @@ def check_trace_params(params: Mapping[str, Any], method: str) -> dict[str, Any]
         raise TraceError(f"trace field 'params': {exc}") from None
 
 
-def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
-    """Check an imported trace's fields and the consistency of its events; return it with its
-    statistics recomputed from the events and its lossless claim dropped (see `recheck_lossless`).
-    `vocab`: the model's vocabulary size when the model is available here; else the file's own
-    `vocab_size`, if any, bounds the token ids. Raises TraceError naming the field."""
-    meta = dict(trace.meta)
-
+def _check_meta(meta: dict[str, Any], vocab: int | None) -> tuple[int, list[int]]:
+    """The trace's own fields: method, model, prompt, budget, sizes, parameters and prompt ids;
+    returns the vocabulary size that bounds its token ids, and the prompt ids."""
     need = TraceCheck.need
     method = meta.get("method")
     need(
@@ -117,6 +113,17 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
         len(prompt_ids) <= MAX_PROMPT_IDS,
         f"trace field 'prompt_ids' holds {len(prompt_ids)} tokens; the limit is {MAX_PROMPT_IDS}",
     )
+    return vocab, prompt_ids
+
+
+def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
+    """Check an imported trace's fields and the consistency of its events; return it with its
+    statistics recomputed from the events and its lossless claim dropped (see `recheck_lossless`).
+    `vocab`: the model's vocabulary size when the model is available here; else the file's own
+    `vocab_size`, if any, bounds the token ids. Raises TraceError naming the field."""
+    meta = dict(trace.meta)
+    vocab, prompt_ids = _check_meta(meta, vocab)
+    need = TraceCheck.need
 
     # Each event checks its own fields against what the events before it established.
     events = trace.events
