@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: setup app test test-fast test-kernels lint format bench browser device-pack clean
+.PHONY: setup app test test-fast test-recipe test-kernels lint format bench browser device-pack clean
 
 $(STAMP): requirements.txt requirements-dev.txt scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -29,11 +29,14 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: setup browser lint  ## the whole suite, slow tests included (what CI runs; 22 min on a 2-core box)
-	$(PYTEST)
+test: setup browser lint  ## the whole suite, slow tests included (what CI runs)
+	$(PYTEST) -m "not recipe"
 
 test-fast: setup  ## the fast tier: every rule once, every method through the registry (under 3 min)
 	$(PYTEST) -m "not slow"
+
+test-recipe: setup  ## the GPU recipe end to end here (4 min); run it when scripts/device or decoders/train change
+	RECORD_RECIPE_STAMP=1 $(PYTEST) -m recipe
 
 test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, float32 drafts
 	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PYTEST) -m "not slow"

@@ -102,13 +102,29 @@ def layout_problems(page, selector: str = "body") -> list[str]:
 
 
 def settle(page) -> None:
-    """Wait until every visible figure has drawn (plotly has its main svg) and nothing is pending."""
+    """Wait until every visible figure has drawn (plotly has its main svg) and the figures have
+    stopped changing: the same drawing and sizes in two looks 250 ms apart (the extra panels
+    follow the main one, and a resize redraws a moment later)."""
     page.wait_for_function(
         """() => Array.from(document.querySelectorAll('#panel, #timeline, #per-step, #hist'))
             .every(el => el.querySelector('.js-plotly-plot .main-svg'))""",
         timeout=60_000,
     )
-    page.wait_for_timeout(1200)  # the extra panels follow the main one
+    page.evaluate("window.__settled = null")
+    page.wait_for_function(
+        """() => {
+            const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
+            const sig = plots.map(p => {
+                const r = p.getBoundingClientRect();
+                return [Math.round(r.width), Math.round(r.height), p.innerHTML.length].join(':');
+            }).join('|') + '#' + document.querySelectorAll('.main-svg').length;
+            const same = window.__settled === sig;
+            window.__settled = sig;
+            return same;
+        }""",
+        polling=250,
+        timeout=60_000,
+    )
 
 
 def go_to_step(page, step: int) -> None:

@@ -29,11 +29,6 @@ def test_run_stream_step_export_import(server, page, tmp_path):
     page.wait_for_function(
         "document.querySelector('#model input')?.value.startsWith('SmolLM2')", timeout=30_000
     )
-    page.locator("#prompt textarea").fill("def fibonacci(n):")
-    # Warm run (model load, first compile of the page's plots) so the timing below is the warm case.
-    page.locator("#run-btn").click()
-    page.get_by_text("✅ Done").wait_for(timeout=120_000)
-
     page.locator("#prompt textarea").fill("Write a haiku about the sea.")
     clicked = time.perf_counter()
     page.locator("#run-btn").click()
@@ -43,10 +38,12 @@ def test_run_stream_step_export_import(server, page, tmp_path):
             const n = document.querySelectorAll('#tokens .dl-tok').length;
             return n > 0 && document.querySelector('#status').innerText.includes('decoding') ? n : 0;
         }""",
-        timeout=30_000,
+        timeout=120_000,
     ).json_value()
     first_token_s = time.perf_counter() - clicked
-    print(f"\nfirst streamed token visible {first_token_s:.2f} s after clicking Run (model warm)")
+    # The first run of the model in this app: its load is part of the wait (the timing is printed
+    # only; speed is measured by `python -m decoders.bench`).
+    print(f"\nfirst streamed token visible {first_token_s:.2f} s after clicking Run (model cold)")
     page.get_by_text("✅ Done").wait_for(timeout=120_000)
     streaming_s = time.perf_counter() - clicked - first_token_s
     total = tokens_in(page)
@@ -436,30 +433,48 @@ def test_a_value_past_a_sliders_range_snaps_to_what_the_run_used(server, page):
 
 # --- every bad link and trace answered, by name -----------------------------------------------------
 
+# Each rule of a link is tested where it lives (tests/test_app.py, `parse_link`); here the page
+# shows every problem of a link at once, by name, keeps the good fields, and still runs.
 BAD_LINKS = [
-    ("seed=1e30", "seed must be between 0 and"),
-    ("seed=nan", "seed must be a finite number"),
-    ("max_new_tokens=nan", "max_new_tokens must be a whole number between 1 and 512"),
-    ("max_new_tokens=999", "max_new_tokens must be a whole number between 1 and 512"),
-    ("method=nosuch", "method='nosuch' is not a method here"),
-    ("params=notjson", "params is not valid JSON"),
-    ("method=jacobi&block=abc", "block must be a number"),
-    ("method=lookahead&N=999", "N must be between 2 and"),
-    ("model=evil/model", "not offered here"),
+    (
+        "seed=1e30&max_new_tokens=999&method=jacobi&block=abc&model=evil/model",
+        [
+            "seed must be between 0 and",
+            "max_new_tokens must be a whole number between 1 and 512",
+            "block must be a number",
+            "not offered here",
+        ],
+    ),
+    (
+        "seed=nan&max_new_tokens=nan&method=lookahead&N=999",
+        [
+            "seed must be a finite number",
+            "max_new_tokens must be a whole number between 1 and 512",
+            "N must be between 2 and",
+        ],
+    ),
+    (
+        "method=nosuch&params=notjson",
+        ["method='nosuch' is not a method here", "params is not valid"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("query", "message"), BAD_LINKS, ids=[q for q, _ in BAD_LINKS])
-def test_a_bad_link_names_the_parameter_and_the_page_still_runs(server, page, query, message):
-    page.goto(f"{server}?prompt=Kept%20prompt&{query}")
-    page.locator("#status").get_by_text(message).wait_for(timeout=30_000)
-    assert page.locator("#prompt textarea").input_value() == "Kept prompt"  # good ones pre-fill
-    assert_no_error_badge(page)
-    if query == "max_new_tokens=nan":  # the form keeps a number, so Run still runs
-        page.locator("#run-btn").click()
-        page.get_by_text("✅ Done: 64 tokens").wait_for(timeout=120_000)
+def test_a_bad_link_names_each_parameter_and_the_page_still_runs(server, page):
+    for i, (query, messages) in enumerate(BAD_LINKS):
+        page.goto(f"{server}?prompt=Kept%20prompt&{query}")
+        page.locator("#status").get_by_text(messages[0]).wait_for(timeout=30_000)
+        status = page.locator("#status").inner_text()
+        assert all(m in status for m in messages), (query, status)
+        assert page.locator("#prompt textarea").input_value() == "Kept prompt"  # good ones pre-fill
         assert_no_error_badge(page)
-    page.screenshot(path=str(ARTIFACTS / f"bad-link-{query.split('=')[0]}.png"))
+        page.screenshot(path=str(ARTIFACTS / f"bad-link-{i}.png"))
+    # The last link's budget was not a number: the form keeps a number, so Run still runs.
+    page.goto(f"{server}?prompt=Kept%20prompt&max_new_tokens=nan&model=tiny-random")
+    page.locator("#status").get_by_text("max_new_tokens must be").wait_for(timeout=30_000)
+    page.locator("#run-btn").click()
+    page.get_by_text("✅ Done: 64 tokens").wait_for(timeout=120_000)
+    assert_no_error_badge(page)
 
 
 @pytest.fixture(scope="module")
@@ -477,37 +492,31 @@ def tiny_trace_file(server, tmp_path_factory):
     return trace
 
 
-def _huge_step(d):
-    next(e for e in d["events"] if e["type"] == "Commit")["step"] = 10**9
-
-
 def _token_out_of_vocab(d):
     next(e for e in d["events"] if e["type"] == "Commit")["tokens"][0] = 10**7
 
 
+# Each field's rule is tested where it lives (tests/test_app.py, `read_trace`); here one page
+# answers a bad file by name with no stale views, then answers the next one.
 BAD_TRACES = [
     ("n_layers", lambda d: d.update(n_layers="abc"), "'n_layers' must be a whole number"),
-    ("step", _huge_step, "step 1000000000 is outside"),
     ("vocab", _token_out_of_vocab, "must hold token ids in 0.."),
-    ("method", lambda d: d.update(method="warp"), "'method' must be one of"),
 ]
 
 
-@pytest.mark.parametrize(("name", "fn", "message"), BAD_TRACES, ids=[n for n, _, _ in BAD_TRACES])
-def test_a_bad_trace_file_names_the_field(
-    server, page, tmp_path, tiny_trace_file, name, fn, message
-):
-    data = json.loads(json.dumps(tiny_trace_file))
-    fn(data)
-    path = tmp_path / f"bad-{name}.json"
-    path.write_text(json.dumps(data))
+def test_a_bad_trace_file_names_the_field(server, page, tmp_path, tiny_trace_file):
     page.goto(server)
     open_trace_files(page)
-    page.locator("#import input[type=file]").set_input_files(str(path))
-    page.locator("#status").get_by_text("Could not import the trace").wait_for(timeout=30_000)
-    assert message in page.locator("#status").inner_text()
-    assert tokens_in(page) == 0  # no stale views of the example or a previous run
-    assert_no_error_badge(page)
+    for name, fn, message in BAD_TRACES:
+        data = json.loads(json.dumps(tiny_trace_file))
+        fn(data)
+        path = tmp_path / f"bad-{name}.json"
+        path.write_text(json.dumps(data))
+        page.locator("#import input[type=file]").set_input_files(str(path))
+        page.locator("#status").get_by_text(message).wait_for(timeout=30_000)
+        assert "Could not import the trace" in page.locator("#status").inner_text()
+        assert tokens_in(page) == 0  # no stale views of the example or a previous run
+        assert_no_error_badge(page)
 
 
 def test_an_import_restores_the_form_and_rechecks_the_badge(

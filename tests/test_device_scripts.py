@@ -97,7 +97,31 @@ def train_call(env: dict, out: Path, stages: tuple[str, ...]) -> str:
     return log
 
 
+# What the recipe's end-to-end run below depends on. It takes 4 minutes alone and 9 beside the rest
+# of the suite, so `make test` leaves it out; `make test-recipe` runs it and, when it passes,
+# records these files' hash in RECIPE_STAMP. The fast check after it fails while the stamp is stale.
+RECIPE_INPUTS = ("scripts/device", "decoders/train")
+RECIPE_STAMP = ROOT / "tests" / "recipe.sha256"
+
+
+def recipe_hash() -> str:
+    digest = hashlib.sha256()
+    for folder in RECIPE_INPUTS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_the_recipe_ran_since_its_scripts_last_changed():
+    assert RECIPE_STAMP.read_text().strip() == recipe_hash(), (
+        f"{' or '.join(RECIPE_INPUTS)} changed since the GPU recipe's end-to-end test last passed "
+        "here: run `make test-recipe` (it records the new stamp in tests/recipe.sha256)"
+    )
+
+
 @pytest.mark.slow
+@pytest.mark.recipe
 @pytest.mark.timeout(900)  # six stages on the embedded model, the corpus generated first
 def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     """The recipe a lent GPU runs, end to end on the CPU: join the parts, build a corpus, train
@@ -150,6 +174,8 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     assert sorted(p.name for p in out2.glob("*.safetensors")) == ["exits.safetensors"]
     card = json.loads((out2 / "exits.json").read_text())
     assert "held_out_oracle" in card
+    if os.environ.get("RECORD_RECIPE_STAMP") == "1":  # make test-recipe
+        RECIPE_STAMP.write_text(recipe_hash() + "\n")
 
 
 @pytest.mark.slow
