@@ -2,10 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Test processes (pytest-xdist): two on the 2-core boxes CI runs on, each on one thread (tests/
-# conftest.py); files stay whole on one worker, so their fixtures are built once.
+# Test processes (pytest-xdist), each on one torch thread (tests/conftest.py). Files stay whole on
+# one worker, so their fixtures are built once; the files that drive the app server and the page
+# form one group (one server, one worker that mostly waits), so make test adds a worker for it.
 WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -q --dist loadgroup --no-loadscope-reorder
 
 .PHONY: setup app test test-fast test-recipe test-kernels lint format bench browser device-pack clean
 
@@ -30,16 +31,16 @@ format: setup
 	$(PY) -m ruff format .
 
 test: setup browser lint  ## the whole suite, slow tests included (what CI runs)
-	$(PYTEST) -m "not recipe"
+	$(PYTEST) -n $$(( $(WORKERS) + 1 )) -m "not recipe"
 
 test-fast: setup  ## the fast tier: every rule once, every method through the registry (under 3 min)
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -n $(WORKERS) -m "not slow"
 
 test-recipe: setup  ## the GPU recipe end to end here (4 min); run it when scripts/device or decoders/train change
-	RECORD_RECIPE_STAMP=1 $(PYTEST) -m recipe
+	RECORD_RECIPE_STAMP=1 $(PYTEST) -n 0 -m recipe
 
 test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, float32 drafts
-	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PYTEST) -m "not slow"
+	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PYTEST) -n $(WORKERS) -m "not slow"
 
 bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
 	$(PY) -m decoders.bench

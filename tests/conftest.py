@@ -72,26 +72,37 @@ def assert_greedy(bundle, result, reference: list[int]) -> None:
     warnings.warn(f"{result.method}: {check.describe()}", stacklevel=2)
 
 
-# The files that take longest, first: pytest-xdist hands whole files to the two workers in the
-# order they were collected (make test turns its reordering by test count off), and a long file
-# started last runs on alone while the other worker idles (the device script's end-to-end test,
-# minutes long, did: 24 min).
-HEAVY_FIRST = (
-    "test_device_scripts.py",
+# The files that drive the app server, and most of them the page: one xdist group, so one worker
+# runs them one after another against one app server. It mostly waits on the page and the
+# server, so make test runs a third worker beside it (Makefile) and the other two decode.
+ON_THE_SERVER = (
     "test_browser_views.py",
     "test_browser.py",
-    "test_lossless.py",
+    "test_compare.py",
     "test_concurrency.py",
+    "test_app.py",
+)
+# The longest first: pytest-xdist hands out groups (whole files, or the group above) in the order
+# they were collected (make test turns its reordering by test count off), and a long file started
+# last runs on alone while the other workers idle.
+HEAVY_FIRST = (
+    *ON_THE_SERVER,
+    "test_lossless.py",
     "test_token_tree.py",
-    "test_prompt_lookup.py",
     "test_speculative.py",
+    "test_kangaroo.py",
+    "test_calm.py",
     "test_eagle.py",
+    "test_prompt_lookup.py",
 )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within kept
+    for item in items:  # --dist loadgroup: a file is a group, but for the server's files
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("app-server" if name in ON_THE_SERVER else name))
 
 
 @contextmanager
