@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # one worker, so their fixtures are built once; the files that drive the app server and the page
 # form one group (one server, one worker that mostly waits), so make test adds a worker for it.
 WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q --dist loadgroup --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -q --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup app test test-fast test-recipe test-kernels lint format bench browser device-pack clean
 

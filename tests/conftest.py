@@ -72,7 +72,7 @@ def assert_greedy(bundle, result, reference: list[int]) -> None:
     warnings.warn(f"{result.method}: {check.describe()}", stacklevel=2)
 
 
-# The files that drive the app server, and most of them the page: one xdist group, so one worker
+# The files that drive the app server, and most of them the page: one xdist scope, so one worker
 # runs them one after another against one app server. It mostly waits on the page and the
 # server, so make test runs a third worker beside it (Makefile) and the other two decode.
 ON_THE_SERVER = (
@@ -97,13 +97,22 @@ HEAVY_FIRST = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the marks
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within kept
-    for item in items:  # --dist loadgroup: a file is a group, but for the server's files
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("app-server" if name in ON_THE_SERVER else name))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole files to a worker (loadfile), but the app server's files all to one. (xdist's own
+    loadgroup marks do not reach its scheduler under pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServerFilesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "app-server" if Path(path).name in ON_THE_SERVER else path
+
+    return ServerFilesTogether(config, log)
 
 
 @contextmanager
