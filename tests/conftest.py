@@ -73,8 +73,7 @@ def assert_greedy(bundle, result, reference: list[int]) -> None:
 
 
 # The files that drive the app server, and most of them the page: one xdist scope, so one worker
-# runs them one after another against one app server. It mostly waits on the page and the
-# server, so make test runs a third worker beside it (Makefile) and the other two decode.
+# runs them one after another against one app server (the other decodes meanwhile).
 ON_THE_SERVER = (
     "test_browser_views.py",
     "test_browser.py",

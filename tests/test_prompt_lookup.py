@@ -102,7 +102,7 @@ def test_lossless_and_useful_on_the_embedded_model(embedded, task, max_ngram, nu
 @pytest.mark.slow
 def test_eos_inside_an_accepted_draft_and_budget_mid_draft(embedded):
     prompt = humaneval(0)
-    res = generate(embedded, prompt, "prompt_lookup", 48, chat=False)
+    res = generate(embedded, prompt, "prompt_lookup", 96, chat=False)
     # A position where the target accepted a run of at least 3 drafted tokens.
     position, found = 0, None
     for e in res.events:
@@ -116,7 +116,7 @@ def test_eos_inside_an_accepted_draft_and_budget_mid_draft(embedded):
     # EOS = the second token of that accepted run: the stop lands inside a verified draft.
     eos = commit.tokens[1]
     bundle = dataclasses.replace(embedded, eos_ids=frozenset({eos}))
-    out = same_as_greedy(bundle, prompt, 48)
+    out = same_as_greedy(bundle, prompt, 96)
     assert out.finish_reason == "eos" and out.token_ids[-1] == eos
     # The budget ends in the middle of that same accepted run.
     out = same_as_greedy(embedded, prompt, start + 2)

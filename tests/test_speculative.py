@@ -436,7 +436,7 @@ def test_sampling_follows_the_target_distribution(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "draft"), [(0, "self:8"), (2, "self:20")])
+@pytest.mark.parametrize(("task", "draft"), [(0, "self:8")])  # a deeper self-draft: the same code
 def test_lossless_on_the_embedded_model(embedded, task, draft):
     res = same_as_greedy(embedded, humaneval(task), 48, draft=draft, gamma=4, schedule="adaptive")
     check_steps(res, 4, "adaptive", 48, self_layers=int(draft[5:]), n_layers=embedded.n_layers)

@@ -874,7 +874,9 @@ def test_sampling_follows_the_target_distribution(tiny, draft_id, temperature, s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task", "shape"), [(0, "dynamic"), (2, "static")])
+# The static shape: on tiny-random (test_lossless_on_tiny) and, at the paper's settings, in
+# test_lossless's embedded grid.
+@pytest.mark.parametrize(("task", "shape"), [(0, "dynamic")])
 def test_lossless_on_the_embedded_model(embedded, task, shape):
     res = same_as_greedy(embedded, humaneval(task), 48, draft="self:8", shape=shape)
     check_tree_steps(res, 48, {"shape": shape}, self_layers=8, n_layers=embedded.n_layers)

@@ -224,9 +224,9 @@ class RunTab:
             self.hist: None,
             self.panel: None,
             **{plot: gr.Plot(value=None, visible=False) for plot in self.extras},
-            self.step: gr.Slider(
-                minimum=0, maximum=1, value=0, step=1, interactive=False, label="Step"
-            ),
+            # Only the value: the browser applies a new maximum and value one after the other, and a
+            # maximum below the value shown (a finished run's step) flashed an error badge.
+            self.step: gr.Slider(value=0, interactive=False, label="Step"),
             self.trace: None,
             self.export_btn: gr.DownloadButton(visible=False),
             self.seen: "",
