@@ -7,7 +7,14 @@ import pytest
 
 from decoders.core.events import Commit, Draft, Forward, Prefill, Verify
 from visualizer.tokens import COLOURS
-from visualizer.tree_view import MAX_NODES, drawn_nodes, label_limit, token_tree, tree_layout
+from visualizer.tree_view import (
+    MAX_NODES,
+    PLOT_MARGINS_PX,
+    column_layout,
+    drawn_nodes,
+    token_tree,
+    tree_layout,
+)
 
 TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
 TEXTS |= {20: " g", 21: "[", 22: "x)", 30: "longtoken"}
@@ -100,9 +107,11 @@ def test_branching_tree_bold_path_and_layout():
     assert path.line.width >= 3
     expected = [position(fig, n) for n in (-1, 0, 2, 6)]  # root, accepted in order, correction
     assert list(zip(path.x, path.y, strict=True)) == expected
-    assert [x for x, _ in expected] == [0, 1, 2, 3]
+    columns = list(fig.layout.xaxis.tickvals)  # each depth's column centre, labelled 0, 1, ...
+    assert list(fig.layout.xaxis.ticktext) == [str(d) for d in range(len(columns))]
+    assert [columns.index(x) for x, _ in expected] == [0, 1, 2, 3]
     # The correction hangs under "(x" one column right of it, level with nothing else there.
-    assert position(fig, 6)[0] == position(fig, 2)[0] + 1
+    assert columns.index(position(fig, 6)[0]) == columns.index(position(fig, 2)[0]) + 1
     assert position(fig, 6) != position(fig, 5)
     (edges,) = [t for t in fig.data if t.name == "edges"]
     assert sum(v is None for v in edges.x) == 7  # 6 draft edges + the correction's
@@ -138,7 +147,8 @@ def test_whole_chain_accepted_gives_a_bonus():
     assert "rejected draft" not in nodes_by_status(fig)
     assert "id 10" in hover_of(fig, -1)  # no earlier commit: the prompt's last token is the root
     (path,) = [t for t in fig.data if t.name == "accepted path"]
-    assert list(path.x) == [0, 1, 2, 3, 4] and set(path.y) == {0}  # a chain is one straight row
+    columns = list(fig.layout.xaxis.tickvals)
+    assert [columns.index(x) for x in path.x] == [0, 1, 2, 3, 4] and set(path.y) == {0}  # a row
     assert fig.layout.title.subtitle.text.replace("<br>", " ").endswith("accepted 3, +1 bonus")
 
 
@@ -170,9 +180,10 @@ def test_old_trace_without_target_probs_shows_a_dash():
     fig = token_tree(events, TEXTS, 1)
     assert "target p: —" in hover_of(fig, 0) and "draft p: 0.900" in hover_of(fig, 0)
     assert node_colour(fig, 0) == COLOURS["rejected"]
-    assert position(fig, 1)[0] == 1  # nothing accepted: the correction hangs from the root
+    # nothing accepted: the correction hangs from the root
+    assert list(fig.layout.xaxis.tickvals).index(position(fig, 1)[0]) == 1
     (path,) = [t for t in fig.data if t.name == "accepted path"]
-    assert list(path.x) == [0, 1]
+    assert [list(fig.layout.xaxis.tickvals).index(x) for x in path.x] == [0, 1]
 
 
 def test_token_text_is_escaped_and_truncated():
@@ -189,13 +200,36 @@ def test_token_text_is_escaped_and_truncated():
     assert {a.text for a in fig.layout.annotations} >= {"&lt;b&gt;", "longtoken"}
 
 
-def test_node_labels_shrink_only_when_the_tree_is_deep():
-    """Labels are cut so that every depth column fits the narrowest (phone) plot."""
-    assert label_limit(2) == 12 and label_limit(6) >= 5 and label_limit(12) == 3
+def test_node_labels_are_whole_where_the_width_allows_and_cut_only_where_it_runs_out():
+    """Each depth's column is as wide as its labels: a desktop-wide view shows whole tokens, a
+    phone-wide one cuts the longest first (never below 3 characters)."""
+    assert column_layout([4, 10, 2], 740)[0] == 10  # fits: the widest label whole
+    limit, centres, span = column_layout([4] * 12, 740)
+    assert limit == 4 and span <= 740 - PLOT_MARGINS_PX and centres == sorted(centres)
+    assert column_layout([10] * 30, 330)[0] == 3
     deep = tuple(range(-1, 10))  # a chain of 11 nodes: 12 columns with the root
     events = [Prefill((1,)), Draft(1, "x", (30,) * 11, deep, (0.5,) * 11), Verify(1, (), 14, "g")]
-    fig = token_tree(events, TEXTS, 1)
-    assert box(fig, 0).text == "lon…"
+    assert box(token_tree(events, TEXTS, 1, width=1380), 0).text == "longtoken"
+    assert box(token_tree(events, TEXTS, 1), 0).text == "lon…"  # no width said: a phone's
+    # A code tree at a desktop's width: short tokens leave room for a 10-character one.
+    texts = {
+        **TEXTS,
+        40: "  ",
+        41: " return",
+        42: " fibonacci",
+        43: "(n",
+        44: " -",
+        45: " 1",
+        46: ")",
+    }
+    chain = tuple(range(-1, 6))
+    events = [
+        Prefill((1,)),
+        Draft(1, "x", (40, 41, 42, 43, 44, 45, 46), chain, (0.5,) * 7),
+        Verify(1, (0, 1, 2), 14, "g"),
+    ]
+    labels = {a.text for a in token_tree(events, texts, 1, width=740).layout.annotations}
+    assert "␣fibonacci" in labels or "·fibonacci" in labels or " fibonacci" in labels, labels
 
 
 def test_tree_layout_properties():
@@ -276,7 +310,8 @@ def test_a_big_tree_draws_its_first_nodes_and_the_accepted_path():
     drawn = [c for t in nodes_by_status(fig).values() for c in t.customdata]
     assert len(drawn) == MAX_NODES + 2  # the root and the target's own token as well
     assert set(path) <= set(drawn) and node_colour(fig, n) == COLOURS["bonus"]
-    assert position(fig, 10)[0] == 11.0  # depth kept along the path
+    # depth kept along the path
+    assert list(fig.layout.xaxis.tickvals).index(position(fig, 10)[0]) == 11
     assert f"{n} nodes, accepted 11" in fig.layout.title.subtitle.text.replace("<br>", " ")
     assert f"{MAX_NODES} drawn" in fig.layout.title.subtitle.text.replace("<br>", " ")
     malformed = [*events[:1], Draft(2, "eagle", (11, 12), (1, -1), (0.5, 0.5)), *events[2:]]

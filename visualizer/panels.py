@@ -3,6 +3,7 @@ steps; this module finds them by name (the visualizer imports no engine)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -63,18 +64,40 @@ VIEWS: dict[str, Panel] = {
 MAX_EXTRA_PANELS = 4
 
 
+def draw(
+    view: Panel,
+    events: Sequence[Event],
+    texts: Mapping[int, str],
+    step: int,
+    width: int | None = None,
+) -> go.Figure:
+    """One view at `step`. A view that sizes its labels to the figure's width in the page (a
+    `width` parameter) is told it when the page has said."""
+    if width and "width" in inspect.signature(view).parameters:
+        return view(events, texts, step, width=width)  # type: ignore[call-arg]
+    return view(events, texts, step)
+
+
 def method_panel(
-    views: Sequence[str], events: Sequence[Event], texts: Mapping[int, str], step: int
+    views: Sequence[str],
+    events: Sequence[Event],
+    texts: Mapping[int, str],
+    step: int,
+    width: int | None = None,
 ) -> go.Figure:
     """The method's own panel at `step`: the first of its declared views."""
-    return VIEWS.get(views[0] if views else "", topk_panel)(events, texts, step)
+    return draw(VIEWS.get(views[0] if views else "", topk_panel), events, texts, step, width)
 
 
 def extra_panels(
-    views: Sequence[str], events: Sequence[Event], texts: Mapping[int, str], step: int
+    views: Sequence[str],
+    events: Sequence[Event],
+    texts: Mapping[int, str],
+    step: int,
+    width: int | None = None,
 ) -> list[go.Figure]:
     """The method's further figures at `step` (its declared views after the first). At step 0,
     the prefill, those with nothing to draw are left out (the page hides their slots): a column
     of "nothing at step 0" notes says less than the one main panel."""
-    figures = [VIEWS[name](events, texts, step) for name in views[1:] if name in VIEWS]
+    figures = [draw(VIEWS[name], events, texts, step, width) for name in views[1:] if name in VIEWS]
     return [f for f in figures if f.data] if step == 0 else figures

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from decoders.core.events import Commit, Draft, Event, Prefill, Verify
 
 from .figures import SUBTITLE_CHARS, TITLE_CHARS, _base_layout, _empty
-from .text import cut, short_token, token_hover, wrap
+from .text import cut, short_token, token_hover, visible, wrap
 from .tokens import COLOURS, LABELS
 
 EDGE_COLOUR = "#b0bec5"
@@ -36,7 +36,11 @@ MIN_HEIGHT, MAX_HEIGHT = 280, 1600
 # Nodes drawn at most (each is a Plotly annotation: thousands make the page crawl): the first ones
 # in index order (parents come first, so they form a tree) and the accepted path.
 MAX_NODES = 200
-NARROWEST_PX = 330  # plot width on a 390 px phone: node labels are cut to fit their column there
+# Node labels: ~6.5 px a character at the 10 px monospace font, plus the box's padding and a gap.
+CHAR_PX, BOX_PX = 6.5, 24
+LABEL_MIN, LABEL_MAX = 3, 16  # a label is cut to fit, never below 3 characters, never above 16
+PLOT_MARGINS_PX = 40  # the figure's left and right margins around the plot area (20 px each)
+DEFAULT_WIDTH_PX = 330  # plot width when the page has not said (a 390 px phone's)
 
 
 def check_parents(parents: Sequence[int]) -> None:
@@ -89,10 +93,25 @@ def tree_layout(parents: Sequence[int]) -> list[tuple[float, float]]:
     return [(float(d), yy) for d, yy in zip(depth, y, strict=True)]
 
 
-def label_limit(columns: int) -> int:
-    """Characters a node label may show when `columns` depths share the narrowest plot (~6.5 px a
-    character at 10 px, plus the box's padding), between 3 and 12."""
-    return max(3, min(12, int((NARROWEST_PX / max(columns, 1) - 16) / 6.5)))
+def column_layout(lengths: Sequence[int], width_px: int) -> tuple[int, list[float], float]:
+    """Size the depth columns to their labels: `lengths[d]` is the longest label (in characters)
+    at depth d. Returns the characters a label may show (as many as the widest needs when every
+    column fits in `width_px`, the figure's width, else the most that fits), each column's centre
+    and the columns' total width, in pixels of a plot as wide as its columns."""
+    room = max(width_px - PLOT_MARGINS_PX, 1)
+
+    def need(limit: int) -> list[float]:
+        return [min(n, limit) * CHAR_PX + BOX_PX for n in lengths]
+
+    limit = min(LABEL_MAX, max(lengths, default=LABEL_MIN))
+    while limit > LABEL_MIN and sum(need(limit)) > room:
+        limit -= 1
+    widths = need(max(limit, LABEL_MIN))
+    centres, left = [], 0.0
+    for w in widths:
+        centres.append(left + w / 2)
+        left += w
+    return max(limit, LABEL_MIN), centres, left
 
 
 def _p(probs: Sequence[float], i: int) -> str:
@@ -112,9 +131,16 @@ def _root_token(events: Sequence[Event], step: int) -> tuple[int | None, str]:
     return root
 
 
-def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+def token_tree(
+    events: Sequence[Event],
+    texts: Mapping[int, str],
+    step: int,
+    width: int | None = None,
+) -> go.Figure:
     """The draft tree at `step`, laid out by depth, nodes coloured by what verification made of
-    them, the accepted path bold. Hover: token, id, status, draft p, target p, depth."""
+    them, the accepted path bold. Hover: token, id, status, draft p, target p, depth. `width`:
+    the figure's width in the page, in pixels; each depth's column is as wide as its labels, and
+    labels are cut only when the columns would not fit (a phone's width when not given)."""
     title = f"Token tree at step {step}"
     draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
     verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
@@ -173,6 +199,14 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
     if extra:
         kind = extra[1] if extra[1] in ("correction", "bonus") else "correction"
         nodes.append((m + 1, n, extra[0], kind, "—", extra[2]))
+    # Each depth's column as wide as its longest label: whole tokens where the width allows.
+    depth_of = [int(d) for d, _ in pos]
+    lengths = [0] * (max(depth_of) + 1)
+    for r in nodes:
+        shown_text = visible(texts.get(r[2], "?")) if r[2] is not None else "root"
+        lengths[depth_of[r[0]]] = max(lengths[depth_of[r[0]]], len(shown_text))
+    limit, centres, span = column_layout(lengths, width or DEFAULT_WIDTH_PX)
+    pos = [(centres[d], y) for d, (_, y) in zip(depth_of, pos, strict=True)]
     committed_upto = len(commit.tokens) if commit is not None else len(accepted)
     path_slots = [0, *(slot[a] for a in accepted), *([m + 1] if extra else [])]
     on_path = set(path_slots)
@@ -208,8 +242,6 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
 
     n_leaves = int(max(y for _, y in pos)) + 1  # leaves sit at y = 0, 1, …; parents in between
     height = min(MAX_HEIGHT, max(MIN_HEIGHT, PX_PER_LEAF * n_leaves + MARGINS_PX))
-    max_depth = max(x for x, _ in pos)
-    limit = label_limit(int(max_depth) + 1)
     font = 10 if (height - MARGINS_PX) / n_leaves >= 20 else 8  # a huge tree hit the height cap
     for st, (colour_key, label) in STATUS_STYLE.items():
         rows = [r for r in nodes if r[3] == st]
@@ -224,7 +256,7 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             hover.append(
                 f"{token_hover(text, tok)}"
                 f"<br>{st}{note}<br>draft p: {dp} · target p: {tp}"
-                f"<br>depth {pos[slot][0]:.0f}"
+                f"<br>depth {depth_of[slot]}"
                 + ("" if idx < 0 else f" · node {idx}" if idx < n else " · target's token")
             )
         labels = [
@@ -261,7 +293,12 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             )
 
     fig.update_xaxes(
-        title_text="depth", dtick=1, range=[-0.5, max_depth + 0.5], showgrid=False, zeroline=False
+        title_text="depth",
+        tickvals=centres,
+        ticktext=[str(d) for d in range(len(centres))],
+        range=[0, span],
+        showgrid=False,
+        zeroline=False,
     )
     fig.update_yaxes(visible=False, range=[n_leaves - 0.5, -0.5])  # first leaf on top
     # The title names the drafter (cut to fit a phone); the full source, anything grafted on and
@@ -277,4 +314,5 @@ def token_tree(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         verdict += f"; {m} drawn (the first ones and the accepted path)"
     source = " + ".join(rest if len(first) <= room else [first, *rest])
     subtitle = wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
-    return _base_layout(fig, title, height=height, subtitle=subtitle)
+    fig = _base_layout(fig, title, height=height, subtitle=subtitle)
+    return fig.update_layout(margin=dict(l=PLOT_MARGINS_PX - 20))  # no y axis: room for columns
