@@ -9,6 +9,7 @@ ratios with 2 decimals, tokens/s with 1.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,7 +20,7 @@ from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.bench import parse_method
 from decoders.core import quality
 from decoders.core.errors import DecodingLabError
-from decoders.core.events import Commit, Done, token_ids
+from decoders.core.events import Commit, Done, Forward, token_ids
 from decoders.core.params import SAMPLING_PARAMS, validate_params
 from decoders.engine import check_request, run_events, with_near_tie
 from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
@@ -33,6 +34,9 @@ MAX_SPECS = (
     18  # rows per comparison: each is a full run (every method at its defaults + greedy fits)
 )
 MAX_ROUNDS = 5  # runs per spec (each row keeps its fastest)
+# How far one run's speed moves between identical runs on a shared 2-core CPU, either side: a
+# speedup from one run is read as a range this wide (several rounds measure their own).
+NOISE = 0.10
 
 
 # --- specs and presets ----------------------------------------------------------------------------
@@ -170,14 +174,7 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
     tail = _lossy_sentence(lossy)
     if not others:
         return tail.strip()
-    best = max(others, key=lambda r: r["speedup"])
-    if best["speedup"] > 1.0:
-        speed = f"Fastest: {best['method']} at {fmt_speedup(best['speedup'])} over autoregressive"
-    else:
-        speed = (
-            f"Nothing beat autoregressive here; the closest: {best['method']} at "
-            f"{fmt_speedup(best['speedup'])}"
-        )
+    speed = _speed_sentence(rows[0], others)
     differ = [r for r in others if not r["identical"] and not r.get("near_tie")]
     tied = [r for r in others if r.get("near_tie")]
     ties = "".join(
@@ -201,6 +198,49 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
         if caveat:
             same += f" ({caveat})"
     return f"{speed}; {same}.{tail}"
+
+
+def speedup_range(r: Mapping[str, Any]) -> tuple[float, float]:
+    """A row's speedup as a range: the lowest and highest of its runs, or, from one run, the
+    noise one run carries here (NOISE either side)."""
+    if r.get("speedup_range"):
+        low, high = r["speedup_range"]
+        return float(low), float(high)
+    return r["speedup"] * (1 - NOISE), r["speedup"] * (1 + NOISE)
+
+
+def _speed_sentence(reference: Mapping[str, Any], others: list[Mapping[str, Any]]) -> str:
+    """Who is fastest, said only when the lead is more than noise: two rows that did the same
+    work (the same tokens from the same forwards) tie whatever their clocks say; rows whose
+    ranges overlap tie within noise."""
+    ranked = sorted(others, key=lambda r: r["speedup"], reverse=True)
+    best = ranked[0]
+    fast = f"{best['method']} at {fmt_speedup(best['speedup'])}"
+    work = best.get("work")
+    twins = [r["method"] for r in ranked[1:] if work and r.get("work") == work]
+    if work and reference.get("work") == work:
+        return (
+            f"Nothing beat autoregressive: {best['method']} did the same work (the same tokens "
+            f"from the same forwards), so its {fmt_speedup(best['speedup'])} is noise"
+        )
+    low, high = speedup_range(best)
+    if high < 1.0:
+        return f"Nothing beat autoregressive here; the closest: {fast}"
+    if twins:
+        names = " and ".join([best["method"], *twins])
+        return (
+            f"A tie: {names} did the same work (the same tokens from the same forwards), at "
+            f"about {fmt_speedup(best['speedup'])} over autoregressive; their clocks differ by noise"
+        )
+    rivals = [r["method"] for r in ranked[1:] if speedup_range(r)[1] >= low]
+    if rivals:
+        return (
+            f"No clear winner: {best['method']} ({fmt_speedup(best['speedup'])}) and "
+            f"{', '.join(rivals)} tie within noise"
+        )
+    if low > 1.0:
+        return f"Fastest: {fast} over autoregressive"
+    return f"Nothing clearly beat autoregressive; the closest: {fast}, within noise of 1×"
 
 
 def _lossy_sentence(lossy: list[Mapping[str, Any]]) -> str:
@@ -278,6 +318,8 @@ def compare_methods(
     diverged: dict[str, int] = {}  # a spec whose run (any round) left greedy: where
     ties: dict[str, int] = {}  # ... only at a float near-tie (engine.NEAR_TIE): where
     n_runs: dict[str, int] = {}  # runs so far per spec (a spec later in this round has one fewer)
+    ratios: dict[str, list[float]] = {}  # each round's speed over the reference's in that round
+    rate: dict[tuple[int, str], float] = {}  # (round, spec) -> tokens/s
     total, done = len(parsed) * rounds, 0
     for k in range(rounds):
         shift = k % len(parsed)
@@ -285,6 +327,12 @@ def compare_methods(
             trace = _timed(bundle, spec, runs[spec.label], prompt, max_new_tokens)
             done += 1
             n_runs[spec.label] = n_runs.get(spec.label, 0) + 1
+            rate[k, spec.label] = trace.stats["tokens_per_s"]
+            ref_rate = rate.get((k, parsed[0].label))
+            if ref_rate:  # the reference has run in this round: pair every run of the round
+                for p in parsed:
+                    if (k, p.label) in rate and len(ratios.get(p.label, ())) <= k:
+                        ratios.setdefault(p.label, []).append(rate[k, p.label] / ref_rate)
             if spec is not parsed[0]:  # the reference ran first in round 1
                 reference = best[parsed[0].label].token_ids
                 check = compare_tokens(reference, trace.token_ids, bundle.exact)
@@ -299,11 +347,32 @@ def compare_methods(
                 _row(
                     p, best[p.label], best[parsed[0].label], diverged, ties, n_runs[p.label], bundle
                 )
+                | _spread(ratios.get(p.label, []), p is parsed[0])
                 for p in shown
             ]
             for r in rows:
                 best[r["method"]].meta["lossless"] = r["lossless"]
             yield Comparison(parsed, rows, {p.label: best[p.label] for p in shown}, done, total)
+
+
+def _spread(ratios: list[float], is_reference: bool) -> dict[str, Any]:
+    """The range of a spec's speedups over the rounds (each round's run over the reference's
+    run in the same round), once there are two."""
+    if is_reference or len(ratios) < 2:
+        return {"speedup_range": None}
+    return {"speedup_range": (round(min(ratios), 2), round(max(ratios), 2))}
+
+
+def work_of(trace: Trace) -> str:
+    """What a run did, apart from its clock: its tokens and every forward's kind, inputs and
+    depth. Two runs with the same work cost the same; only noise tells their times apart."""
+    forwards = [
+        (e.kind, e.n_input_tokens, e.layers, e.split, e.shallow)
+        for e in trace.events
+        if isinstance(e, Forward)
+    ]
+    digest = hashlib.sha1(repr((trace.token_ids, forwards)).encode()).hexdigest()
+    return digest[:12]
 
 
 def _faster(a: Trace, b: Trace) -> bool:
@@ -385,6 +454,7 @@ def _row(
         "new_tokens": s["new_tokens"],
         "wall_s": s["wall_s"],
         "runs": runs,
+        "work": work_of(trace),
         "identical": identical,
         "near_tie": not identical and spec.label in ties and spec.label not in diverged,
         "lossy": lossy,
@@ -418,7 +488,12 @@ def table_rows(rows: list[Mapping[str, Any]]) -> list[list[str]]:
     return [
         [
             str(r["method"]).replace(":", ":" + BREAK),
-            fmt_speedup(r["speedup"]),
+            fmt_speedup(r["speedup"])
+            + (
+                f" ({r['speedup_range'][0]:.2f}–{r['speedup_range'][1]:.2f})"
+                if r.get("speedup_range")
+                else ""
+            ),
             r["lossless"],
             fmt_rate(r["tokens_per_s"]),
             fmt_ratio(r["tokens_per_target_forward"]),
