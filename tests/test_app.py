@@ -666,7 +666,7 @@ def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
         monkeypatch.setattr(module, "method_panel", broken)
     controls = [p.default for m in METHODS.values() for p in m.knobs]
     updates = list(
-        handlers["on_run"]("tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, *controls)
+        handlers["on_run"](None, "tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, *controls)
     )
     last = updates[-1]
     assert _said(last) == [
@@ -686,7 +686,7 @@ def test_a_failing_export_after_an_import_is_a_message(tiny_trace, handlers, mon
         monkeypatch.setattr(module, "_export", full_disk)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(tiny_trace))
-    last = list(handlers["on_import"](str(path)))[-1]
+    last = list(handlers["on_import"](str(path), None))[-1]
     assert _said(last) and "OSError" in _said(last)[0] and "No space left" in _said(last)[0]
 
 

@@ -56,8 +56,12 @@ def check_views(page, label: str) -> int:
 
 
 def fit_and_check(page, viewport: dict, label: str) -> int:
-    """Resize the page (Plotly redraws its figures responsively) and check every view."""
+    """Resize the page and check every view once the page has redrawn them for the new width
+    (Plotly resizes each figure, and the server redraws the method's views: their labels are
+    sized to the width)."""
+    before = page.evaluate("window.dlRedraws || 0")
     page.set_viewport_size(viewport)
+    page.wait_for_function(f"(window.dlRedraws || 0) > {before}", timeout=30_000)
     page.wait_for_function(
         "w => Array.from(document.querySelectorAll('#panel .js-plotly-plot'))"
         ".every(p => p.getBoundingClientRect().width <= w)",
@@ -81,8 +85,8 @@ def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_at_a_middle_step(
     assert plots >= 4  # timeline, tokens per step, acceptance, the method's panel
     fit_and_check(page, PHONE, f"{name}-phone-end")
     last = page.evaluate(STEP_NUMBER)
-    go_to_step(page, max(1, last // 2))
-    fit_and_check(page, PHONE, f"{name}-phone-middle")
+    go_to_step(page, max(1, last // 2))  # drawn for the phone's width (the step's own event)
+    check_views(page, f"{name}-phone-middle")
     fit_and_check(page, DESKTOP, f"{name}-desktop-middle")
     if method == "lookahead":  # its extra views are shown too, each full width
         widths = page.evaluate(

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.core import quality
@@ -217,16 +217,24 @@ def run_live(
 
 
 _END = object()
+T = TypeVar("T")
 
 
-def in_background(events: Iterator[Event], every_s: float = 0.0) -> Iterator[list[Event]]:
+def in_background(
+    events: Iterator[T],
+    every_s: float = 0.0,
+    heartbeat_s: float | None = None,
+    name: str = "decode",
+) -> Iterator[list[T]]:
     """Decode in a worker thread and hand over whatever has arrived, in batches.
 
     The page redraws at its own pace while decoding never waits for it (a slow browser cannot
     slow the model down). Closing this generator (Stop, a dropped connection) stops the worker at
     its next event, so no run outlives its viewer. After the first batch (the first token should
     show at once), batches are at least `every_s` apart: a consumer that wakes for every event would
-    take the GIL from the decoding thread dozens of times per token.
+    take the GIL from the decoding thread dozens of times per token. With `heartbeat_s`, an empty
+    batch comes whenever that long passes with nothing new (a long prefill, the greedy check): the
+    consumer is never stuck waiting, so a Stop reaches it at once.
     """
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
@@ -245,13 +253,17 @@ def in_background(events: Iterator[Event], every_s: float = 0.0) -> Iterator[lis
                 close()  # runs the decoder's own clean-up
             inbox.put(_END)
 
-    threading.Thread(target=work, daemon=True, name="decode").start()
+    threading.Thread(target=work, daemon=True, name=name).start()
     try:
         last = None
         while True:
             if last is not None:
                 time.sleep(max(0.0, last + every_s - time.perf_counter()))
-            batch = [inbox.get()]
+            try:
+                batch = [inbox.get(timeout=heartbeat_s)]
+            except queue.Empty:
+                yield []
+                continue
             last = time.perf_counter()
             while not inbox.empty():
                 batch.append(inbox.get_nowait())

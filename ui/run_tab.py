@@ -39,12 +39,16 @@ from .common import (
     model_picker,
 )
 from .links import parse_link
-from .live import Trace, run_live, stopped
+from .live import Trace, in_background, run_live, stopped
 from .models import model_choices
 from .run_views import (
+    COUNT_REDRAWS,
     DEFAULT_METHOD,
     DRAW_SHARE,
     FIGURES_EVERY_S,
+    HEARTBEAT_S,
+    ON_LOAD,
+    SHOW_OUTPUT_ON_A_PHONE,
     TOKENS_EVERY_S,
     RunTab,
     _control,
@@ -53,6 +57,7 @@ from .run_views import (
     prompt_html,
     showcase_step,
     views_of,
+    with_plot_width,
 )
 from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
@@ -78,8 +83,9 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
 
 
 def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
-    """The left column: prompt, model, method, budget, Run/Stop and the status line on top; the
-    preset, each method's parameters (one group shown), sampling and trace files below."""
+    """The left column: prompt, model, method, budget, Run/Stop and the status line on top; then the
+    preset and the method's parameters (one group shown); then example prompts, sampling and trace
+    files. On a phone the output comes between the parameters and the rest (CSS)."""
     method_choices = [(m.title, name) for name, m in METHODS.items()]
     with gr.Column(elem_id="run-top"):
         prompt = gr.Textbox(label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt")
@@ -97,8 +103,7 @@ def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
             else "",
             elem_id="status",
         )
-    with gr.Column(elem_id="run-params"):
-        gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
+    with gr.Column(elem_id="run-knobs"):
         preset = gr.Dropdown(
             _preset_choices(DEFAULT_METHOD),
             value="defaults",
@@ -112,6 +117,8 @@ def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
             with gr.Group(visible=name == DEFAULT_METHOD) as groups[name]:
                 for p in m.knobs:
                     controls[(name, p.name)] = _control(p, name)
+    with gr.Column(elem_id="run-more"):
+        gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
         with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
             temperature, top_p, seed = (_control(p, "sampling") for p in SAMPLING_PARAMS)
         with gr.Accordion("Trace file: export / import", open=False):
@@ -147,7 +154,8 @@ def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
 
 
 def _output(start: dict[str, Any]) -> dict[str, Any]:
-    """The right column: the tokens and metrics, step-through, the figures, the explainer."""
+    """The right column: the tokens and metrics, step-through with the method's views under it,
+    the timeline and per-step charts, the explainer (open on a desktop, closed on a phone)."""
     show_seen = gr.Checkbox(
         False, label="Show what the model sees (the chat template)", elem_id="show-seen"
     )
@@ -169,14 +177,8 @@ def _output(start: dict[str, Any]) -> dict[str, Any]:
         interactive=last is not None,
         elem_id="step",
     )
-    timeline = gr.Plot(
-        start["timeline"], label="Forward passes", elem_id="timeline", show_label=False
-    )
-    with gr.Row():
-        per_step = gr.Plot(
-            start["per_step"], label="Tokens per step", elem_id="per-step", show_label=False
-        )
-        hist = gr.Plot(start["hist"], label="Acceptance", elem_id="hist", show_label=False)
+    # The method's own views right under the slider that drives them (a phone sees both at once),
+    # then the timeline and the per-step charts.
     panel = gr.Plot(start["panel"], label="Method panel", elem_id="panel", show_label=False)
     extras = [
         gr.Plot(
@@ -187,9 +189,21 @@ def _output(start: dict[str, Any]) -> dict[str, Any]:
         )
         for i in range(MAX_EXTRA_PANELS)  # a method's further views, stacked
     ]
+    timeline = gr.Plot(
+        start["timeline"], label="Forward passes", elem_id="timeline", show_label=False
+    )
+    with gr.Row():
+        per_step = gr.Plot(
+            start["per_step"], label="Tokens per step", elem_id="per-step", show_label=False
+        )
+        hist = gr.Plot(start["hist"], label="Acceptance", elem_id="hist", show_label=False)
     with gr.Accordion("How this method works", open=True, elem_id="explainer"):
         method_help = gr.Markdown(explainer(DEFAULT_METHOD))
+    width = gr.Number(None, visible=False, elem_id="plot-width")
+    redraw = gr.Button("redraw", elem_id="redraw", elem_classes=["dl-hidden"])
     return dict(
+        width=width,
+        redraw=redraw,
         show_seen=show_seen,
         seen=seen,
         tokens=tokens,
@@ -249,7 +263,7 @@ def _preset_choices(method: str) -> list[str]:
 
 def _wire(t: RunTab, demo: gr.Blocks) -> None:
     _wire_run(t)
-    _wire_stepping(t)
+    _wire_stepping(t, demo)
     _wire_trace_files(t)
     _wire_method(t)
     _wire_links(t, demo)
@@ -261,7 +275,12 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
     method_params = list(t.controls)  # (method, parameter name), in the form's order
 
     @gpu
-    def on_run(model_id, prompt_text, method_name, budget, temp, tp, sd, *values) -> Iterator[dict]:
+    def on_run(
+        request: gr.Request, model_id, prompt_text, method_name, budget, temp, tp, sd, *rest
+    ) -> Iterator[dict]:
+        values = rest
+        session, begun = getattr(request, "session_hash", None), time.monotonic()
+        width = WIDTHS.get(session)  # the view's width the page last said (load, resize, step)
         sampling = method_name in METHODS and METHODS[method_name].sampling
         params: dict[str, Any] = {"temperature": temp, "top_p": tp, "seed": sd} if sampling else {}
         params |= {
@@ -272,46 +291,58 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
         # Clear the previous run's views at once, so what streams next is this run.
         yield t.cleared("⏳ loading the model and encoding the prompt…")
         try:
-            figures_at, draw_s, first = 0.0, 0.0, True
-            for live in run_live(
+            figures_at, draw_s, first, trace = 0.0, 0.0, True, None
+            started, n = time.perf_counter(), 0
+            runs = run_live(
                 model_id, prompt_text, method_name, budget, params, every_s=TOKENS_EVERY_S
-            ):
-                trace = live.trace
-                n = len(trace.token_ids)
-                if live.done:
-                    reason = trace.meta.get("finish_reason")
-                    yield t.full_views(trace, f"✅ Done: {n} tokens ({reason}).")
+            )
+            # In a thread of its own, beside this handler: while a long prompt is encoded (or the
+            # greedy check runs) the handler still wakes twice a second, so a Stop ends it at once.
+            for batch in in_background(runs, heartbeat_s=HEARTBEAT_S, name="run"):
+                if STOPS.get(session, 0.0) > begun:  # Stop: what was decoded stays, to step
+                    yield _stopped_views(t, trace, width)
                     return
-                if live.phase == "checking":
-                    yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
+                if not batch:
+                    waited = f"{time.perf_counter() - started:.0f} s"
+                    yield {t.status: f"⏳ encoding the prompt… {waited}" if not n else gr.skip()}
                     continue
-                update: dict[Any, Any] = {
-                    t.tokens: token_spans_html(trace.events, trace.texts),
-                    t.metrics: metrics_html(
-                        {
-                            "tokens_per_s": n / live.elapsed_s if live.elapsed_s else None,
-                            "new_tokens": n,
-                        }
-                    ),
-                    t.trace: trace,  # the partial trace: Stop keeps it for stepping and export
-                    t.status: f"⏳ decoding… {n} tokens",
-                }
-                if first:
-                    update[t.seen] = prompt_html(trace)
-                    first = False
-                now = time.perf_counter()
-                if now - figures_at >= max(FIGURES_EVERY_S, draw_s / DRAW_SHARE):
-                    method = trace.meta["method"]
-                    update |= {
-                        t.timeline: forward_timeline(trace.events),
-                        t.per_step: tokens_per_step(trace.events),
-                        t.panel: method_panel(
-                            views_of(method), trace.events, trace.texts, trace.last_step
+                for live in batch:
+                    trace = live.trace
+                    n = len(trace.token_ids)
+                    if live.done:
+                        reason = trace.meta.get("finish_reason")
+                        yield t.full_views(trace, f"✅ Done: {n} tokens ({reason}).", width)
+                        return
+                    if live.phase == "checking":
+                        yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
+                        continue
+                    update: dict[Any, Any] = {
+                        t.tokens: token_spans_html(trace.events, trace.texts),
+                        t.metrics: metrics_html(
+                            {
+                                "tokens_per_s": n / live.elapsed_s if live.elapsed_s else None,
+                                "new_tokens": n,
+                            }
                         ),
+                        t.trace: trace,  # the partial trace: Stop keeps it for stepping and export
+                        t.status: f"⏳ decoding… {n} tokens",
                     }
-                    figures_at = time.perf_counter()
-                    draw_s = figures_at - now
-                yield update
+                    if first:
+                        update[t.seen] = prompt_html(trace)
+                        first = False
+                    now = time.perf_counter()
+                    if now - figures_at >= max(FIGURES_EVERY_S, draw_s / DRAW_SHARE):
+                        method = trace.meta["method"]
+                        update |= {
+                            t.timeline: forward_timeline(trace.events),
+                            t.per_step: tokens_per_step(trace.events),
+                            t.panel: method_panel(
+                                views_of(method), trace.events, trace.texts, trace.last_step, width
+                            ),
+                        }
+                        figures_at = time.perf_counter()
+                        draw_s = figures_at - now
+                    yield update
         except DecodingLabError as exc:
             yield t.cleared(message(str(exc)))
         except Exception as exc:  # the boundary: a message, never a bare "Error"
@@ -320,13 +351,38 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
     return on_run
 
 
+# Stop, per browser session: when it was last pressed. The run in that session sees it within a
+# heartbeat and ends itself, keeping what it decoded. (Gradio's own `cancels` left the Run button
+# pending until the cancelled handler's thread came back, and dropped the next Run meanwhile.)
+STOPS: dict[str | None, float] = {}
+# The method view's width in pixels, per session, as the page last said it (at load, on a resize,
+# with each step): a run draws its views for it (the `run_stream` API keeps its inputs).
+WIDTHS: dict[str | None, int | None] = {}
+
+
+def _stopped_views(t: RunTab, trace: Trace | None, width: int | None) -> dict:
+    """A run cut short by Stop: its views as they stood, to step through and export."""
+    if trace is None or not trace.token_ids:
+        return t.cleared("⏹ Stopped before the first token.")
+    kept = stopped(trace)
+    return t.full_views(
+        kept,
+        f"⏹ Stopped at {len(kept.token_ids)} tokens: step through what was decoded, or export it.",
+        width,
+    )
+
+
 def _wire_run(t: RunTab) -> None:
     """Run, stream, Stop; after a run the form shows the values it used."""
     on_run = _run_handler(t)
+    t.run_btn.click(None, None, None, js=SHOW_OUTPUT_ON_A_PHONE, api_visibility="private")
     run_event = t.run_btn.click(
         on_run,
         t.form,
         t.views,
+        # A Run pressed while the previous run is still ending (a Stop reaches it within a
+        # heartbeat) runs right after it, where gradio's default would drop it.
+        trigger_mode="always_last",
         api_name="run_stream",
         api_visibility="undocumented",  # scripts may stream it too (scripts/bench_ui.py)
         concurrency_id="decode",
@@ -351,40 +407,36 @@ def _wire_run(t: RunTab) -> None:
         show_progress="hidden",
     )
 
-    def on_stop(trace: Trace | None) -> dict:
-        """Keep what was decoded: step through it, export it."""
-        if trace is None:
-            return {t.status: "⏹ Stopped before the first token."}
-        if trace.meta.get("lossless") is not None:  # it had finished: nothing was cut
-            return {t.status: gr.skip()}
-        try:
-            kept = stopped(trace)
-            return t.full_views(
-                kept,
-                f"⏹ Stopped at {len(kept.token_ids)} tokens: step through what was decoded, "
-                "or export it.",
-            )
-        except Exception as exc:  # the boundary
-            return t.cleared(message(internal_error(exc)))
+    def on_stop(request: gr.Request) -> dict:
+        STOPS[getattr(request, "session_hash", None)] = time.monotonic()
+        return {t.status: gr.skip()}
 
-    # Act only once the cancel has gone through, so no late update overwrites it.
-    t.stop_btn.click(None, None, None, cancels=[run_event], api_visibility="private").then(
-        on_stop, t.trace, t.views, api_visibility="private", show_progress="hidden"
-    )
+    t.stop_btn.click(on_stop, None, t.status, api_visibility="private", show_progress="hidden")
 
 
-def _wire_stepping(t: RunTab) -> None:
+def _wire_stepping(t: RunTab, demo: gr.Blocks) -> None:
     """The step slider, Prev / Next, Play / Pause."""
     step_outputs = [t.tokens, t.timeline, t.per_step, t.panel, *t.extras]
 
-    def on_step(trace: Trace | None, s: float) -> dict:
+    def on_step(request: gr.Request, trace: Trace | None, s: float, width: int | None) -> dict:
+        WIDTHS[getattr(request, "session_hash", None)] = width
         if trace is None or trace.meta.get("finish_reason") is None:
             return {t.tokens: gr.skip()}  # nothing to step, or a run still streaming
-        return t.step_views(trace, int(s))
+        return t.step_views(trace, int(s), width)
 
-    t.step.change(
-        on_step, [t.trace, t.step], step_outputs, api_visibility="private", show_progress="hidden"
-    )
+    # A step moved, a resize (the views' new width), or the page opening on its example (drawn
+    # for a phone's width until the page says its own).
+    for trigger, counted in ((t.step.change, False), (t.redraw.click, True), (demo.load, False)):
+        event = trigger(
+            on_step,
+            [t.trace, t.step, t.width],
+            step_outputs,
+            js=with_plot_width(3),
+            api_visibility="private",
+            show_progress="hidden",
+        )
+        if counted:  # a count of finished redraws, for whoever waits on one (the browser tests)
+            event.then(None, None, None, js=COUNT_REDRAWS, api_visibility="private")
 
     def nudge(delta: int):
         def fn(trace: Trace | None, s: float) -> dict:
@@ -422,13 +474,13 @@ def _wire_trace_files(t: RunTab) -> None:
     """Import a trace: replay it with no model, then re-check it against greedy."""
 
     @gpu
-    def on_import(path: str | None) -> Iterator[dict]:
+    def on_import(path: str | None, width: int | None) -> Iterator[dict]:
         try:
-            yield from import_trace(path)
+            yield from import_trace(path, width)
         except Exception as exc:  # the boundary: a message, never a bare "Error"
             yield t.cleared(message(internal_error(exc)))
 
-    def import_trace(path: str | None) -> Iterator[dict]:
+    def import_trace(path: str | None, width: int | None) -> Iterator[dict]:
         if not path:
             yield {t.status: gr.skip()}
             return
@@ -441,7 +493,10 @@ def _wire_trace_files(t: RunTab) -> None:
             return
         trace.meta["lossless"] = {"status": "not checked", "note": "checking against greedy…"}
         replay = f"📂 Replaying an imported trace: {_describe(trace)}."
-        yield {**t.full_views(trace, f"{replay} ⏳ checking against greedy…"), **t.form_for(trace)}
+        yield {
+            **t.full_views(trace, f"{replay} ⏳ checking against greedy…", width),
+            **t.form_for(trace),
+        }
         try:
             trace.meta["lossless"] = recheck_lossless(trace)
         except DecodingLabError as exc:
@@ -454,8 +509,9 @@ def _wire_trace_files(t: RunTab) -> None:
 
     t.upload.upload(
         on_import,
-        t.upload,
+        [t.upload, t.width],
         [*t.views, *t.form],
+        js=with_plot_width(2),
         api_visibility="private",
         concurrency_id="decode",  # its greedy re-check is a decode: queued with the runs
         show_progress="hidden",
@@ -541,6 +597,7 @@ def _wire_links(t: RunTab, demo: gr.Blocks) -> None:
             )
         return out
 
+    demo.load(None, None, None, js=ON_LOAD, api_visibility="private")
     demo.load(
         from_url,
         None,

@@ -40,22 +40,70 @@ DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the
 # often when drawing them is slow (at most a quarter of the time goes to drawing), since each
 # update competes with the decoding thread for the GIL.
 TOKENS_EVERY_S = 0.25
+HEARTBEAT_S = 0.5  # a run's handler wakes at least this often, so a Stop is never kept waiting
 FIGURES_EVERY_S = 1.0
 DRAW_SHARE = 0.25
 
 # Desktop: two columns. Phone: the controls column dissolves, so the output (its own column) sits
 # directly under Run and the status, and the parameters follow the output.
+# On a phone (the CSS breakpoint below): the explainer starts closed, so the form and the output
+# come first; and Run brings the output into view (the parameters sit between them).
+PHONE = "window.matchMedia('(max-width: 768px)').matches"
+CLOSE_EXPLAINER_ON_A_PHONE = f"""() => {{
+  if (!{PHONE}) return;
+  const label = document.querySelector('#explainer .label-wrap');
+  if (label && label.classList.contains('open')) label.click();
+}}"""
+# The method view's width in the page, handed to the server with each event that draws it (a view
+# sizes its labels to it: see visualizer/panels.draw).
+PLOT_WIDTH = "(document.querySelector('#panel')?.clientWidth || null)"
+
+
+def with_plot_width(n_inputs: int) -> str:
+    """An event's `js`: its inputs as they are, the last one (`RunTab.width`) set to the method
+    view's width. (Gradio hands a `js` function the inputs and then the outputs, and sends what it
+    returns as the inputs.)"""
+    return f"(...a) => [...a.slice(0, {n_inputs - 1}), {PLOT_WIDTH}]"
+
+
+# A resize (a phone turned, a window narrowed) redraws the views at the new width, once it has
+# settled and only when the view's width changed enough to matter.
+REDRAW_ON_RESIZE = f"""() => {{
+  let last = {PLOT_WIDTH}, timer = null;
+  window.addEventListener('resize', () => {{
+    clearTimeout(timer);
+    timer = setTimeout(() => {{
+      const now = {PLOT_WIDTH};
+      if (now && Math.abs(now - (last || 0)) > 40) {{
+        last = now;
+        document.querySelector('#redraw')?.click();
+      }}
+    }}, 300);
+  }});
+}}"""
+COUNT_REDRAWS = "() => { window.dlRedraws = (window.dlRedraws || 0) + 1; }"
+ON_LOAD = f"""() => {{
+  ({CLOSE_EXPLAINER_ON_A_PHONE})();
+  ({REDRAW_ON_RESIZE})();
+}}"""
+SHOW_OUTPUT_ON_A_PHONE = f"""() => {{
+  if ({PHONE}) document.querySelector('#tokens')?.scrollIntoView({{block: 'start'}});
+}}"""
+
 CSS = """
 @media (max-width: 768px) {
+  /* A phone: Run, then the preset and parameters, then the output, then the rest of the form. */
   #run-row {flex-direction: column;}
   #run-controls {display: contents;}
   #run-top {order: 1;}
-  #run-output {order: 2;}
-  #run-params {order: 3;}
-  #run-top, #run-output, #run-params {width: 100%; min-width: 0;}
+  #run-knobs {order: 2;}
+  #run-output {order: 3;}
+  #run-more {order: 4;}
+  #run-top, #run-knobs, #run-output, #run-more {width: 100%; min-width: 0;}
   /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
   .modebar-container {display: none;}
 }
+.dl-hidden {display: none !important;}
 /* A long name ends in an ellipsis before the dropdown's arrow, not under it (both tabs). */
 #model input, #method input, #cmp-model input {text-overflow: ellipsis; padding-right: 1.6em;}
 .dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
@@ -166,21 +214,24 @@ class RunTab:
     method_help: Any
     timer: Any
     trace: Any  # gr.State holding the Trace shown (a run, its partial stream, an import)
+    width: Any  # the method view's width in the page (hidden; set by each event's js)
+    redraw: Any  # a hidden button a resize clicks
     sampling: tuple[Any, ...] = field(default=())
 
     # --- views of a trace --------------------------------------------------------------------
 
-    def step_views(self, trace: Trace, step: int | None) -> dict:
-        """Tokens and figures as they stood at `step` (None = the end)."""
+    def step_views(self, trace: Trace, step: int | None, width: int | None = None) -> dict:
+        """Tokens and figures as they stood at `step` (None = the end), the method's views drawn
+        for `width` pixels."""
         upto = step if step is not None and step < trace.last_step else None
         at = trace.last_step if upto is None else upto
         method = trace.meta.get("method", "autoregressive")
-        extras = extra_panels(views_of(method), trace.events, trace.texts, at)
+        extras = extra_panels(views_of(method), trace.events, trace.texts, at, width)
         return {
             self.tokens: token_spans_html(trace.events, trace.texts, upto),
             self.timeline: forward_timeline(trace.events, upto),
             self.per_step: tokens_per_step(trace.events, upto),
-            self.panel: method_panel(views_of(method), trace.events, trace.texts, at),
+            self.panel: method_panel(views_of(method), trace.events, trace.texts, at, width),
             **{
                 plot: gr.Plot(value=extras[i], visible=True)
                 if i < len(extras)
@@ -189,7 +240,7 @@ class RunTab:
             },
         }
 
-    def full_views(self, trace: Trace, status: str) -> dict:
+    def full_views(self, trace: Trace, status: str, width: int | None = None) -> dict:
         """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
         its example: at the showcase step (the last one with drafts accepted, whose method panel
         has something to show; the tokens after it stay on screen, pending), else the last."""
@@ -197,7 +248,7 @@ class RunTab:
         if at < trace.last_step:
             status += f" Opened at step {at}, the last with {shown}."
         return {
-            **self.step_views(trace, at),
+            **self.step_views(trace, at, width),
             self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
             self.hist: result_panel(trace),
             self.step: gr.Slider(
