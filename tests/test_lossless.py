@@ -113,3 +113,19 @@ def test_every_lossless_method_matches_greedy_on_the_embedded_model(embedded, me
         assert res.stats["tokens_per_target_forward"] >= 1.0 or method == "self_speculative"
         if kind == "code" and preset == "defaults" and method in DRAFTING_ON_CODE:
             assert res.stats["tokens_per_target_forward"] > 1.0, (method, res.stats)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_emits_only_the_event_types_it_declares(tiny, method):
+    """A method's declaration names the events its runs emit (beyond every run's): the views and
+    the trace import rely on it. At its defaults, its presets and (where it samples) sampled."""
+    from decoders.core.base import EVERY_RUN
+
+    m = METHODS[method]
+    runs = [{}, *(m.preset(p) for p in m.presets)]
+    runs += [{"temperature": 1.0, "seed": 1}] if m.sampling else []
+    seen: set[str] = set()
+    for params in runs:
+        seen |= {e.type for e in generate(tiny, TINY_PROMPTS[0], method, 16, **params).events}
+    assert seen <= {*EVERY_RUN, *m.events}, sorted(seen - {*EVERY_RUN, *m.events})
+    assert set(EVERY_RUN) <= seen

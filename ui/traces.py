@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from decoders import METHODS
+from decoders.core.base import EVERY_RUN
 from decoders.core.errors import DecodingLabError, TraceError
 from decoders.core.events import MAX_LAYERS, MAX_VOCAB, Commit, Done, whole
 from decoders.core.models import loaded
@@ -140,6 +141,10 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
         if isinstance(e, Done):
             need(i == len(events) - 1, f"{where}: Done must be the last event")
             continue
+        need(
+            e.type in EVERY_RUN or e.type in METHODS[meta["method"]].events,
+            f"{where}: {meta['method']} never emits {e.type} events",
+        )
         c.step(e, where)
         e.check(c, where)
     last_commit = c.last_commit

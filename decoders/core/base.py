@@ -78,6 +78,9 @@ FAMILIES = (
 )
 
 
+EVERY_RUN = ("Prefill", "Forward", "Commit", "Done")  # the events of any run, whatever its method
+
+
 @dataclass(frozen=True)
 class Method:
     """A method's declaration, in its own module (`METHOD = Method(...)` in decoders/methods/):
@@ -105,12 +108,20 @@ class Method:
     views: tuple[str, ...] = ("topk_panel",)
     compare: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     in_default_compare: bool = True  # one of Compare's "each family at its best" rows
+    # The event types its runs emit besides every run's (EVERY_RUN): the views read them, an
+    # imported trace may hold no others (ui/traces.py), and a test holds each method to it.
+    events: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"{self.name}: family {self.family!r} is not one of {FAMILIES}")
         if not self.views:
             raise ValueError(f"{self.name}: a method names at least the view that draws it")
+        from .events import EVENT_TYPES
+
+        unknown = set(self.events) - set(EVENT_TYPES)
+        if unknown:
+            raise ValueError(f"{self.name}: no such event types: {', '.join(sorted(unknown))}")
 
     @property
     def explainer_path(self) -> Path:

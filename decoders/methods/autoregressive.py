@@ -47,5 +47,6 @@ METHOD = Method(
     decode=decode,
     summary="One target forward per token: the reference every other method must match.",
     views=("topk_panel",),
+    events=("TopK",),
     in_default_compare=False,  # the reference every comparison runs first
 )

@@ -110,4 +110,5 @@ METHOD = Method(
         "blockwise_chain",
         "heads_grid",
     ),
+    events=("Draft", "HeadProposals", "Verify"),
 )

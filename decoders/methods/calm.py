@@ -219,6 +219,7 @@ METHOD = Method(
         "exit_heatmap",
         "exit_confidence",
     ),
+    events=("LayerExit",),
     compare={
         # Doing less per token instead of more tokens per forward: CALM's confidence threshold
         # and fill (the true computation shows what state propagation changes) against FREE's

@@ -212,4 +212,5 @@ METHOD = Method(
         "exit_heatmap",
         "catch_ups",
     ),
+    events=("CatchUp", "LayerExit"),
 )

@@ -145,4 +145,5 @@ METHOD = Method(
         "exit_heatmap",
         "hash_layers",
     ),
+    events=("LayerExit",),
 )

@@ -79,4 +79,5 @@ METHOD = Method(
     sampling=False,
     summary="Refines a block of guessed tokens in parallel; commits the converged prefix.",
     views=("jacobi_trajectory",),
+    events=("Draft", "JacobiIteration", "Verify"),
 )

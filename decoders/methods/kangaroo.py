@@ -322,6 +322,7 @@ METHOD = Method(
         "kangaroo_confidence",
         "kangaroo_layers",
     ),
+    events=("Draft", "DraftStop", "Verify"),
     compare={
         # The paper's chain against ours: the adapter's runners-up beside each draft token,
         # verified in the same pass for an input each.

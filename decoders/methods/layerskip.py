@@ -183,4 +183,5 @@ METHOD = Method(
         "layerskip_confidence",
         "layerskip_layers",
     ),
+    events=("Draft", "DraftStop", "Verify"),
 )

@@ -236,4 +236,5 @@ METHOD = Method(
         "pool_candidates",
         "ngram_pool",
     ),
+    events=("AttentionMask", "Draft", "LookaheadWindow", "NgramPool", "Verify"),
 )

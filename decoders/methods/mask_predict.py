@@ -219,6 +219,7 @@ METHOD = Method(
         "refinement",
         "attention_mask",
     ),
+    events=("AttentionMask", "MaskPredictStep"),
     compare={
         # The same mask model with and without verification: SPACE is exact, Mask-Predict trades
         # agreement with greedy for forwards (a block of m tokens in T forwards).

@@ -179,4 +179,5 @@ METHOD = Method(
         "heads_grid",
         "token_tree",
     ),
+    events=("Draft", "HeadProposals", "Verify"),
 )

@@ -101,4 +101,5 @@ METHOD = Method(
         "copy_source",
         "draft_panel",
     ),
+    events=("CopySource", "Draft", "Verify"),
 )

@@ -184,4 +184,5 @@ METHOD = Method(
     summary="The model drafts for itself with searched attention/MLP sublayers skipped.",
     relaxable=True,
     views=("self_speculative_panel",),
+    events=("Draft", "DraftStop", "Verify"),
 )

@@ -221,4 +221,5 @@ METHOD = Method(
         "relay",
         "attention_mask",
     ),
+    events=("AttentionMask", "Draft", "MaskGroups", "Verify"),
 )

@@ -140,6 +140,7 @@ METHOD = Method(
     summary="A cheap drafter proposes γ tokens; the target accepts a prefix in one forward.",
     relaxable=True,
     views=("draft_panel",),
+    events=("Draft", "DraftStop", "Priced", "Verify"),
     compare={
         # Who drafts matters more than how: the trained head against the model's first layers.
         "drafters: trained head vs the model's first layers": (

@@ -488,4 +488,5 @@ METHOD = Method(
     summary="Drafts a tree of alternatives; one forward with a tree mask verifies every branch.",
     relaxable=True,
     views=("token_tree",),
+    events=("Draft", "Priced", "Verify"),
 )
