@@ -7,6 +7,7 @@ Screenshots land in test-artifacts/ (views-<method>-<desktop|phone>-<end|middle>
 from urllib.parse import quote
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 
 from browser_helpers import LAYOUT_CHECK, STEP_NUMBER, go_to_step, settle
 from conftest import ARTIFACTS, DESKTOP, PHONE
@@ -49,8 +50,14 @@ def check_views(page, label: str) -> int:
     page.screenshot(path=str(ARTIFACTS / f"views-{label}.png"), full_page=True)
     for panel in ("panel", "panel2", "panel3", "panel4", "panel5", "hist"):  # close-ups
         plot = page.locator(f"#{panel} .js-plotly-plot")
-        if plot.count() and plot.first.is_visible():
-            plot.first.screenshot(path=str(ARTIFACTS / f"views-{label}-{panel}.png"))
+        path = str(ARTIFACTS / f"views-{label}-{panel}.png")
+        try:
+            if plot.count() and plot.first.is_visible():
+                plot.first.screenshot(path=path)
+        except PlaywrightError:  # redrawn under the camera (the step's own redraw came late)
+            settle(page)
+            if plot.count() and plot.first.is_visible():
+                plot.first.screenshot(path=path)
     assert not result["problems"], f"{label}:\n" + "\n".join(result["problems"])
     return result["plots"]
 
