@@ -3,6 +3,7 @@ steps; this module finds them by name (the visualizer imports no engine)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
@@ -64,6 +65,11 @@ VIEWS: dict[str, Panel] = {
 MAX_EXTRA_PANELS = 4
 
 
+@functools.cache
+def _takes_width(view: Panel) -> bool:
+    return "width" in inspect.signature(view).parameters
+
+
 def draw(
     view: Panel,
     events: Sequence[Event],
@@ -73,7 +79,7 @@ def draw(
 ) -> go.Figure:
     """One view at `step`. A view that sizes its labels to the figure's width in the page (a
     `width` parameter) is told it when the page has said."""
-    if width and "width" in inspect.signature(view).parameters:
+    if width and _takes_width(view):
         return view(events, texts, step, width=width)  # type: ignore[call-arg]
     return view(events, texts, step)
 
