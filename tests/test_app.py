@@ -82,6 +82,14 @@ def test_five_concurrent_clients_get_their_own_results(server, tiny):
 
 
 @slow
+def test_the_api_docs_name_every_output(client):
+    """view_api's outputs by name and type, not "1st: Any"."""
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert [r["label"] for r in api["/run"]["returns"]] == ["text", "stats", "trace"]
+    assert api["/run"]["returns"][0]["python_type"]["type"] == "str"
+    assert [r["label"] for r in api["/compare"]["returns"]] == ["comparison"]
+
+
 def test_compare_endpoint(client, tiny):
     out = client.predict(
         prompt="def f(x):",
@@ -284,6 +292,8 @@ def test_a_link_takes_params_json_and_presets():
         ({"method": "lookahead", "N": "999"}, "N must be between 2 and"),
         ({"method": "jacobi", "block": "abc"}, "block must be a number, got 'abc'"),
         ({"block": "8"}, "block is a parameter of jacobi, not of token_tree"),
+        # every method that has it (not the last one found): calm, free
+        ({"threshold": "0.9"}, "threshold is a parameter of self_speculative, calm, free, not of"),
         ({"method": "token_tree", "shape": "round"}, "'shape' must be one of"),
         ({"method": "speculative", "draft": "evil/model"}, "draft 'evil/model' is not offered"),
         ({"preset": "fastest"}, "preset='fastest' is not a preset of token_tree"),

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from browser_helpers import go_to_step
+from browser_helpers import go_to_step, layout_problems, settle
 from conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -621,3 +621,51 @@ def test_a_link_with_a_preset_sets_the_parameters_and_names_the_preset(server, p
     page.wait_for_timeout(1000)  # the method's change has landed too
     assert page.locator("#preset input").input_value() == "paper"
     assert_no_error_badge(page)
+
+
+def walk_the_tour(page, width: int) -> None:
+    """Every stop by Next: its narration, a figure that fits, no error badge."""
+    from ui.tour_tab import KEYS
+
+    page.get_by_role("tab", name="Tour").click()
+    for k in range(1, len(KEYS) + 1):
+        if k > 1:
+            page.locator("#tour-next").click()
+        page.locator("#tour-text").get_by_text(f"Stop {k} of {len(KEYS)}").wait_for(timeout=30_000)
+        page.wait_for_function(
+            "document.querySelector('#tour-panel .js-plotly-plot') !== null", timeout=30_000
+        )
+        settle(page)
+        assert layout_problems(page, "#tour-row") == [], (width, KEYS[k - 1])
+        if KEYS[k - 1] in ("token_tree_copy", "relaxed", "side_by_side"):
+            page.screenshot(path=str(ARTIFACTS / f"tour-{KEYS[k - 1]}-{width}.png"), full_page=True)
+    assert_no_error_badge(page)
+
+
+def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
+    """The guided tour at 1440 and 390 px: every stop opens with its narration and a figure
+    that fits; "Run it live" fills the Run tab with the stop's run and decodes it. On a phone the
+    Learn tab opens on the overview, its chooser a dropdown."""
+    page.goto(server)
+    page.locator("#prompt textarea").wait_for()
+    walk_the_tour(page, 1440)
+    page.locator("#tour-prev").click()  # back to the relaxed-verification stop
+    page.locator("#tour-text").get_by_text("relaxed verification").first.wait_for(timeout=30_000)
+    page.locator("#tour-live").click()
+    page.wait_for_function(
+        "document.querySelector('#method input')?.value.startsWith('Speculative')",
+        timeout=30_000,
+    )
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    assert "lossy" in page.locator("#metrics").inner_text().lower()  # β = 4: never a tick
+    assert page.locator("#speculative-beta input[type=number]").input_value() == "4"
+    assert_no_error_badge(page)
+
+    phone_page.goto(server)
+    phone_page.locator("#prompt textarea").wait_for()
+    walk_the_tour(phone_page, 390)
+    phone_page.get_by_role("tab", name="Learn").click()
+    phone_page.locator("#learn-figure .js-plotly-plot").wait_for(timeout=30_000)
+    assert phone_page.locator("#learn-method input").count() == 1  # a dropdown, not 17 radios
+    settle(phone_page)
+    assert layout_problems(phone_page, "#learn-figure") == []

@@ -17,6 +17,7 @@ from decoders import METHODS, InvalidInput, generate, prepare
 from decoders.core.events import Commit, Draft, token_ids
 from ui.compare import (
     DEFAULT_PRESET,
+    EVERY_METHOD,
     PRESETS,
     REFERENCE,
     compare_methods,
@@ -87,9 +88,11 @@ def test_every_preset_validates(name):
     assert specs[0].method == REFERENCE and len(specs) == len(PRESETS[name]) + 1
 
 
-def test_each_family_at_its_best_is_every_method_at_its_defaults():
-    assert {parse_spec(s).method for s in PRESETS[DEFAULT_PRESET]} == set(METHODS) - {REFERENCE}
-    for spec in PRESETS[DEFAULT_PRESET]:
+def test_each_family_at_its_best_is_one_method_a_family_at_its_defaults():
+    families = [METHODS[parse_spec(s).method].family for s in PRESETS[DEFAULT_PRESET]]
+    assert sorted(families) == sorted({m.family for m in METHODS.values()} - {"baseline"})
+    assert {parse_spec(s).method for s in PRESETS[EVERY_METHOD]} == set(METHODS) - {REFERENCE}
+    for spec in (*PRESETS[DEFAULT_PRESET], *PRESETS[EVERY_METHOD]):
         s = parse_spec(spec)
         assert s.params == METHODS[s.method].preset("defaults")
 
@@ -189,14 +192,14 @@ def test_the_table_uses_one_number_format():
     rows[1]["tokens_per_target_forward"] = 2
     rows[1]["mean_acceptance_length"] = 3.14159
     table = table_rows(rows)
-    assert [table[0][i] for i in (0, 1, 3, 4, 5)] == [
+    assert [table[0][i] for i in (0, 1, 3, 4, 6)] == [
         "autoregressive",
         "1.00×",
         "12.0",
         "1.00",
         "—",
     ]
-    assert [table[1][i] for i in (0, 1, 3, 4, 5)] == [
+    assert [table[1][i] for i in (0, 1, 3, 4, 6)] == [
         "prompt_lookup",
         "1.50×",
         "18.0",
@@ -218,8 +221,8 @@ def test_the_table_uses_one_number_format():
 
 @pytest.fixture(scope="module")
 def compared():
-    specs = [*PRESETS[DEFAULT_PRESET], "speculative:draft=self:2:gamma=3", "lookahead:N=3:W=2"]
-    return list(compare_methods("tiny-random", PROMPT, specs, 16, warm_up=False))
+    specs = [*PRESETS[EVERY_METHOD], "speculative:draft=self:2:gamma=3", "lookahead:N=3:W=2"]
+    return list(compare_methods("tiny-random", PROMPT, specs, 16, warm_up=False, rounds=1))
 
 
 def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, tiny):
@@ -237,7 +240,7 @@ def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, t
         assert final.traces[r["method"]].token_ids == greedy, r["method"]
         assert r["identical"] and r["lossless"] in ("reference", "✓ identical")
     assert final.rows[0]["method"] == REFERENCE and final.rows[0]["speedup"] == 1.0
-    n = len(PRESETS[DEFAULT_PRESET]) + 2 - len(lossy)  # the exact specs, besides the reference
+    n = len(PRESETS[EVERY_METHOD]) + 2 - len(lossy)  # the exact specs, besides the reference
     assert f"all {n} outputs identical to greedy" in final.headline()
     quick = max(lossy, key=lambda r: r["speedup"])  # more than two lossy rows: the fastest
     assert f"4 lossy rows: the fastest, {quick['method']}, at " in final.headline()
@@ -269,11 +272,15 @@ def test_race_lines_rise_with_time_and_end_at_the_token_count(compared):
         assert trace.meta["commit_s"][-1] <= trace.stats["wall_s"] + 0.02
     runs = [(label, t.events, t.meta["commit_s"]) for label, t in final.traces.items()]
     fig = race_chart(runs)
-    assert len(fig.data) == len(runs)
-    for trace_fig, (_, t) in zip(fig.data, final.traces.items(), strict=True):
+    *lines, ends = fig.data
+    assert len(lines) == len(runs)
+    for trace_fig, (_, t) in zip(lines, final.traces.items(), strict=True):
         assert list(trace_fig.y)[-1] == len(t.token_ids)
         assert list(trace_fig.x) == sorted(trace_fig.x)
     assert fig.data[0].line.dash == "dash"  # the reference
+    # each line named where it ends, in its colour
+    assert list(ends.y) == [list(t.y)[-1] for t in lines]
+    assert list(ends.marker.color) == [t.line.color for t in lines]
 
 
 def test_compare_traces_keep_the_text_of_every_token_a_view_names(compared):
@@ -303,7 +310,9 @@ def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
         ["speedup (×), output differs from greedy"] if differ else []
     ) + (["speedup (×), lossy method"] if any(r.get("lossy") for r in rows) else [])
     assert speed.orientation == "h" and list(speed.x) == [r["speedup"] for r in rows]
-    assert list(speed.y) == [wrap_label(r["method"]) for r in rows]
+    # each label in its row's colour, line by line
+    plain = [re.sub(r"<span[^>]*>|</span>", "", y) for y in speed.y]
+    assert plain == [wrap_label(r["method"]) for r in rows]
     assert list(speed.text) == [f"{r['speedup']:.2f}×" for r in rows]
     assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin
     assert fig.layout.xaxis.range[1] > max(max(speed.x), max(per_forward.x))  # room for the text
@@ -353,6 +362,32 @@ def test_long_specs_wrap_at_their_colons():
     tree = "token_tree:choices=0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0"
     assert max(len(line) for line in wrap_label(tree).split("<br>")) <= 22
     assert wrap_label("jacobi") == "jacobi"
+
+
+def test_a_speedup_its_work_cannot_explain_is_flagged_and_names_no_winner():
+    from ui.compare import explained
+
+    rows = [row(REFERENCE, 1.0), row("jacobi", 2.4), row("token_tree", 1.8)]  # jacobi: 1 a forward
+    rows[2]["tokens_per_target_forward"] = 3.0  # 3 tokens a forward: 1.8x is within reach
+    for r in rows:
+        r["explained"] = explained(r)
+    assert [r["explained"] for r in rows] == [True, False, True]  # jacobi: 1 token a forward
+    text = headline(rows)
+    assert text.startswith("Fastest: token_tree at 1.80×")
+    assert "⚠ jacobi (2.40×): faster than its tokens per forward allow" in text
+    assert table_rows(rows)[1][1].startswith("⚠ 2.40×")
+    # early exit: fewer layers a token explain a speedup at one token a forward; a tree's
+    # verified inputs (layers per token above 1) lower no bound
+    assert explained({**row("calm", 1.5), "layers_per_token": 0.6})
+    tree = {**row("token_tree", 2.8), "tokens_per_target_forward": 2.9, "layers_per_token": 3.2}
+    assert explained(tree)
+
+
+def test_a_speedup_is_the_median_of_its_rounds_with_their_range():
+    final = list(compare_methods("tiny-random", PROMPT, "jacobi", 6, False, 3))[-1]
+    r = final.rows[1]
+    low, high = r["speedup_range"]
+    assert low <= r["speedup"] <= high and r["runs"] == 3
 
 
 def test_rounds_keep_each_specs_fastest_run_and_check_every_run():

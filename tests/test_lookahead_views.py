@@ -504,3 +504,24 @@ def test_cell_labels_fit_a_phone_wide_cell():
         label = unescape(_cell_label("<|assistant|>", columns))
         assert len(label) * 6 <= PHONE_PLOT_PX / columns, (columns, label)
     assert unescape(_cell_label("<|assistant|>", 6)) == "<|ass…"  # wide cells: an ellipsis
+
+
+def test_jacobi_cells_hold_whole_tokens_at_the_width_the_page_gives():
+    """At a desktop's width the trajectory shows the last positions whose cells hold a
+    6-character token; at a phone's, at least the latest block."""
+    from visualizer.jacobi_view import CELL_PX, MARGINS_PX
+
+    texts = {10: "start", 11: "alpha", 12: "betas", 13: "gamma"}
+    long = [Prefill((1,)), Commit(0, (10,), ("target",), (1.0,))]
+    for s in range(1, 41):
+        long += [
+            JacobiIteration(s, s, (11, 12, 13), (True, True, False), start=s),
+            Verify(s, (), 13, "greedy-chain", ()),
+            Commit(s, (13,), ("correction",), (1.0,)),
+        ]
+    narrow = heatmap(jacobi_trajectory(long, texts, 40))  # no width: as before, 1-letter cells
+    wide = heatmap(jacobi_trajectory(long, texts, 40, width=700))
+    assert len(wide.x) == (700 - MARGINS_PX) // CELL_PX < len(narrow.x)
+    assert {t for row in wide.text for t in row if t} <= {"start", "alpha", "betas", "gamma"}
+    phone = heatmap(jacobi_trajectory(long, texts, 40, width=330))
+    assert len(phone.x) == max((330 - MARGINS_PX) // CELL_PX, 3 + 1)  # at least block + 1

@@ -5,8 +5,9 @@ autoregressive greedy (a float near-tie excepted and said: conftest.assert_greed
 - On tiny-random (the fast tier): each method at its defaults on three prompts, at its paper's
   settings, with the budget ending after 1 and 5 tokens (mid-draft), and with an end token that
   falls inside an accepted draft.
-- On the embedded model (slow), 32 tokens: at its defaults on code and on chat, and at its paper's
-  settings on a translation that copies from its prompt.
+- On the embedded model (slow), 32 tokens: at its defaults on chat, and at its paper's settings
+  on a translation that copies from its prompt. (At its defaults on code, 48 tokens, every method
+  is re-run against greedy by tests/test_tour.py: the guided tour's recordings.)
 
 The methods' own test files keep what is particular to them (their knobs' grids, their views,
 their drafters)."""
@@ -14,7 +15,6 @@ their drafters)."""
 from __future__ import annotations
 
 import pytest
-from test_prompt_lookup import humaneval
 
 from conftest import assert_greedy
 from decoders import METHODS, generate
@@ -22,13 +22,10 @@ from decoders.engine import greedy_reference
 
 BUDGET = 32
 PROMPTS = {
-    "code": humaneval(0),
     "chat": "Give me three tips for writing clear emails.",
     "copy": "Translate to French: The cat sleeps on the warm windowsill, and the dog sleeps too.",
 }
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless and name != "autoregressive"]
-# These draft well enough on code to verify more than one token per forward at their defaults.
-DRAFTING_ON_CODE = {"prompt_lookup", "speculative", "token_tree", "lookahead", "kangaroo", "space"}
 
 
 _references: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
@@ -102,17 +99,15 @@ def test_an_end_token_inside_an_accepted_draft_stops_every_method_there(tiny, me
 @pytest.mark.slow
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_every_lossless_method_matches_greedy_on_the_embedded_model(embedded, method):
-    # the defaults on code and chat; the paper's settings (else the defaults) on the copying prompt
+    # the defaults on chat; the paper's settings (else the defaults) on the copying prompt
     paper = "paper" if "paper" in METHODS[method].presets else "defaults"
-    runs = [("code", "defaults"), ("chat", "defaults"), ("copy", paper)]
+    runs = [("chat", "defaults"), ("copy", paper)]
     for kind, preset in runs:
         prompt_ids, expected = reference(embedded, kind)
         params = METHODS[method].preset(preset)
         res = generate(embedded, prompt_ids, method, BUDGET, **params)
         assert_greedy(embedded, res, expected)
         assert res.stats["tokens_per_target_forward"] >= 1.0 or method == "self_speculative"
-        if kind == "code" and preset == "defaults" and method in DRAFTING_ON_CODE:
-            assert res.stats["tokens_per_target_forward"] > 1.0, (method, res.stats)
 
 
 @pytest.mark.parametrize("method", list(METHODS))

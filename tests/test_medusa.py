@@ -716,3 +716,8 @@ def test_views_of_a_real_run_draw_every_step(tiny, fitted):
             for panel in (VIEWS[v] for v in METHODS[method].views):
                 fig = panel(res.events, texts, step)
                 assert fig.layout.title.text.startswith(("Step", "Token tree")), fig.layout.title
+
+
+def test_head_labels_hold_more_of_the_token_on_a_wide_page():
+    assert cell_chars(10, 900) > cell_chars(10) == 3
+    assert cell_chars(10, 900) == 10

@@ -310,3 +310,46 @@ def test_view_of_a_real_run(tiny):
         assert fig.layout.title.text.startswith(f"Step {step}")
         if stop.confidences:
             assert list(fig.data[0].y) == list(stop.confidences)
+
+
+def test_the_verdict_rests_on_medians_so_a_slow_forward_does_not_flip_it():
+    """One forward slowed tenfold by a busy machine moves no verdict; forwards whose times spread
+    across 1× say "about as fast", never faster or slower."""
+    from visualizer.self_speculative_view import cost_sentence, run_cost
+
+    clean = run_cost(synthetic_run(8.0, 1))
+    noisy_events = synthetic_run(8.0, 1)
+    noisy_events[2] = Forward(1, "draft", 1, 30, 80.0)  # one draft forward 10x slower
+    noisy = run_cost(noisy_events)
+    assert (
+        cost_sentence(noisy).split(" (")[0]
+        == cost_sentence(clean).split(" (")[0]
+        == ("Slower than plain decoding on this model")
+    )
+    assert noisy.speedup == clean.speedup
+    # drafts at 2 ms in one step and 6 ms in the other, beside 10 ms verifies, one accepted a
+    # step: 0.91x at the medians, 0.71x-1.25x at the quartiles
+    spread = [
+        Forward(e.step, "draft", 1, 30, 2.0 if e.step == 1 else 6.0)
+        if isinstance(e, Forward) and e.kind == "draft"
+        else e
+        for e in synthetic_run(2.0, 1)
+    ]
+    cost = run_cost(spread)
+    low, high = cost.speedup_range
+    assert low < 1.0 < high
+    assert cost_sentence(cost).startswith("About as fast as plain decoding")
+
+
+@pytest.mark.slow
+def test_two_identical_runs_give_the_same_verdict(embedded):
+    from visualizer.self_speculative_view import cost_sentence, run_cost
+
+    prompt = embedded.encode("Write a short note thanking a colleague for their help.", chat=True)
+    verdicts = [
+        cost_sentence(run_cost(generate(embedded, prompt, "self_speculative", 32).events)).split(
+            " ("
+        )[0]
+        for _ in range(2)
+    ]
+    assert verdicts[0] == verdicts[1], verdicts

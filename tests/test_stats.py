@@ -11,7 +11,9 @@ def test_autoregressive_stats():
     assert s["target_forwards"] == 4
     assert s["tokens_per_target_forward"] == 1.0
     assert s["mean_acceptance_length"] is None
-    assert s["tokens_per_s"] == 20.0
+    # the prefill's 50 ms apart: 4 tokens in the 150 ms after it; the first token's wait alone
+    assert s["tokens_per_s"] == round(4 / 0.15, 4)
+    assert s["ttft_s"] == 0.05
     assert s["time_ms"] == {"prefill": 50.0, "target": 60.0}
 
 

@@ -14,6 +14,7 @@ from visualizer.tree_view import (
     drawn_nodes,
     token_tree,
     tree_layout,
+    which_branch_won,
 )
 
 TEXTS = {1: "<s>", 10: "def", 11: " f", 12: "(x", 13: "):", 14: "\n", 15: " return", 16: "<b>"}
@@ -316,3 +317,33 @@ def test_a_big_tree_draws_its_first_nodes_and_the_accepted_path():
     assert f"{MAX_NODES} drawn" in fig.layout.title.subtitle.text.replace("<br>", " ")
     malformed = [*events[:1], Draft(2, "eagle", (11, 12), (1, -1), (0.5, 0.5)), *events[2:]]
     assert "malformed draft tree" in token_tree(malformed, TEXTS, 2).layout.annotations[0].text
+
+
+def test_the_copied_branch_is_outlined_and_the_subtitle_says_which_branch_won():
+    """Nodes 2 and 3 are a chain copied from the context, grafted beside the drafter's 0 -> 1."""
+    draft = Draft(
+        1, "eagle + prompt lookup", (11, 12, 20, 21), (-1, 0, -1, 2), (0.9, 0.5, 1, 1), (2, 3)
+    )
+    events = [*BRANCHING[:3], draft]
+    copy_won = Verify(1, (2, 3), 22, "greedy-tree")
+    fig = token_tree(
+        [*events, copy_won, Commit(1, (20, 21, 22), ("draft",) * 2 + ("bonus",), (0.9,) * 3)],
+        TEXTS,
+        1,
+        1000,
+    )
+    outlined = [a.text for a in fig.layout.annotations if a.bordercolor == "#8e24aa"]
+    assert outlined == [" g", "["]
+    assert "copied from the context (outline)" in [t.name for t in fig.data]
+    assert "the copied branch won: 2 accepted tokens copied" in fig.layout.title.subtitle.text
+    assert (
+        which_branch_won(draft, (0, 1))
+        == "the drafter's branch won; the copied branch was rejected"
+    )
+    assert which_branch_won(draft, ()) == "neither branch's first token was accepted"
+    # the drafter had proposed the copy's first token (node 0): the copy added node 2 after it
+    shared = Draft(1, "eagle + prompt lookup", (11, 12, 13), (-1, 0, 0), (0.9, 0.5, 1.0), (2,))
+    assert which_branch_won(shared, (0,)) == "the drafter and the copy agreed on 1 accepted"
+    assert which_branch_won(shared, (0, 2)) == (
+        "the copied branch won: 2 accepted tokens copied from the context"
+    )

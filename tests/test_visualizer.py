@@ -242,3 +242,52 @@ def test_an_exit_runs_curve_shows_early_exit_families_only():
     xs = [x for trace in fig.data for x in trace.x]
     assert max(xs) <= 1.0  # relaxed verification's rows would stretch the axis to 1.7
     assert {t.name for t in fig.data} >= {"calm (benchmark)", "free (benchmark)", "this run"}
+
+
+def test_the_tokens_show_a_steps_rolled_back_drafts_and_a_draft_still_waiting():
+    from decoders.core.events import Commit, Draft, Forward, Verify
+    from visualizer.tokens import rolled_back, token_spans_html
+
+    texts = {1: "a", 2: "b", 3: "c", 4: "d", 5: "e", 9: "X", 7: "t"}
+    # a tree: root -> 0 (a, accepted) -> 1 (b, p .6) -> 2 (c); 0 -> 3 (d, p .3); root -> 4 (e)
+    draft = Draft(1, "eagle", (1, 2, 3, 4, 5), (-1, 0, 1, 0, -1), (0.9, 0.6, 0.5, 0.3, 0.1))
+    assert rolled_back(draft, (0,)) == [2, 3]  # the likelier child b, then its child c
+    assert rolled_back(draft, ()) == [1, 2, 3]
+    chain = Draft(1, "eagle", (1, 2, 3), (-1, 0, 1), (0.9, 0.8, 0.7))
+    assert rolled_back(chain, (0, 1, 2)) == []
+    events = [
+        Forward(0, "prefill", 3, 30, 10.0),
+        Commit(0, (7,), ("target",), (0.9,)),
+        draft,
+        Verify(1, (0,), 9, "greedy-tree"),
+        Commit(1, (1, 9), ("draft", "correction"), (0.9, 0.8)),
+    ]
+    at = token_spans_html(events, texts, 1)
+    # a, then b c struck through where X, the target's own token, now stands
+    assert (
+        at.index(">a<") < at.index('dl-ghost" title="drafted at step 1, rejected') < at.index(">X<")
+    )
+    assert at.count("dl-ghost") - at.count(".dl-ghost") == 2 and "drafted, rolled back" in at
+    assert "dl-ghost" not in token_spans_html(events, texts, 0).split("</style>")[1]
+    # streaming: a draft the target has not judged yet, faint after the last commit
+    waiting = token_spans_html([*events, Draft(2, "eagle", (4, 5), (-1, 0), (0.5, 0.4))], texts)
+    assert waiting.count('dl-ghost dl-unverified"') == 2
+
+
+def test_the_hash_table_tells_look_alike_tokens_apart_and_says_it_scrolls():
+    from decoders.core.events import Commit, LayerExit
+    from visualizer.exit_view import hash_layers
+
+    texts = {i: f"w{i}" for i in range(40)} | {100: " the", 101: "the"}  # alike in a cell
+    outputs = [100, 101, *range(30)]
+    events = [Commit(0, (outputs[0],), ("target",), (1.0,))]
+    for pos in range(1, len(outputs)):
+        events += [
+            LayerExit(pos, pos, 3 + pos % 5, 30, (), (), 0.0, "hash"),
+            Commit(pos, (outputs[pos],), ("exit",), (0.9,)),
+        ]
+    fig = hash_layers(events, texts, len(outputs) - 1)
+    cells = list(fig.data[0].cells.values[0])
+    assert len(cells) == len(set(cells)), "every row reads differently"
+    assert "␣the  (id 100)" in cells and "the  (id 101)" in cells
+    assert "↕ scroll the table" in fig.layout.title.subtitle.text.replace("<br>", " ")

@@ -78,3 +78,17 @@ def budget_slider(elem_id: str, **kwargs) -> gr.Slider:
     return gr.Slider(
         1, UI_MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens", elem_id=elem_id, **kwargs
     )
+
+
+def api(fn, api_name: str, outputs: list[str], **kwargs) -> None:
+    """`gr.api` for `fn`, its outputs named in the API docs (`view_api`) instead of "1st: Any":
+    the return annotation resolved to types (this codebase's annotations are strings) and each
+    output labelled by `outputs`."""
+    import typing
+
+    fn.__annotations__ = typing.get_type_hints(fn)
+    gr.api(fn, api_name=api_name, **kwargs)
+    blocks = gr.context.get_blocks_context()
+    dep = next(f for f in reversed(list(blocks.fns.values())) if f.api_name == api_name)
+    for block, name in zip(dep.outputs, outputs, strict=True):
+        block.label = name

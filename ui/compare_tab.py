@@ -19,11 +19,12 @@ import gradio as gr
 from decoders import DecodingLabError
 from visualizer import quality_chart, race_chart, speedup_chart, token_spans_html
 
-from .common import budget_slider, gpu, message, model_picker
+from .common import api, budget_slider, gpu, message, model_picker
 from .compare import (
     DEFAULT_PRESET,
     MAX_ROUNDS,
     PRESETS,
+    ROUNDS,
     TABLE_HEADERS,
     Comparison,
     compare_methods,
@@ -155,10 +156,10 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
             rounds = gr.Slider(
                 1,
                 MAX_ROUNDS,
-                value=1,
+                value=ROUNDS,
                 step=1,
-                label="Rounds: each spec runs this often, in rotated order; a row keeps its "
-                "fastest run (steadier numbers on a busy machine)",
+                label="Rounds: each spec runs this often, autoregressive in every round; a "
+                "speedup is the median of its rounds, with their range",
                 elem_id="cmp-rounds",
             )
             button = gr.Button("Compare", variant="primary", elem_id="cmp-btn")
@@ -175,7 +176,7 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 # squeeze a phone's cells to a letter a line); on a phone the numbers scroll
                 # beside the pinned spec. Tall enough for the presets' 15 rows.
                 wrap=True,
-                column_widths=["176px", "76px", "146px", "70px", "84px", "70px", "74px"],
+                column_widths=["176px", "76px", "146px", "70px", "84px", "70px", "70px", "60px"],
                 pinned_columns=1,
                 max_height=1000,
                 elem_id="cmp-table",
@@ -244,10 +245,10 @@ def compare(
     methods: str = "autoregressive",
     model: str = "",
     max_new_tokens: int = 64,
-    rounds: int = 1,
+    rounds: int = ROUNDS,
 ) -> dict:
     """Run several method specs (comma-separated; NAME or NAME:KEY=VALUE[:KEY=VALUE]) greedily on
-    one prompt, autoregressive first; `rounds` > 1 runs each that often and keeps its fastest.
+    one prompt, autoregressive first and in every round; a speedup is the median of `rounds`.
     Returns rows (one per spec), texts (by spec) and the headline."""
     try:
         *_, result = compare_methods(model or None, prompt, methods, max_new_tokens, rounds=rounds)
@@ -262,4 +263,4 @@ def compare(
 
 def register_compare_api() -> None:
     """Call inside the page's gr.Blocks: the `/compare` endpoint for gradio_client."""
-    gr.api(gpu(compare), api_name="compare", concurrency_id="decode")
+    api(gpu(compare), "compare", ["comparison"], concurrency_id="decode")

@@ -16,14 +16,16 @@ from decoders import METHODS, DecodingLabError
 from decoders.core.events import Commit, Forward
 from visualizer import forward_timeline, tokens_per_step
 
-from .common import gpu, internal_error
+from .common import api, gpu, internal_error
 from .compare_tab import build_compare_tab, register_compare_api
 from .learn_tab import build_learn_tab
 from .links import check_budget
 from .live import run_to_end
 from .models import model_choices
 from .run_tab import build_run_tab
-from .run_views import CSS, DEFAULT_METHOD
+from .run_views import CSS
+from .tour import STOPS
+from .tour_tab import build_tour_tab
 from .traces import EXAMPLE_PROMPTS
 
 EXAMPLES = [[p] for p in EXAMPLE_PROMPTS]
@@ -45,16 +47,19 @@ def build_demo() -> gr.Blocks:
         gr.HTML(f"<style>{CSS}</style>", padding=False, container=False, elem_id="dl-style")
         gr.Markdown(
             "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or several. "
-            "Pick a method, run it on a real model, then step through what happened."
+            "Pick a method, run it on a real model, then step through what happened. "
+            f"New here? The **Tour** tab walks through every idea in {len(STOPS) + 1} stops."
         )
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
-                build_run_tab(demo)
+                run_tab = build_run_tab(demo)
+            with gr.Tab("Tour", id="tour"):
+                build_tour_tab(run_tab, tabs)
             with gr.Tab("Compare", id="compare"):
                 build_compare_tab(choices)
 
             with gr.Tab("Learn", id="learn"):
-                build_learn_tab(method_choices, DEFAULT_METHOD)
+                build_learn_tab(method_choices)
 
         # --- API for scripts (gradio_client) -------------------------------------------------------
 
@@ -84,7 +89,7 @@ def build_demo() -> gr.Blocks:
                 json.loads(trace.to_json()),
             )
 
-        gr.api(gpu(run), api_name="run", concurrency_id="decode")
+        api(gpu(run), "run", ["text", "stats", "trace"], concurrency_id="decode")
         register_compare_api()
 
     demo.queue(

@@ -131,15 +131,25 @@ def parse_link(query: Mapping[str, str], default_method: str) -> Link:
     if "params" in q:
         given |= attempt(lambda: _link_params(q["params"], m)) or {}
     by_name = {p.name: p for p in m.knobs}
-    others = {p.name: n for n, other in METHODS.items() for p in other.knobs if n != method}
+    others: dict[str, list[str]] = {}  # a parameter name -> every other method that has it
+    for n, other in METHODS.items():
+        for p in other.knobs:
+            if n != method:
+                others.setdefault(p.name, []).append(n)
     for key, raw in q.items():
         if key in LINK_FORM_FIELDS or key in SAMPLING_BY_NAME:
             continue
         if key in by_name:
             given[key] = raw
         elif key in others:
+            owners = others[key]
+            hint = (
+                f"add method={owners[0]}"
+                if len(owners) == 1
+                else f"add method= one of {', '.join(owners)}"
+            )
             link.errors.append(
-                f"{key} is a parameter of {others[key]}, not of {method} (add method={others[key]})"
+                f"{key} is a parameter of {', '.join(owners)}, not of {method} ({hint})"
             )
         else:
             link.errors.append(f"unknown link parameter {key!r}")

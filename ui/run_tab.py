@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from decoders import METHODS, DecodingLabError
+from decoders.core.events import Forward
 from decoders.core.params import SAMPLING_PARAMS
 from decoders.core.tracefile import MAX_TRACE_BYTES
 from visualizer import (
@@ -56,6 +57,7 @@ from .run_views import (
     _export,
     prompt_html,
     showcase_step,
+    stale_note,
     views_of,
     with_plot_width,
 )
@@ -130,7 +132,8 @@ def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
             )
             upload = gr.File(
                 label="Import a trace to replay (no model needed)",
-                file_types=[".json"],
+                # any file: ours is the message that names what is wrong with it (gradio's own
+                # type check answered a .png with a bare "Error" in the box)
                 type="filepath",
                 elem_id="import",
             )
@@ -160,6 +163,7 @@ def _output(start: dict[str, Any]) -> dict[str, Any]:
         False, label="Show what the model sees (the chat template)", elem_id="show-seen"
     )
     seen = gr.HTML(start["seen"], visible=False, elem_id="seen")
+    stale = gr.HTML("", padding=False, container=False, elem_id="stale")
     tokens = gr.HTML(start["tokens"], elem_id="tokens")
     metrics = gr.HTML(start["metrics"], elem_id="metrics")
     with gr.Row(equal_height=True):
@@ -202,6 +206,7 @@ def _output(start: dict[str, Any]) -> dict[str, Any]:
     width = gr.Number(None, visible=False, elem_id="plot-width")
     redraw = gr.Button("redraw", elem_id="redraw", elem_classes=["dl-hidden"])
     return dict(
+        stale=stale,
         width=width,
         redraw=redraw,
         show_seen=show_seen,
@@ -316,11 +321,22 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
                     if live.phase == "checking":
                         yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
                         continue
+                    # as the finished run's card says: the prompt's forward apart
+                    prefill_s = (
+                        sum(
+                            e.wall_ms
+                            for e in trace.events
+                            if isinstance(e, Forward) and e.kind == "prefill"
+                        )
+                        / 1000.0
+                    )
+                    decoding_s = live.elapsed_s - prefill_s if live.elapsed_s else 0.0
                     update: dict[Any, Any] = {
                         t.tokens: token_spans_html(trace.events, trace.texts),
                         t.metrics: metrics_html(
                             {
-                                "tokens_per_s": n / live.elapsed_s if live.elapsed_s else None,
+                                "tokens_per_s": n / decoding_s if decoding_s > 0 else None,
+                                "ttft_s": prefill_s or None,
                                 "new_tokens": n,
                             }
                         ),
@@ -521,19 +537,24 @@ def _wire_trace_files(t: RunTab) -> None:
 def _wire_method(t: RunTab) -> None:
     """A method's parameters, preset and explainer; the chat template's view."""
 
-    def on_method(name: str) -> dict:
+    def on_method(name: str, trace: Trace | None) -> dict:
         if name not in METHODS:
             return {t.method_help: gr.skip()}
+        shown = trace.meta.get("method") if trace is not None else None
+        stale = shown is not None and shown != name
         return {
             **{group: gr.Group(visible=n == name) for n, group in t.groups.items()},
             t.method_help: explainer(name),
             t.preset: gr.Dropdown(choices=_preset_choices(name)),  # its value: see below
+            # The figures still show the last run: say whose, so nobody reads them as this
+            # method's (they are dimmed until a run of this method replaces them).
+            t.stale: stale_note(shown, name) if stale else "",
         }
 
     t.method.change(
         on_method,
-        t.method,
-        [*t.groups.values(), t.method_help, t.preset],
+        [t.method, t.trace],
+        [*t.groups.values(), t.method_help, t.preset, t.stale],
         api_visibility="private",
     )
     # A visitor's new method starts from its defaults; a link's method keeps the link's preset.

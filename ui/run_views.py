@@ -104,6 +104,11 @@ CSS = """
   .modebar-container {display: none;}
 }
 .dl-hidden {display: none !important;}
+.dl-stale {background: #e3f2fd; border-left: 4px solid #1565c0; padding: 6px 10px; border-radius: 4px;}
+/* The tour: where we are, and the one thing to look at */
+.dl-tour-where {font-size: 13px; color: #546e7a; text-transform: uppercase; letter-spacing: .04em;}
+.dl-look {background: #fff8e1; border-left: 4px solid #f9a825; padding: 8px 10px; border-radius: 4px;}
+.dl-tour-rule {font-size: 13px; color: #546e7a;}
 /* A long name ends in an ellipsis before the dropdown's arrow, not under it (both tabs). */
 #model input, #method input, #cmp-model input {text-overflow: ellipsis; padding-right: 1.6em;}
 .dl-seen {font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px;
@@ -112,6 +117,24 @@ CSS = """
 .dl-seen span.a {background: #eef2f5;} .dl-seen span.b {background: #e1e8ed;}
 .dl-seen span.special {background: #fff3cd; color: #6d4c00;}
 """
+
+
+# While the views show another method's run than the one picked (the method was changed, not yet
+# run): dimmed, under a note that says whose run they are.
+STALE_CSS = (
+    "<style>#tokens, #metrics, #panel, #timeline, #per-step, #hist, [id^=panel] "
+    "{opacity: .35; transition: opacity .2s}</style>"
+)
+
+
+def stale_note(shown: str, picked: str) -> str:
+    """The note over views that show `shown`'s run while `picked` is the method chosen."""
+    was = METHODS[shown].title if shown in METHODS else shown
+    now = METHODS[picked].title if picked in METHODS else picked
+    return (
+        f'{STALE_CSS}<div class="dl-stale">ℹ️ These views are the last run\'s: '
+        f"{html.escape(was)}. Press <b>Run</b> to decode with {html.escape(now)}.</div>"
+    )
 
 
 def _control(p: Param, method: str) -> gr.components.Component:
@@ -215,6 +238,7 @@ class RunTab:
     timer: Any
     trace: Any  # gr.State holding the Trace shown (a run, its partial stream, an import)
     width: Any  # the method view's width in the page (hidden; set by each event's js)
+    stale: Any  # a style that dims the views while they show another method's run
     redraw: Any  # a hidden button a resize clicks
     sampling: tuple[Any, ...] = field(default=())
 
@@ -263,6 +287,7 @@ class RunTab:
             self.export_btn: gr.DownloadButton(value=_export(trace), visible=True),
             self.seen: prompt_html(trace),
             self.status: status,
+            self.stale: "",
         }
 
     def cleared(self, status: str) -> dict:
@@ -282,6 +307,7 @@ class RunTab:
             self.export_btn: gr.DownloadButton(visible=False),
             self.seen: "",
             self.status: status,
+            self.stale: "",
         }
 
     @property
@@ -300,6 +326,7 @@ class RunTab:
             self.export_btn,
             self.seen,
             self.status,
+            self.stale,
         ]
 
     @property

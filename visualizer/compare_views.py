@@ -17,7 +17,7 @@ from decoders.core.events import Commit, Event, Forward
 
 from .cells import _swatch
 from .figures import _base_layout, _empty
-from .text import fmt_ratio, fmt_speedup
+from .text import cut, fmt_ratio, fmt_speedup
 
 # One colour per row, in row order (autoregressive, the reference, is grey and dashed).
 PALETTE = (
@@ -44,6 +44,15 @@ REFERENCE_COLOUR = "#78909c"
 IDENTICAL_COLOUR, DIFFERS_COLOUR, LOSSY_COLOUR = "#2e7d32", "#c62828", "#8e24aa"
 INK = "#263238"  # a value written inside a pale bar
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
+
+
+def colours_of(labels: Sequence[str]) -> dict[str, str]:
+    """One colour per row, the same in every chart of a comparison (the speedup bars' labels, the
+    race's lines, the quality chart's points): the reference grey, the others in row order."""
+    return {
+        label: REFERENCE_COLOUR if i == 0 else PALETTE[(i - 1) % len(PALETTE)]
+        for i, label in enumerate(labels)
+    }
 
 
 def wrap_label(spec: str, width: int = WRAP) -> str:
@@ -88,7 +97,15 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     spec (the spec as the label), in the order they ran; the dotted line is 1× (the reference)."""
     if not rows:
         return _empty("Speedup over autoregressive", "run a comparison to see it here")
-    labels = [wrap_label(str(r["method"])) for r in rows]
+    colours_by = colours_of([str(r["method"]) for r in rows])
+    # each label in its row's colour (the race's and the quality chart's)
+    labels = [
+        "<br>".join(
+            f'<span style="color:{colours_by[str(r["method"])]}">{line}</span>'
+            for line in wrap_label(str(r["method"])).split("<br>")
+        )
+        for r in rows
+    ]
     speedups = [float(r["speedup"]) for r in rows]
     per_forward = [float(r["tokens_per_target_forward"]) for r in rows]
     # A lossy method is never green, even when this run happened to match greedy.
@@ -186,9 +203,11 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
     if not runs:
         return _empty("Race: tokens committed against time", "run a comparison to see it here")
     fig = go.Figure()
+    colours = colours_of([label for label, _, _ in runs])
+    ends: list[tuple[float, int, str, str]] = []
     for i, (label, events, commit_s) in enumerate(runs):
         times, tokens = race_points(events, commit_s)
-        colour = REFERENCE_COLOUR if i == 0 else PALETTE[(i - 1) % len(PALETTE)]
+        colour = colours[label]
         fig.add_trace(
             go.Scatter(
                 x=times,
@@ -199,6 +218,23 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
                 hovertemplate="%{fullData.name}<br>%{x:.2f} s · %{y} tokens<extra></extra>",
             )
         )
+        ends.append((times[-1], tokens[-1], label.split(" · ")[0], colour))
+    # Each line's name where it ends (the first to finish is the fastest), so a reader need not
+    # match fifteen colours to the legend.
+    fig.add_trace(
+        go.Scatter(
+            x=[t for t, _, _, _ in ends],
+            y=[n for _, n, _, _ in ends],
+            mode="markers+text",
+            text=[cut(name, 14) for _, _, name, _ in ends],
+            textposition="middle left",
+            textfont=dict(size=9, color=[c for _, _, _, c in ends]),
+            marker=dict(size=6, color=[c for _, _, _, c in ends]),
+            hoverinfo="skip",
+            showlegend=False,
+            name="line ends",
+        )
+    )
     fig.update_xaxes(title_text="wall time (s), prefill included", rangemode="tozero")
     # Outside ticks (drawn white) keep the y axis' "0" clear of the x axis' "0" at the origin.
     fig.update_yaxes(
@@ -228,7 +264,8 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
         if r.get("lossy") or r.get("name") == "autoregressive":
             families.setdefault(str(r.get("name", r["method"])), []).append(r)
     fig = go.Figure()
-    for i, (name, members) in enumerate(families.items()):
+    colours = colours_of([str(r["method"]) for r in rows])
+    for name, members in families.items():
         members = sorted(members, key=lambda r: float(r["speedup"]))
         is_ref = name == "autoregressive"
         fig.add_trace(
@@ -237,10 +274,9 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
                 y=[float(r.get("agreement", 1.0)) for r in members],
                 mode="markers" if is_ref else "lines+markers",
                 name=name,
-                marker=dict(
-                    size=11,
-                    color=REFERENCE_COLOUR if is_ref else PALETTE[i % len(PALETTE)],
-                ),
+                # each point the colour its row has in the race; the line its first row's
+                marker=dict(size=11, color=[colours[str(r["method"])] for r in members]),
+                line=dict(color=colours[str(members[0]["method"])]),
                 text=[
                     f"{r['method']}<br>{float(r['speedup']):.2f}× · agreement "
                     f"{float(r.get('agreement', 1.0)):.0%} · ROUGE-L "
@@ -267,3 +303,49 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_xaxes(title_text="speedup over autoregressive (×)", rangemode="tozero")
     fig.update_yaxes(title_text="token agreement with greedy", range=[0, 1.08])
     return _layout(fig, "Quality against speed (lossy runs)", 360, top=70)
+
+
+def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Why a method is faster, from measured rows: tokens per target forward (x) against the
+    speedup over autoregressive (y), one labelled point per lossless row; on the dotted line
+    y = x a wider forward would cost nothing, and a point's distance below it is what its wider
+    forwards and its drafting cost on the machine that measured it."""
+    exact = [r for r in rows if not r.get("lossy")]
+    if not exact:
+        return _empty("Why a method is faster", "no lossless row was measured")
+    top = max(max(r["tokens_per_target_forward"] for r in exact), 1.0) * 1.08
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[1, top],
+            y=[1, top],
+            mode="lines",
+            line=dict(dash="dot", color=REFERENCE_COLOUR),
+            name="if a wider forward cost nothing",
+            hoverinfo="skip",
+        )
+    )
+    ordered = sorted(exact, key=lambda r: r["tokens_per_target_forward"])
+    fig.add_trace(
+        go.Scatter(
+            x=[r["tokens_per_target_forward"] for r in ordered],
+            y=[r["speedup"] for r in ordered],
+            mode="markers+text",
+            text=[str(r["method"]) for r in ordered],
+            # neighbours along x alternate above and below their points
+            textposition=["top center" if i % 2 else "bottom center" for i in range(len(ordered))],
+            textfont=dict(size=10),
+            marker=dict(size=9, color=PALETTE[0]),
+            hovertext=[
+                f"{r['method']}: {r['tokens_per_target_forward']:.2f} tokens per forward, "
+                f"{fmt_speedup(r['speedup'])} measured"
+                for r in ordered
+            ],
+            hoverinfo="text",
+            name="measured (lossless methods)",
+        )
+    )
+    fig.add_hline(y=1.0, line=dict(color="#cfd8dc", width=1))
+    fig.update_xaxes(title_text="tokens per target forward", range=[0.9, top])
+    fig.update_yaxes(title_text="speedup over autoregressive (×)", rangemode="tozero")
+    return _layout(fig, "Why a method is faster (measured here)", height=420, top=70)

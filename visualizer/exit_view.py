@@ -144,8 +144,9 @@ def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -
     depth = sum(e.layer for e in exits) / (len(exits) * n_layers)
     rule = exits[0].rule
     note = (
-        f"{early} of the {len(exits)} tokens after the prefill's left early, on average at "
-        f"{depth:.0%} of the depth"
+        f"{early} of the {len(exits)} tokens after the prefill's left early; they were written "
+        f"from {depth:.0%} of the depth on average (the layers a token skipped may still run "
+        "later, for its keys and values)"
     ) + (
         "; layer = hash(input)"
         if rule == "hash"
@@ -240,22 +241,32 @@ def hash_layers(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     order = sorted(seen, key=lambda t: (seen[t], -count[t]))
     n_layers = exits[0].n_layers
     layer_text = [f"{seen[t]}" + (" (full)" if seen[t] == n_layers else "") for t in order]
+    # A table cell drops a token's leading and trailing spaces, so " the" and "the" would read
+    # the same: such tokens show their spaces as ␣, and their ids.
+    raw = [visible(texts.get(t, "?")) for t in order]
+    looks = [v.strip() for v in raw]
+    shown = [
+        f"{escape(v.replace(' ', '␣'))}  (id {t})" if looks.count(k) > 1 else escape(v)
+        for v, k, t in zip(raw, looks, order, strict=True)
+    ]
     fig = go.Figure(
         go.Table(
             header=dict(values=["input token", "exits after layer", "times on screen"]),
             cells=dict(
                 values=[
-                    [escape(visible(texts.get(t, "?"))) for t in order],
+                    shown,
                     layer_text,
                     [count[t] for t in order],
                 ]
             ),
         )
     )
+    height = min(520, 160 + 24 * len(order))
+    fits = (height - 160) // 24
     note = f"{len(order)} distinct input tokens; frequent tokens hash to shallow exits"
-    return _base_layout(
-        fig, title, height=min(520, 160 + 24 * len(order)), subtitle=wrap(note, SUBTITLE_CHARS)
-    )
+    if len(order) > fits:  # Plotly's table scrolls inside itself with no scroll bar of its own
+        note += f" · ↕ scroll the table: {len(order) - fits} more rows below"
+    return _base_layout(fig, title, height=height, subtitle=wrap(note, SUBTITLE_CHARS))
 
 
 def catch_ups(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
@@ -392,7 +403,10 @@ def quality_point(
                 hoverinfo="text",
             )
         )
-        note = f"this run: {agreement:.0%} agree, {layers:.0%} of the layers computed"
+        note = (
+            f"this run: {agreement:.0%} agree, {layers:.0%} of the layers computed per token "
+            "(skipped layers run later to fill the cache count)"
+        )
     else:
         note = "this run's point appears once its agreement with greedy is checked"
     fig.update_xaxes(title_text="decoder layers per token (share)")

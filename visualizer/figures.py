@@ -364,16 +364,40 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
             ],
         )
     )
+    rows = ["target", "draft"]
+    preferred = dict(zip(verify.relaxed, verify.preferred, strict=False)) if verify else {}
+    if preferred:  # what the exact rule would have written where the relaxed rule took the draft
+        at = sorted(preferred)
+        own = _token_row(
+            [preferred[i] for i in at],
+            "target's own",
+            [COLOURS["correction"]] * len(at),
+            texts,
+            [
+                f"{token_hover(texts.get(preferred[i], '?'), preferred[i])} · the target's own "
+                f"choice at position {i + 1}: the relaxed rule took the draft's "
+                f"{texts.get(draft.tokens[i], '?')!r} instead"
+                for i in at
+            ],
+        )
+        own.x = [i + 1 for i in at]
+        fig.add_trace(own)
+        rows = ["target's own", *rows]
     fig.update_xaxes(
         title_text="draft position",
         dtick=1,
         range=[0.3, max(len(draft.tokens), len(commit.tokens)) + 0.7],
     )
-    fig.update_yaxes(title_text="", categoryorder="array", categoryarray=["target", "draft"])
+    fig.update_yaxes(title_text="", categoryorder="array", categoryarray=rows)
     fig.update_layout(showlegend=False)
     title = f"Step {step}: {cut(draft.source, 36)}"
     subtitle = f"drafted {len(draft.tokens)}, accepted {n_acc}; the target's tokens below"
-    return _base_layout(fig, title, height=230, subtitle=subtitle)
+    if relaxed:
+        subtitle = (
+            f"drafted {len(draft.tokens)}, accepted {n_acc}, {len(relaxed)} of them (teal) only "
+            "by the relaxed rule" + ("; the target's own choice at the bottom" if preferred else "")
+        )
+    return _base_layout(fig, title, height=290 if preferred else 230, subtitle=subtitle)
 
 
 def _token_row(

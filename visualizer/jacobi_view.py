@@ -63,23 +63,32 @@ def _frame_column(
 PHONE_PLOT_PX = 300  # a 390 px screen's plot area: cell labels must fit there too
 
 
-def _cell_label(text: str, columns: int) -> str:
-    """A token inside a heatmap cell, as many characters as a phone-wide cell holds (about 6 px
-    each, none when too narrow; the hover has the whole token), with an ellipsis only where a
-    cell has room for one."""
-    limit = min(6, PHONE_PLOT_PX // max(columns, 1) // 6)
+CELL_PX = 44  # a cell that shows a 6-character token
+MARGINS_PX = 110  # the figure's y tick labels ("15 (+2)") and side margins
+
+
+def _cell_label(text: str, columns: int, plot_px: int = PHONE_PLOT_PX) -> str:
+    """A token inside a heatmap cell, as many characters as a cell of a `plot_px` wide plot holds
+    (about 6 px each, none when too narrow; the hover has the whole token), with an ellipsis
+    only where a cell has room for one."""
+    limit = min(6, plot_px // max(columns, 1) // 6)
     if limit < 4:
         return escape(visible(text)[:limit])
     return short_token(text, limit - 1)  # the ellipsis takes the last place
 
 
-def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+def jacobi_trajectory(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
+) -> go.Figure:
     """The Jacobi trajectory as the CLLM and Lookahead papers draw it: one row per iteration (the
     last 16 up to `step`), one column per ABSOLUTE output position. Each row is the sequence the
     forward saw: the tokens committed before it (grey: the fixed point so far), then the block of
     guesses: green where the target accepted them (converged), red for the first wrong guess (the
     target's own token is committed there instead), orange where the previous forward changed the
-    guess, white where it stood still. Read down the rows, the fixed-point prefix grows."""
+    guess, white where it stood still. Read down the rows, the fixed-point prefix grows.
+    `width`: the figure's width in the page; the view then shows the last positions whose cells
+    hold a 6-character token (at least the latest block and the token before it), so tokens read
+    whole on a desktop and a phone shows the block, not 40 one-letter columns."""
     title = f"Step {step}: Jacobi trajectory"
     its = [e for e in events if isinstance(e, JacobiIteration) and e.step <= step]
     if not its:
@@ -105,6 +114,11 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
     hi = max(max(start_of(it) + len(it.tokens) for it in shown), start_of(shown[-1]) + 1)
     lo = 0 if hi <= 40 else max(0, start_of(shown[0]) - 1)
     lo = max(lo, hi - MAX_POSITIONS)
+    plot_px = PHONE_PLOT_PX
+    if width:
+        plot_px = max(int(width) - MARGINS_PX, 100)
+        block = max(len(it.tokens) for it in shown)
+        lo = max(lo, hi - max(plot_px // CELL_PX, block + 1))
     columns = hi - lo
     code = _codes(JACOBI_STATUS)
 
@@ -157,7 +171,7 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
                 hr.append("")
                 continue
             zr.append(code[status])
-            tr.append(_cell_label(texts.get(t, "?"), columns))
+            tr.append(_cell_label(texts.get(t, "?"), columns, plot_px))
             hr.append(
                 f"{_tok(texts, t)}<br>output position {pos} · iteration {it.iteration}<br>{note}"
             )
@@ -221,7 +235,7 @@ def jacobi_trajectory(events: Sequence[Event], texts: Mapping[int, str], step: i
     subtitle = (
         f"iteration {last.iteration}: {guessed}, {len(output)} tokens fixed"
         + (f"; the last {len(shown)} of {len(its)} iterations" if first else "")
-        + (f"; positions {lo} to {hi - 1}" if columns == MAX_POSITIONS and lo > 0 else "")
+        + (f"; positions {lo} to {hi - 1}" if lo > 0 else "")
     )
     legend = len(used) + 1
     height = max(260, 120 + 30 * len(shown) + 16 * legend)

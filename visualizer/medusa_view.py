@@ -39,9 +39,10 @@ ROW_PX = 46
 MARGINS_PX = 150
 
 
-def cell_chars(columns: int) -> int:
-    """Characters a cell label may show when `columns` share the narrowest plot (10 px text)."""
-    return max(2, min(10, int((NARROWEST_PX / max(columns, 1) - 10) / 6.5)))
+def cell_chars(columns: int, plot_px: int = NARROWEST_PX) -> int:
+    """Characters a cell label may show when `columns` share a `plot_px` wide plot (the
+    narrowest, a phone's, unless the page says its width; 10 px text)."""
+    return max(2, min(10, int((plot_px / max(columns, 1) - 10) / 6.5)))
 
 
 def _step_events(
@@ -90,9 +91,12 @@ def cell_status(
     return out
 
 
-def heads_grid(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+def heads_grid(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
+) -> go.Figure:
     """Each head's top candidates at `step` (rows = heads, columns = ranks), coloured by what the
-    tree made of them, with the head's probability as a bar."""
+    tree made of them, with the head's probability as a bar. `width`: the figure's width in the
+    page; labels hold as many characters as a column of it does (a phone's when not given)."""
     title = f"Step {step}: the heads' guesses"
     proposals, draft, verify, commit = _step_events(events, step)
     if proposals is None:
@@ -122,7 +126,7 @@ def heads_grid(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             target = (n_acc, heads[n_acc].index(token), origin)
 
     columns = max(len(h) for h in heads)
-    limit = cell_chars(columns)
+    limit = cell_chars(columns, max(int(width) - 70, NARROWEST_PX) if width else NARROWEST_PX)
     fig = go.Figure()
     cells = [(r, k) for r, row in enumerate(heads) for k in range(len(row))]
     hover = []

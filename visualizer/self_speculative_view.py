@@ -10,6 +10,7 @@ plain decoding and why. Pure: events in, Figure out (no torch, no gradio).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,20 +30,18 @@ LABELLED_BARS = 7  # up to this many drafted tokens, each bar is labelled with i
 
 @dataclass(frozen=True)
 class RunCost:
-    """What drafting cost in this run, in units of one full forward's wall time."""
+    """What drafting cost in this run, in units of one full forward's wall time, from medians of
+    the run's own forwards (one slow forward on a busy machine moves no verdict), with a spread
+    from their quartiles."""
 
     steps: int  # decoding steps after the prefill
     tokens: int  # tokens they committed
     drafts: int  # draft forwards they ran
-    draft_ratio: float  # mean draft forward time / mean full forward time
-    full_ms: float  # the full forward's mean time (the unit)
-    total_ms: float  # every forward after the prefill: drafts, verifies, plain target steps
+    draft_ratio: float  # median draft forward time / median full forward time
+    full_ms: float  # the full forward's median time (the unit)
+    forwards_per_step: float  # full-forward equivalents per step (drafts + its full forward)
     reference: str  # which forwards gave the unit
-
-    @property
-    def forwards_per_step(self) -> float:
-        """Full-forward equivalents per step: its draft forwards plus its one full forward."""
-        return self.total_ms / self.full_ms / self.steps
+    spread: tuple[float, float] = (0.0, 0.0)  # forwards_per_step at the quartiles (low, high)
 
     @property
     def tokens_per_step(self) -> float:
@@ -53,10 +52,27 @@ class RunCost:
         """Estimated speed relative to autoregressive (one token per full forward)."""
         return self.tokens_per_step / self.forwards_per_step
 
+    @property
+    def speedup_range(self) -> tuple[float, float]:
+        """The speedup at the quartiles of the forwards' times: the dearest and cheapest steps."""
+        low, high = self.spread or (self.forwards_per_step, self.forwards_per_step)
+        return self.tokens_per_step / high, self.tokens_per_step / low
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile); one value: that value three times."""
+    if len(values) < 2:
+        v = float(values[0]) if values else 0.0
+        return v, v, v
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
 
 def run_cost(events: Sequence[Event]) -> RunCost | None:
     """The run's drafting cost from its Forward events. A full forward is a one-token target pass
-    when the run has enough of them, else a verify pass (1 + n tokens: a little dearer)."""
+    when the run has enough of them, else a verify pass (1 + n tokens: a little dearer). Each
+    step costs its draft forwards and its full forward, each at its kind's median time; the spread
+    prices them at their quartiles (drafts dear and the unit cheap, and the other way round)."""
     forwards = [e for e in events if isinstance(e, Forward) and e.step > 0]
     drafts = [e.wall_ms for e in forwards if e.kind == "draft"]
     fulls = [e for e in forwards if e.kind in ("target", "verify")]
@@ -65,36 +81,55 @@ def run_cost(events: Sequence[Event]) -> RunCost | None:
     tokens = sum(len(e.tokens) for e in events if isinstance(e, Commit) and e.step > 0)
     if not steps or not fulls:
         return None
-    if len(singles) >= 3:
-        unit, reference = sum(singles) / len(singles), "one-token target passes"
-    else:
-        unit = sum(e.wall_ms for e in fulls) / len(fulls)
-        reference = "verify passes"
-    if unit <= 0:
+    unit_ms = singles if len(singles) >= 3 else [e.wall_ms for e in fulls]
+    reference = "one-token target passes" if len(singles) >= 3 else "verify passes"
+    u = _quartiles(unit_ms)
+    if u[0] <= 0:
         return None
-    ratio = (sum(drafts) / len(drafts)) / unit if drafts else 0.0
-    total = sum(e.wall_ms for e in forwards)
-    return RunCost(steps, tokens, len(drafts), ratio, unit, total, reference)
+    d = _quartiles(drafts)
+    f = _quartiles([e.wall_ms for e in fulls])
+
+    def per_step(draft_ms: float, full_ms: float, unit: float) -> float:
+        return (len(drafts) * draft_ms + len(fulls) * full_ms) / unit / steps
+
+    return RunCost(
+        steps,
+        tokens,
+        len(drafts),
+        d[1] / u[1] if drafts else 0.0,
+        u[1],
+        per_step(d[1], f[1], u[1]),
+        reference,
+        (per_step(d[0], f[0], u[2]), per_step(d[2], f[2], u[0])),
+    )
 
 
 def cost_sentence(cost: RunCost | None) -> str:
-    """Plainly: faster or slower than plain decoding on this run, and why."""
+    """Plainly: faster or slower than plain decoding on this run, and why; "about as fast" when
+    the spread of its forwards' times straddles 1×, so two identical runs say the same."""
     if cost is None or not cost.drafts:
         return "No draft forwards in this run: nothing to weigh against plain decoding."
+    low, high = cost.speedup_range
+    about = f"about {fmt_speedup(cost.speedup)}, {fmt_speedup(low)}–{fmt_speedup(high)}"
     per_step = (
         f"a step's {cost.drafts / cost.steps:.1f} draft forwards and one verify cost "
         f"{cost.forwards_per_step:.1f} full forwards and commit {cost.tokens_per_step:.1f} tokens"
     )
     why = (
         f"a skipping draft forward takes {cost.draft_ratio:.0%} of a full forward's time "
-        f"(measured against this run's {cost.reference})"
+        f"(medians of this run's {cost.reference})"
     )
-    if cost.speedup < 1.0:
+    if high < 1.0:
         return (
-            f"Slower than plain decoding on this model (about {fmt_speedup(cost.speedup)}): {why}, so "
-            f"{per_step}. To win, a step must commit more tokens than it costs in full forwards."
+            f"Slower than plain decoding on this model ({about}): {why}, so {per_step}. To win, "
+            "a step must commit more tokens than it costs in full forwards."
         )
-    return f"Faster than plain decoding (about {fmt_speedup(cost.speedup)}): {why}, and {per_step}."
+    if low > 1.0:
+        return f"Faster than plain decoding ({about}): {why}, and {per_step}."
+    return (
+        f"About as fast as plain decoding ({about}): {why}, and {per_step}; the spread of this "
+        "run's forward times straddles 1×."
+    )
 
 
 def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str]) -> str:

@@ -9,7 +9,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decoders.core.events import Commit, Event
+from decoders.core.events import Commit, Draft, Event, Verify
 
 COLOURS = {
     "draft": "#c8e6c9",  # accepted draft
@@ -20,7 +20,7 @@ COLOURS = {
     "pending": "#f5f5f5",
     "mask": "#e1bee7",  # unverified: filled by a mask (a lossy method)
     "exit": "#fff59d",  # unverified: predicted at an early exit (a lossy method)
-    "relaxed": "#a5d6a7",  # a draft only relaxed verification accepted (lossy)
+    "relaxed": "#4db6ac",  # a draft only relaxed verification accepted (lossy): teal, not green
 }
 LABELS = {
     "draft": "accepted draft",
@@ -45,6 +45,15 @@ STYLE = """
 .dl-legend span.sw {display: inline-block; width: 12px; height: 12px; border-radius: 2px;
   vertical-align: -2px; margin-right: 4px; border: 1px solid #cfd8dc;}
 .dl-prompt {color: #78909c;}
+/* A step's drafts where they would have gone: the rejected ones rolled back (struck, fading), the
+   accepted ones settling; a draft not verified yet, faint. */
+.dl-tok.dl-ghost {text-decoration: line-through; color: #b71c1c; opacity: .4;
+  animation: dl-fade 1.2s ease-out;}
+.dl-tok.dl-ghost.dl-unverified {text-decoration: none; color: #546e7a; opacity: .45;
+  animation: none; border-bottom: 1px dashed #90a4ae;}
+.dl-tok.dl-now {animation: dl-settle .8s ease-out;}
+@keyframes dl-fade {from {opacity: .9;} to {opacity: .4;}}
+@keyframes dl-settle {from {opacity: .35;} to {opacity: 1;}}
 </style>
 """
 
@@ -64,6 +73,32 @@ def legend_html(
     return f'<div class="dl-legend">{items}</div>'
 
 
+def rolled_back(draft: Draft, accepted: Sequence[int]) -> list[int]:
+    """The drafted tokens a verdict threw away, as they would have read on: the draft's first
+    node past the accepted path that was not accepted, then its most likely child, and so on
+    (for a chain, simply the rest of the chain)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(draft.parents):
+        children.setdefault(p, []).append(i)
+    at = accepted[-1] if accepted else -1
+    taken = set(accepted)
+    rest = [c for c in children.get(at, []) if c not in taken]
+    out: list[int] = []
+    while rest:
+        node = max(rest, key=lambda c: (draft.probs[c] if c < len(draft.probs) else 0.0, -c))
+        out.append(node)
+        rest = children.get(node, [])
+    return [draft.tokens[i] for i in out]
+
+
+def _ghost(token: int, texts: Mapping[int, str], title: str, unverified: bool = False) -> str:
+    classes = "dl-tok dl-ghost" + (" dl-unverified" if unverified else "")
+    return (
+        f'<span class="{classes}" title="{html.escape(title)}">'
+        f"{display_text(texts.get(token, '?'))}</span>"
+    )
+
+
 def token_spans_html(
     events: Sequence[Event],
     texts: Mapping[int, str],
@@ -73,13 +108,39 @@ def token_spans_html(
     legend: bool = True,
 ) -> str:
     """Committed tokens as spans; tokens committed after `upto_step` are shown pending (grey),
-    and those committed at exactly `upto_step` are underlined. Hover shows id, step, probability."""
+    and those committed at exactly `upto_step` are underlined. Hover shows id, step, probability.
+    The drafts show where they would have gone: at `upto_step`, the drafted tokens its verdict
+    rolled back, struck through, before the target's own token that replaced them; while a run
+    streams (`upto_step` None), a draft not verified yet, faint, after the last commit."""
     spans: list[str] = []
     origins_seen: list[str] = []
+    drafts = {e.step: e for e in events if isinstance(e, Draft)}
+    verdicts = {e.step: e for e in events if isinstance(e, Verify)}
+    committed = {e.step for e in events if isinstance(e, Commit)}
     for event in events:
         if not isinstance(event, Commit):
             continue
-        for token, origin, prob in zip(event.tokens, event.origins, event.probs, strict=False):
+        ghosts: list[int] = []
+        if (
+            upto_step is not None
+            and event.step == upto_step
+            and event.step in drafts
+            and event.step in verdicts
+            and event.origins
+            and event.origins[-1] == "correction"
+        ):
+            ghosts = rolled_back(drafts[event.step], verdicts[event.step].accepted)
+        last = len(event.tokens) - 1
+        for j, (token, origin, prob) in enumerate(
+            zip(event.tokens, event.origins, event.probs, strict=False)
+        ):
+            if j == last and ghosts:  # the rolled-back drafts, where the correction now stands
+                spans += [
+                    _ghost(g, texts, f"drafted at step {event.step}, rejected: rolled back")
+                    for g in ghosts
+                ]
+                if "rolled back" not in origins_seen:
+                    origins_seen.append("rolled back")
             pending = upto_step is not None and event.step > upto_step
             kind = "pending" if pending else origin
             colour = COLOURS.get(kind, COLOURS["target"])
@@ -95,10 +156,24 @@ def token_spans_html(
                 f'<span class="{classes}" style="background:{colour}" title="{html.escape(title)}" '
                 f'data-step="{event.step}" data-id="{token}">{display_text(texts.get(token, "?"))}</span>'
             )
+    waiting = [s for s in drafts if s not in committed]
+    if upto_step is None and waiting:  # streaming: the draft the target has not judged yet
+        step = max(waiting)
+        spans += [
+            _ghost(t, texts, f"drafted at step {step}: waiting for the target's verdict", True)
+            for t in rolled_back(drafts[step], ())  # a tree: its most likely branch
+        ]
     prompt = f'<span class="dl-prompt">{display_text(prompt_text)}</span>' if prompt_text else ""
     head = (
         legend_html(tuple(o for o in LABELS if o in origins_seen) or ("target",)) if legend else ""
     )
+    if legend and "rolled back" in origins_seen:
+        head = head.replace(
+            "</div>",
+            '<span><span class="sw" style="background:#fff;border-color:#b71c1c"></span>'
+            "<s>drafted, rolled back</s></span></div>",
+            1,
+        )
     body = "".join(spans) or '<span class="dl-pending">(no tokens yet)</span>'
     return f'{STYLE}{head}<div class="dl-tokens">{prompt}{body}</div>'
 
@@ -117,7 +192,16 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
         return "—" if v is None else fmt.format(v)
 
     cards = [
-        card("tokens / s", num("tokens_per_s", "{:.1f}"), "new tokens / wall time of the run"),
+        card(
+            "tokens / s",
+            num("tokens_per_s", "{:.1f}"),
+            "new tokens / the run's wall time after the prompt's forward (the prefill)",
+        ),
+        card(
+            "first token",
+            "—" if stats.get("ttft_s") is None else f"{1000 * stats['ttft_s']:.0f} ms",
+            "time to first token: the prompt's forward (prefill), apart from tokens / s",
+        ),
         card(
             "tokens / target forward",
             num("tokens_per_target_forward"),
@@ -184,12 +268,16 @@ def lossy_badge_text(q: Mapping[str, Any]) -> str:
         head = f"lossy method: matched greedy on all {n} tokens this time (not guaranteed)"
     else:
         head = (
-            f"not identical: {100 * q.get('agreement', 0):.0f}% agree, first difference at "
-            f"token {q['first_difference']}"
+            f"not identical: {100 * q.get('agreement', 0):.0f}% agree with greedy position by "
+            f"position (after the first difference, at token {q['first_difference']}, the texts "
+            "drift apart)"
         )
     tail = f" · ROUGE-L {q.get('rouge_l', 0):.2f}"
     if q.get("consistency") is not None:
-        tail += f" · {100 * q['consistency']:.0f}% of tokens the target's own choice"
+        tail += (
+            f" · {100 * q['consistency']:.0f}% of its tokens are what the target itself would "
+            "write after the text before them"
+        )
     if q.get("nll") is not None:
         tail += f" · NLL {q['nll']:.2f} nats/token (greedy {q.get('nll_greedy', 0):.2f})"
     return head + tail

@@ -19,6 +19,7 @@ from .tokens import COLOURS, LABELS
 
 EDGE_COLOUR = "#b0bec5"
 PATH_COLOUR = "#1b5e20"
+COPY_COLOUR = "#8e24aa"  # the outline of a node on the chain copied from the context
 # Legend order and wording; the colour keys are the shared colour language in tokens.py.
 STATUS_STYLE: dict[str, tuple[str, str]] = {  # status -> (COLOURS key, legend label)
     "root": ("target", "root (last committed token)"),
@@ -118,6 +119,39 @@ def _p(probs: Sequence[float], i: int) -> str:
     return f"{probs[i]:.3f}" if 0 <= i < len(probs) else "—"
 
 
+def copied_chain(draft: Draft) -> tuple[list[int], list[int]]:
+    """The copied branch: (the nodes the drafter had proposed too, the copy's own nodes)."""
+    own = list(draft.copied)
+    shared: list[int] = []
+    node = draft.parents[own[0]] if own else -1
+    while node >= 0:
+        shared.append(node)
+        node = draft.parents[node]
+    return shared[::-1], own
+
+
+def which_branch_won(draft: Draft, accepted: Sequence[int]) -> str:
+    """Which branch the target took, when the tree holds a copied chain: the copy, the drafter's,
+    or both (the drafter had proposed the copied tokens it accepted)."""
+    if not draft.copied:
+        return ""
+    shared, own = copied_chain(draft)
+    took_own = [a for a in accepted if a in set(own)]
+    took_shared = [a for a in accepted if a in set(shared)]
+    if len(own) == len(draft.tokens):
+        return (
+            f"the copied chain alone (the drafter skipped): {len(took_own)} of {len(own)} accepted"
+        )
+    if took_own:
+        n = len(took_own) + len(took_shared)
+        return f"the copied branch won: {n} accepted token{'s' if n != 1 else ''} copied from the context"
+    if took_shared:
+        return f"the drafter and the copy agreed on {len(took_shared)} accepted"
+    if not accepted:
+        return "neither branch's first token was accepted"
+    return "the drafter's branch won; the copied branch was rejected"
+
+
 def _root_token(events: Sequence[Event], step: int) -> tuple[int | None, str]:
     """The token the tree hangs from: the last one committed before `step`, else the prompt's last.
     Returns (token id or None, its target probability as text)."""
@@ -208,6 +242,8 @@ def token_tree(
     limit, centres, span = column_layout(lengths, width or DEFAULT_WIDTH_PX)
     pos = [(centres[d], y) for d, (_, y) in zip(depth_of, pos, strict=True)]
     committed_upto = len(commit.tokens) if commit is not None else len(accepted)
+    copied = {i for part in copied_chain(draft) for i in part}
+    own = dict(zip(verify.relaxed, verify.preferred, strict=False))  # relaxed node -> target's
     path_slots = [0, *(slot[a] for a in accepted), *([m + 1] if extra else [])]
     on_path = set(path_slots)
 
@@ -253,6 +289,10 @@ def token_tree(
             note = ""
             if st in ("accepted", "relaxed") and accepted.index(idx) >= committed_upto:
                 note = " (not committed: the length budget or EOS came first)"
+            if idx in copied:
+                note += " · copied from the context"
+            if idx in own:
+                note += f" · the target's own choice: {texts.get(own[idx], '?')!r}"
             hover.append(
                 f"{token_hover(text, tok)}"
                 f"<br>{st}{note}<br>draft p: {dp} · target p: {tp}"
@@ -284,14 +324,28 @@ def token_tree(
                 text=text,
                 showarrow=False,
                 bgcolor=COLOURS[colour_key],
-                bordercolor=PATH_COLOUR if r[0] in on_path else "#90a4ae",
-                borderwidth=2 if r[0] in on_path else 1,
+                bordercolor=COPY_COLOUR
+                if r[1] in copied
+                else PATH_COLOUR
+                if r[0] in on_path
+                else "#90a4ae",
+                borderwidth=3 if r[1] in copied else 2 if r[0] in on_path else 1,
                 borderpad=3,
                 font=dict(size=font, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
                 hovertext=h,
                 name=f"node {r[1]}",
             )
 
+    if copied:  # the outline's legend entry
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker=dict(symbol="square-open", size=12, line=dict(width=3, color=COPY_COLOUR)),
+                name="copied from the context (outline)",
+            )
+        )
     fig.update_xaxes(
         title_text="depth",
         tickvals=centres,
@@ -312,6 +366,9 @@ def token_tree(
     )
     if m < n:
         verdict += f"; {m} drawn (the first ones and the accepted path)"
+    won = which_branch_won(draft, accepted)
+    if won:
+        verdict += f"; {won}"
     source = " + ".join(rest if len(first) <= room else [first, *rest])
     subtitle = wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
     fig = _base_layout(fig, title, height=height, subtitle=subtitle)

@@ -107,7 +107,10 @@ class Method:
     # rest are drawn under it, full width), and the Compare presets it brings: label -> specs.
     views: tuple[str, ...] = ("topk_panel",)
     compare: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    in_default_compare: bool = True  # one of Compare's "each family at its best" rows
+    in_default_compare: bool = True  # one of Compare's "every method at its defaults" rows
+    # Compare's default preset, "each family at its best": one method per family says it is its
+    # family's best on this machine (at its defaults), so the default comparison stays short.
+    family_best: bool = False
     # The event types its runs emit besides every run's (EVERY_RUN): the views read them, an
     # imported trace may hold no others (ui/traces.py), and a test holds each method to it.
     events: tuple[str, ...] = ()

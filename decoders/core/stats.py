@@ -12,6 +12,8 @@
 - input cost, draft cost = what a sized draft (token_tree's size=cost, speculative's
   schedule=cost) priced one more verified input and one draft forward at, in one-token target
   forwards (the Priced event; None when the run sized nothing)
+- tokens per second = new tokens / (wall time - the prefill's); time to first token (`ttft_s`) =
+  the prefill's time, reported on its own
 - exit depth (early exit) = where tokens were written from, as a share of the depth (LayerExit
   events), whatever their skipped layers cost afterwards
 """
@@ -80,6 +82,7 @@ class StatsAccumulator:
         target_forwards = sum(self.forwards[k] for k in TARGET_KINDS)
         model_ms = sum(self.ms.values())
         wall = wall_s if wall_s is not None else model_ms / 1000.0
+        prefill_s = self.ms["prefill"] / 1000.0
         depth = max(self.proposed_at, default=-1) + 1
         return {
             "new_tokens": self.new_tokens,
@@ -112,7 +115,10 @@ class StatsAccumulator:
             "input_cost": self.priced.input_cost if self.priced else None,
             "draft_cost": self.priced.draft_cost if self.priced else None,
             "wall_s": round(wall, 4),
-            "tokens_per_s": _ratio(self.new_tokens, wall),
+            # The prompt's forward (the first token's wait) apart: a long prompt's prefill said
+            # nothing about how fast a method writes.
+            "ttft_s": round(prefill_s, 4),
+            "tokens_per_s": _ratio(self.new_tokens, wall - prefill_s if wall > prefill_s else wall),
             "time_ms": {k: round(v, 2) for k, v in self.ms.items()},
             "model_ms": round(model_ms, 2),
         }

@@ -244,6 +244,9 @@ def ended_at_eos(verdict: Verdict, eos_ids: frozenset[int]) -> Verdict:
                 probs=verdict.probs[: i + 1],
                 correction=None,
                 relaxed=tuple(r for r in verdict.relaxed if r in kept),
+                preferred=tuple(
+                    t for r, t in zip(verdict.relaxed, verdict.preferred, strict=False) if r in kept
+                ),
             )
     return verdict
 
@@ -359,6 +362,7 @@ def verify_event(step: int, verdict: Verdict) -> Verify:
         verdict.rule,
         verdict.target_probs,
         verdict.relaxed,
+        verdict.preferred,
     )
 
 

@@ -45,6 +45,7 @@ class Verdict:
     rule: str
     target_probs: tuple[float, ...] = ()  # the target's probability of every draft node
     relaxed: tuple[int, ...] = ()  # accepted nodes the exact rule would have rejected
+    preferred: tuple[int, ...] = ()  # the target's own token at each relaxed node
 
 
 def _row(node: int) -> int:
@@ -76,6 +77,7 @@ def _verdict(
     probs: torch.Tensor,
     rule: str,
     relaxed: Sequence[int] = (),
+    preferred: Sequence[int] = (),
 ) -> Verdict:
     """Commit the accepted path, then `last` (drawn from the row after the path's end)."""
     end = path[-1] if path else -1
@@ -94,6 +96,7 @@ def _verdict(
         rule=rule,
         target_probs=_node_probs(tokens, parents, probs),
         relaxed=tuple(relaxed),
+        preferred=tuple(preferred),
     )
 
 
@@ -119,6 +122,7 @@ def greedy_tree(
     kids = _children(parents)
     path: list[int] = []
     relaxed: list[int] = []
+    preferred: list[int] = []  # the target's own token where the relaxed rule took another
     node = -1
     while True:
         row = _row(node)
@@ -127,13 +131,14 @@ def greedy_tree(
         if match is None and logp is not None:
             match = _relaxed_child(kids.get(node, ()), tokens, logp[row], relax)
             relaxed += [] if match is None else [match]
+            preferred += [] if match is None else [want]
         if match is None:
             break
         path.append(match)
         node = match
     probs = torch.softmax(logits.float(), dim=-1)
     rule = f"relaxed-top-{relax.beta}" if relax else "greedy-tree"
-    return _verdict(path, tokens, parents, want, probs, rule, relaxed)
+    return _verdict(path, tokens, parents, want, probs, rule, relaxed, preferred)
 
 
 def _relaxed_child(

@@ -194,6 +194,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    family_best=True,  # Compare's "each family at its best"
     name="free",
     family="early exit",
     rank=2,

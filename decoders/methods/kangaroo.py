@@ -305,6 +305,7 @@ def _causal(adapter: KangarooAdapter, n: int, past: int) -> torch.Tensor | None:
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    family_best=True,  # Compare's "each family at its best"
     name="kangaroo",
     family="self-drafting",
     rank=2,

@@ -201,6 +201,7 @@ def _mask_event(step, order, tokens, attention, cached, pending, masked) -> Atte
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    family_best=True,  # Compare's "each family at its best"
     name="mask_predict",
     family="non-autoregressive",
     rank=1,

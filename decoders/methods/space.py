@@ -202,6 +202,7 @@ def _tops(rows: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    family_best=True,  # Compare's "each family at its best"
     name="space",
     family="parallel",
     rank=3,

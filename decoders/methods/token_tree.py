@@ -416,12 +416,12 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         x = context[-1]
         # The target adds one token after the accepted path: keep paths within remaining - 1.
         depth_cap = budget.remaining - 1
-        tree, label = TreeDraft(), drafter.label
+        tree, label, grafted = TreeDraft(), drafter.label, 0
         copied, n = lookup(context, 3, min(p["lookup"], depth_cap)) if p["lookup"] else ([], 0)
         if copied and p["trust"] and n >= p["trust"]:
             if cost is not None:
                 copied = rates.cut(tree, copied, n, cost)
-            graft(tree, copied)  # a long match: the copied chain alone is the draft
+            grafted = graft(tree, copied)  # a long match: the copied chain alone is the draft
             label = f"prompt lookup (n={n}, trusted: drafter skipped)"
         elif depth_cap > 0:
             for catch_up in drafter.begin(context, step):
@@ -438,7 +438,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             if copied and cost is not None:
                 copied = rates.cut(tree, copied, n, cost)
             if copied:
-                label += f" + prompt lookup (n={n}, {graft(tree, copied)} new nodes)"
+                grafted = graft(tree, copied)
+                label += f" + prompt lookup (n={n}, {grafted} new nodes)"
         if tree.tokens:
             yield Draft(
                 step,
@@ -446,6 +447,8 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tuple(tree.tokens),
                 tuple(tree.parents),
                 tuple(round(v, 6) for v in tree.probs),
+                # graft appends: the copy's own nodes are the last ones
+                copied=tuple(range(len(tree.tokens) - grafted, len(tree.tokens))),
             )
 
         # ONE target forward over x and the whole tree; keep x and the accepted path, commit.
@@ -466,6 +469,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    family_best=True,  # Compare's "each family at its best"
     name="token_tree",
     family="draft and verify",
     rank=3,

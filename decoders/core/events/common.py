@@ -84,7 +84,10 @@ class Forward(Event):
 
 @dataclass(frozen=True)
 class Draft(Event):
-    """Draft tokens as a tree: parents[i] is the index of node i's parent, -1 = the root (last commit)."""
+    """Draft tokens as a tree: parents[i] is the index of node i's parent, -1 = the root (last
+    commit). `copied`: the nodes a chain copied from the context added (token_tree's prompt-lookup
+    branch), a chain in order; the copy's first tokens, where the drafter had proposed them too,
+    are the first one's ancestors."""
 
     type: ClassVar[str] = "Draft"
     step: int
@@ -92,6 +95,7 @@ class Draft(Event):
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     probs: tuple[float, ...]
+    copied: tuple[int, ...] = ()
 
     def check(self, c: TraceCheck, where: str) -> None:
         c.tokens(self.tokens, f"{where}.tokens")
@@ -108,6 +112,13 @@ class Draft(Event):
             len(self.tokens) <= MAX_DRAFT_NODES,
             f"{where}: a draft has at most {MAX_DRAFT_NODES} nodes, got {len(self.tokens)}",
         )
+        c.need(
+            all(0 <= i < len(self.tokens) for i in self.copied)
+            and all(
+                self.parents[b] == a for a, b in zip(self.copied, self.copied[1:], strict=False)
+            ),
+            f"{where}: copied must be a chain of drafted nodes",
+        )
         c.need(self.step not in c.drafted, f"{where}: step {self.step} drafts twice")
         c.drafted[self.step] = list(self.parents)
 
@@ -118,7 +129,8 @@ class Verify(Event):
     `target_probs[i]`: the target's probability of draft node i's token given its ancestors
     (what the verifier weighed it with); empty in traces from before it was recorded.
     `relaxed`: the accepted nodes that only relaxed verification (SpecDec's top-β, tolerance τ)
-    accepted: the exact rule would have rejected them."""
+    accepted: the exact rule would have rejected them; `preferred[j]`: the target's own token
+    where relaxed node `relaxed[j]` stands (empty in traces from before it was recorded)."""
 
     type: ClassVar[str] = "Verify"
     step: int
@@ -127,6 +139,7 @@ class Verify(Event):
     rule: str
     target_probs: tuple[float, ...] = ()
     relaxed: tuple[int, ...] = ()
+    preferred: tuple[int, ...] = ()
 
     def check(self, c: TraceCheck, where: str) -> None:
         parents = c.drafted.get(self.step, [])
@@ -149,6 +162,11 @@ class Verify(Event):
             set(self.relaxed) <= set(self.accepted),
             f"{where}: relaxed nodes must be among the accepted ones",
         )
+        c.need(
+            len(self.preferred) in (0, len(self.relaxed)),
+            f"{where}: preferred must name one token per relaxed node",
+        )
+        c.tokens(self.preferred, f"{where}.preferred")
 
 
 @dataclass(frozen=True)

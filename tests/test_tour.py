@@ -1,0 +1,146 @@
+"""The guided tour (ui/tour.py, ui/tour_tab.py): every stop's recording reads, opens at the step
+its rule names and draws; the tour covers every method; and (slow) every recording is what the
+current decoders produce on the embedded model, so the tour cannot go stale. The page itself is
+walked in tests/test_browser.py."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from decoders import METHODS
+from decoders.core.events import Done, Event, Forward, Prefill, Priced
+from decoders.core.models import EMBEDDED_ID
+from ui.compare import work_of
+from ui.live import run_to_end
+from ui.tour import (
+    BUDGET,
+    PROMPT,
+    STOPS,
+    copied_won,
+    most_committed,
+    pin_prices,
+    recorded,
+    side_by_side,
+    spec_of_stop,
+)
+from ui.tour_tab import KEYS, show
+
+# These draft well enough on code to verify more than one token per forward at their defaults.
+DRAFTING_ON_CODE = {"prompt_lookup", "speculative", "token_tree", "lookahead", "kangaroo", "space"}
+
+
+def test_the_tour_visits_every_method_in_order_of_the_lesson():
+    assert {s.method for s in STOPS} == set(METHODS)
+    assert [s.key for s in STOPS][:4] == [
+        "autoregressive",
+        "prompt_lookup",
+        "speculative",
+        "token_tree",
+    ]
+    chapters = [s.chapter for s in STOPS]
+    assert chapters == sorted(chapters), "a chapter's stops sit together, chapters in order"
+    assert len(KEYS) == len(set(KEYS)) == len(STOPS) + 1
+
+
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.key)
+def test_each_stop_opens_at_its_step_with_narration_and_a_figure(stop):
+    trace = recorded(stop.recording)
+    at = stop.pick(trace)
+    assert 0 <= at <= trace.last_step
+    assert 40 <= len(stop.narration.split()) <= 110, "about 80 words"
+    view = show(stop.key, 700)
+    assert f"step {at} of {trace.last_step}" in view["narration"]
+    assert stop.look in view["narration"].replace("&#x27;", "'")
+    fig = view["panel"]
+    assert fig.data, "the method's view at that step has something drawn"
+    if stop.focus:  # what the stop points at stays bright, the rest is dimmed
+        names = [t.name or "" for t in fig.data]
+        assert any(any(f in n for f in stop.focus) for n in names)
+        assert any(t.opacity == 0.25 for t in fig.data) or all(
+            any(f in n for f in stop.focus) for n in names
+        )
+
+
+def test_the_step_rules_pick_what_they_say():
+    tree = recorded("token_tree")
+    # the most committed step commits no fewer tokens than any other
+    counts = {e.step: len(e.tokens) for e in tree.events if type(e).__name__ == "Commit"}
+    assert counts[most_committed(tree)] == max(counts.values())
+    # the copied stop opens where the target accepted copied nodes
+    at = copied_won(tree)
+    draft = next(e for e in tree.events if type(e).__name__ == "Draft" and e.step == at)
+    verify = next(e for e in tree.events if type(e).__name__ == "Verify" and e.step == at)
+    assert set(draft.copied) & set(verify.accepted), "the copied branch won at that step"
+    assert "copied" in show("token_tree_copy", 1000)["panel"].layout.title.subtitle.text
+
+
+def test_the_last_stop_compares_every_recording_side_by_side():
+    record = side_by_side()
+    rows = {r["method"]: r for r in record["rows"]}
+    assert record["max_new_tokens"] == BUDGET and record["prompt"] == PROMPT
+    assert record["rounds"] >= 3
+    for stop in STOPS:
+        if stop.same_run_as:
+            continue
+        row = rows[spec_of_stop(stop)]
+        # the comparison ran the same decode as the stop's recording
+        assert row["work"] == work_of(recorded(stop.key)), stop.key
+    view = show(KEYS[-1])
+    assert view["panel"].data and view["second"] is not None
+
+
+# --- the recordings against the current decoders (slow) ---------------------------------------
+
+
+def has_float(v: object) -> bool:
+    return isinstance(v, float) or (isinstance(v, tuple) and any(has_float(x) for x in v))
+
+
+def skeleton(events: list[Event]) -> list[tuple]:
+    """What a run decided, without its clock or its floats: every event's whole-number and
+    text fields (tokens, tree shapes, accepted paths, origins, exits), Forward's kind, inputs
+    and layers included; timings, probabilities and prices left out."""
+    out = []
+    for e in events:
+        if isinstance(e, (Done, Priced, Prefill)):
+            continue
+        kept = []
+        for f in fields(e):
+            v = getattr(e, f.name)
+            if isinstance(e, Forward) and f.name == "wall_ms":
+                continue
+            if has_float(v):
+                continue
+            kept.append((f.name, v))
+        out.append((e.type, tuple(kept)))
+    return out
+
+
+@pytest.mark.slow
+def test_every_recording_is_what_the_decoders_make_now():
+    """Re-run each stop on the embedded model: the same decisions as recorded, step by step;
+    every lossless stop identical to greedy (the autoregressive stop, re-run first); the drafting
+    methods above one token per forward on this code prompt. A failure means: re-run
+    `python scripts/make_tour.py`."""
+    greedy: list[int] = []
+    stale = []
+    for stop in STOPS:
+        if stop.same_run_as:
+            continue
+        was = recorded(stop.key)
+        pin_prices(was)
+        now = run_to_end(
+            EMBEDDED_ID, PROMPT, stop.method, BUDGET, dict(stop.params), check_lossless=False
+        )
+        if stop.method == "autoregressive":
+            greedy = now.token_ids
+        if skeleton(now.events) != skeleton(was.events):
+            stale.append(stop.key)
+        lossless = METHODS[stop.method].claims_lossless(dict(stop.params))
+        if lossless:
+            assert now.token_ids == greedy, stop.key
+        if stop.key in DRAFTING_ON_CODE:
+            assert now.stats["tokens_per_target_forward"] > 1.0, stop.key
+    assert not stale, f"recordings out of date: {stale}; run python scripts/make_tour.py"
