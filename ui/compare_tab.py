@@ -176,7 +176,7 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 # squeeze a phone's cells to a letter a line); on a phone the numbers scroll
                 # beside the pinned spec. Tall enough for the presets' 15 rows.
                 wrap=True,
-                column_widths=["176px", "76px", "146px", "70px", "84px", "70px", "70px", "60px"],
+                column_widths=["150px", "84px", "130px", "60px", "70px", "64px", "60px", "56px"],
                 pinned_columns=1,
                 max_height=1000,
                 elem_id="cmp-table",

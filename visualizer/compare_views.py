@@ -164,7 +164,8 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     title = "Speedup over autoregressive"
     # Each swatch past the two bars' entries may wrap the legend onto one more row on a phone,
     # which grows upwards: room for it.
-    room = 88 + 22 * (DIFFERS_COLOUR in colours) + 22 * (LOSSY_COLOUR in colours)
+    # (the lossy swatch's long name takes a row of its own on a phone)
+    room = 88 + 22 * (DIFFERS_COLOUR in colours) + 44 * (LOSSY_COLOUR in colours)
     return _layout(fig, title, 62 + room + band * len(rows), top=room, legend_on_top=True)
 
 

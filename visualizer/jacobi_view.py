@@ -217,7 +217,7 @@ def jacobi_trajectory(
         zeroline=False,
     )
     fig.update_yaxes(
-        title_text="iteration (+ tokens it fixed)",
+        title_text="iteration (+fixed)",
         tickvals=rows,
         ticktext=ticks,
         autorange="reversed",  # the newest iteration at the bottom, like reading down a log
@@ -238,5 +238,7 @@ def jacobi_trajectory(
         + (f"; positions {lo} to {hi - 1}" if lo > 0 else "")
     )
     legend = len(used) + 1
-    height = max(260, 120 + 30 * len(shown) + 16 * legend)
+    # at least six rows' height: the y axis' title is longer than two or three rows are tall,
+    # and ran up into the subtitle
+    height = max(260, 120 + 30 * max(len(shown), 6) + 16 * legend)
     return _base_layout(fig, title, height=height, subtitle=subtitle)
