@@ -662,6 +662,11 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     assert "lossy" in page.locator("#metrics").inner_text().lower()  # β = 4: never a tick
     assert page.locator("#speculative-beta input[type=number]").input_value() == "4"
     assert_no_error_badge(page)
+    # Another method picked, not run: the views say they are the last run's, dimmed.
+    page.locator("#method input").click()
+    page.get_by_role("option", name="Jacobi").first.click()
+    page.locator("#stale").get_by_text("These views are the last run's").wait_for(timeout=30_000)
+    assert page.evaluate("getComputedStyle(document.querySelector('#panel')).opacity") == "0.35"
 
     phone_page.goto(server)
     phone_page.locator("#prompt textarea").wait_for()

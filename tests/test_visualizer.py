@@ -242,6 +242,8 @@ def test_an_exit_runs_curve_shows_early_exit_families_only():
     xs = [x for trace in fig.data for x in trace.x]
     assert max(xs) <= 1.0  # relaxed verification's rows would stretch the axis to 1.7
     assert {t.name for t in fig.data} >= {"calm (benchmark)", "free (benchmark)", "this run"}
+    # every curve has its legend entry (the other families' faint ones too)
+    assert all(t.showlegend is not False for t in fig.data if t.name.endswith("(benchmark)"))
 
 
 def test_the_tokens_show_a_steps_rolled_back_drafts_and_a_draft_still_waiting():

@@ -369,7 +369,8 @@ def quality_point(
                 y=[p["agreement"] for p in rows],
                 mode="lines+markers",
                 name=f"{name} (benchmark)",
-                showlegend=mine,  # the other families stay faint context, named on hover
+                # every curve named in the legend: the other families as faint context
+                showlegend=True,
                 opacity=1.0 if mine else 0.35,
                 line=dict(width=2 if mine else 1),
                 text=[
