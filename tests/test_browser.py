@@ -660,6 +660,7 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     )
     page.get_by_text("✅ Done").wait_for(timeout=120_000)
     assert "lossy" in page.locator("#metrics").inner_text().lower()  # β = 4: never a tick
+    assert "the tour stop's rule" in page.locator("#status").inner_text()  # its step, as the stop
     assert page.locator("#speculative-beta input[type=number]").input_value() == "4"
     assert_no_error_badge(page)
     # Another method picked, not run: the views say they are the last run's, dimmed.

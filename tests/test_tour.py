@@ -48,6 +48,7 @@ def test_the_tour_visits_every_method_in_order_of_the_lesson():
 def test_each_stop_opens_at_its_step_with_narration_and_a_figure(stop):
     trace = recorded(stop.recording)
     at = stop.pick(trace)
+    assert not stop.view or stop.view in METHODS[stop.method].views  # one of the method's own
     assert 0 <= at <= trace.last_step
     assert 40 <= len(stop.narration.split()) <= 110, "about 80 words"
     view = show(stop.key, 700)
@@ -144,3 +145,15 @@ def test_every_recording_is_what_the_decoders_make_now():
         if stop.key in DRAFTING_ON_CODE:
             assert now.stats["tokens_per_target_forward"] > 1.0, stop.key
     assert not stale, f"recordings out of date: {stale}; run python scripts/make_tour.py"
+
+
+def test_a_stops_live_run_opens_at_the_step_its_rule_picks_once():
+    from ui.tour import LIVE, tour_step
+
+    trace = recorded("speculative")
+    LIVE["s1"] = "speculative"
+    rule = "the tour stop's rule, the step that committed the most tokens"
+    assert tour_step("s1", trace) == (most_committed(trace), rule)
+    assert tour_step("s1", trace) is None  # once: the session's next run opens as usual
+    LIVE["s1"] = "jacobi"
+    assert tour_step("s1", trace) is None  # another method's run: not this stop's

@@ -293,3 +293,23 @@ def test_the_hash_table_tells_look_alike_tokens_apart_and_says_it_scrolls():
     assert len(cells) == len(set(cells)), "every row reads differently"
     assert "␣the  (id 100)" in cells and "the  (id 101)" in cells
     assert "↕ scroll the table" in fig.layout.title.subtitle.text.replace("<br>", " ")
+
+
+def test_labels_are_placed_where_they_cover_no_point_and_no_other_label():
+    from visualizer.compare_views import place_labels, why_faster
+
+    crowded = [(1.30, 1.26, "prompt_lookup"), (1.33, 1.20, "lookahead"), (1.30, 1.43, "blockwise")]
+    crowded += [(3.0, 2.5, "token_tree"), (1.0, 1.0, "autoregressive")]
+    where = place_labels(crowded, (0.9, 3.2), (0.0, 3.0))
+    assert where[3] == "middle left"  # no room right of the rightmost point
+    # the crowd: some names fit a phone-wide plot, not all
+    assert any(w is not None for w in where[:3]) and None in where[:3]
+    fig = why_faster(
+        [
+            {"method": m, "tokens_per_target_forward": x, "speedup": y, "lossy": False}
+            for x, y, m in crowded
+        ]
+    )
+    named = [t for t in fig.data[1].text if t]
+    assert "token_tree" in named and len(named) < len(crowded)
+    assert "hover" in fig.data[1].name

@@ -545,8 +545,11 @@ def table_rows(rows: list[Mapping[str, Any]]) -> list[list[str]]:
             r["lossless"],
             fmt_rate(r["tokens_per_s"]),
             fmt_ratio(r["tokens_per_target_forward"]),
-            # the share of the model's layers run per token: below 1 only where tokens exit early
-            "—" if r.get("layers_per_token") is None else f"{r['layers_per_token']:.0%}",
+            # the share of the model's layers run per token, where tokens exit early (below 1);
+            # a drafting method's count of every verified input (above 1) is not this column's
+            f"{r['layers_per_token']:.0%}"
+            if r.get("layers_per_token") is not None and r["layers_per_token"] < 1.0
+            else "—",
             fmt_ratio(r["mean_acceptance_length"]),
             str(r["new_tokens"]),
         ]

@@ -176,7 +176,7 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 # squeeze a phone's cells to a letter a line); on a phone the numbers scroll
                 # beside the pinned spec. Tall enough for the presets' 15 rows.
                 wrap=True,
-                column_widths=["150px", "84px", "130px", "60px", "70px", "64px", "60px", "56px"],
+                column_widths=["140px", "84px", "110px", "70px", "80px", "70px", "70px", "64px"],
                 pinned_columns=1,
                 max_height=1000,
                 elem_id="cmp-table",
@@ -223,7 +223,11 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
             for result in runs:
                 if result.done:
                     model_used = result.traces[result.specs[0].label].meta["model"]
-                    yield tab.shown(result, f"✅ Done. {len(result.rows)} runs on {model_used}.")
+                    yield tab.shown(
+                        result,
+                        f"✅ Done. {result.runs_total} runs ({len(result.rows)} specs) on "
+                        f"{model_used}.",
+                    )
                 else:
                     yield tab.shown(result, f"⏳ {result.progress}…")
         except DecodingLabError as exc:

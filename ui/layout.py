@@ -25,7 +25,7 @@ from .models import model_choices
 from .run_tab import build_run_tab
 from .run_views import CSS
 from .tour import STOPS
-from .tour_tab import build_tour_tab
+from .tour_tab import build_tour_tab, wire_live
 from .traces import EXAMPLE_PROMPTS
 
 EXAMPLES = [[p] for p in EXAMPLE_PROMPTS]
@@ -45,21 +45,29 @@ def build_demo() -> gr.Blocks:
 
     with gr.Blocks(title="Decoding Lab") as demo:
         gr.HTML(f"<style>{CSS}</style>", padding=False, container=False, elem_id="dl-style")
-        gr.Markdown(
-            "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or several. "
-            "Pick a method, run it on a real model, then step through what happened. "
-            f"New here? The **Tour** tab walks through every idea in {len(STOPS) + 1} stops."
-        )
+        with gr.Row(equal_height=True):
+            gr.Markdown(
+                "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or "
+                "several. Pick a method, run it on a real model, then step through what happened."
+            )
+            take_tour = gr.Button(
+                f"🧭 New here? Take the tour ({len(STOPS) + 1} stops)",
+                variant="secondary",
+                scale=0,
+                min_width=220,
+                elem_id="take-tour",
+            )
         with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 run_tab = build_run_tab(demo)
             with gr.Tab("Tour", id="tour"):
-                build_tour_tab(run_tab, tabs)
+                tour_tab = build_tour_tab(tabs)
             with gr.Tab("Compare", id="compare"):
-                build_compare_tab(choices)
-
+                compare_tab = build_compare_tab(choices)
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(method_choices)
+        wire_live(tour_tab, run_tab, compare_tab, tabs)
+        take_tour.click(lambda: gr.Tabs(selected="tour"), None, tabs, api_visibility="private")
 
         # --- API for scripts (gradio_client) -------------------------------------------------------
 

@@ -61,6 +61,7 @@ from .run_views import (
     views_of,
     with_plot_width,
 )
+from .tour import tour_step
 from .traces import EXAMPLE_PROMPTS, load_example, read_trace, recheck_lossless
 
 
@@ -316,7 +317,9 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
                     n = len(trace.token_ids)
                     if live.done:
                         reason = trace.meta.get("finish_reason")
-                        yield t.full_views(trace, f"✅ Done: {n} tokens ({reason}).", width)
+                        # a tour stop's live run opens at the step the stop's rule picks
+                        opened = tour_step(session, trace)
+                        yield t.full_views(trace, f"✅ Done: {n} tokens ({reason}).", width, opened)
                         return
                     if live.phase == "checking":
                         yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}

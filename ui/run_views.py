@@ -122,7 +122,8 @@ CSS = """
 # While the views show another method's run than the one picked (the method was changed, not yet
 # run): dimmed, under a note that says whose run they are.
 STALE_CSS = (
-    "<style>#tokens, #metrics, #panel, #timeline, #per-step, #hist, [id^=panel] "
+    "<style>#tokens, #metrics, #panel, #timeline, #per-step, #hist, [id^=panel], #step, #prev, "
+    "#next, #play, #pause "
     "{opacity: .35; transition: opacity .2s}</style>"
 )
 
@@ -264,13 +265,24 @@ class RunTab:
             },
         }
 
-    def full_views(self, trace: Trace, status: str, width: int | None = None) -> dict:
+    def full_views(
+        self,
+        trace: Trace,
+        status: str,
+        width: int | None = None,
+        opened: tuple[int, str] | None = None,
+    ) -> dict:
         """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
         its example: at the showcase step (the last one with drafts accepted, whose method panel
-        has something to show; the tokens after it stay on screen, pending), else the last."""
-        at, shown = showcase(trace)
-        if at < trace.last_step:
-            status += f" Opened at step {at}, the last with {shown}."
+        has something to show; the tokens after it stay on screen, pending), else the last; or
+        at `opened` = (step, the rule that chose it: a tour stop's, for its live run)."""
+        if opened is not None:
+            at = opened[0]
+            status += f" Opened at step {at}: {opened[1]}."
+        else:
+            at, shown = showcase(trace)
+            if at < trace.last_step:
+                status += f" Opened at step {at}, the last with {shown}."
         return {
             **self.step_views(trace, at, width),
             self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),

@@ -123,6 +123,8 @@ class Stop:
     focus: tuple[str, ...] = ()
     # Another stop's recorded run, shown at another step (the token tree's two stops).
     same_run_as: str = ""
+    # The method's view the stop draws (by name, one of its declared views); "": its first.
+    view: str = ""
 
     @property
     def recording(self) -> str:
@@ -138,7 +140,7 @@ GUESS = "2 · Guess and check"
 TREE = "3 · Many guesses checked at once"
 NO_DRAFTER = "4 · Guessing without a drafter"
 SELF = "5 · The model drafts for itself"
-LESS = "6 · Doing less per token, at a price"
+LESS = "6 · Faster by giving up exactness"
 ALL = "7 · All of them side by side"
 
 STOPS: tuple[Stop, ...] = (
@@ -245,9 +247,11 @@ STOPS: tuple[Stop, ...] = (
         "the start of a pooled n-gram, that n-gram becomes a candidate, and the same forward "
         "that advances the guessing window also verifies the candidates. Code that repeats "
         "itself fills the pool quickly.",
-        "the pooled n-gram candidates and the one the target accepted.",
+        "the candidate n-grams from the pool, one per row after x: the green ones the target "
+        "accepted in the same forward that moved the window.",
         most_committed,
         "the step that committed the most tokens",
+        view="pool_candidates",
     ),
     Stop(
         "kangaroo",
@@ -273,7 +277,8 @@ STOPS: tuple[Stop, ...] = (
         "how much cheaper the skipping draft is than a full forward, and how many of its "
         "tokens survive: a draft forward here skips only a few layers, so a step must accept "
         "several tokens to pay for itself. The verdict under the figure does that sum.",
-        "the accepted draft and the cost sentence: did this step pay for its drafts?",
+        "the drafted tokens' confidence against θ (the last one, below it, ended the draft and "
+        "was still verified) and the sentence under the bars: did drafting pay?",
         most_committed,
         "the step that committed the most tokens",
     ),
@@ -301,7 +306,7 @@ STOPS: tuple[Stop, ...] = (
         "candidates that the next forward verifies with a tree mask. One forward both "
         "verifies the last guesses and produces the next ones, so drafting costs almost "
         "nothing. The heads are small and trained on this model's own outputs; how far ahead "
-        "they can see is the limit: head 1 is often right, head 4 rarely.",
+        "they can see is the limit: the first head is often right, the last rarely.",
         "each head's candidates and which ones the target accepted.",
         most_committed,
         "the step that committed the most tokens",
@@ -328,8 +333,8 @@ STOPS: tuple[Stop, ...] = (
         "SPACE appends mask tokens to the input, so one forward both verifies the previous "
         "guesses and fills the masks with new ones: semi-autoregressive drafting and "
         "verification in the same pass, the model correcting its own guesses as it goes. The "
-        "attention mask shows what each input may see: the masks see the committed text and "
-        "the guesses before them, never each other's groups. No drafter, no extra head: the "
+        "relay shows it step by step: the guesses a step's masks made are verified by the next "
+        "step's forward, which fills new masks at the same time. No drafter, no extra head: the "
         "model was tuned to fill masks.",
         "the relay: last step's guesses verified while the masks propose the next.",
         most_committed,
@@ -358,7 +363,8 @@ STOPS: tuple[Stop, ...] = (
         "tokens that left early are caught up later in parallel, in a synchronized pass with "
         "the next deep token, so their keys and values exist when later tokens attend to them. "
         "Less compute per token, paid for by tokens the full model never chose.",
-        "the tokens that left at the shallow exit and the catch-up passes.",
+        "the tokens that left at the shallow exit (◆ on its row) and the confidence each "
+        "reached; the deep layers they skipped run later, caught up in one pass.",
         shallowest_exit,
         "the step whose token left the model earliest",
     ),
@@ -406,6 +412,20 @@ STOPS: tuple[Stop, ...] = (
         "the block where refilling changed the most tokens",
     ),
 )
+
+
+# A tour stop's "Run it live", per browser session: the stop whose rule the run opens at.
+LIVE: dict[str | None, str] = {}
+
+
+def tour_step(session: str | None, trace: Trace) -> tuple[int, str] | None:
+    """For the live run a tour stop asked for (once): the step its rule picks in this run and
+    the rule, when the run is that stop's method; else None (the usual showcase step)."""
+    key = LIVE.pop(session, None)
+    stop = next((s for s in STOPS if s.key == key), None)
+    if stop is None or trace.meta.get("method") != stop.method or not trace.token_ids:
+        return None
+    return stop.pick(trace), f"the tour stop's rule, {stop.rule}"
 
 
 @cache

@@ -5,6 +5,7 @@ which fills the Run tab with the stop's method, prompt and settings and runs it 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -15,16 +16,22 @@ from visualizer.compare_views import quality_chart, speedup_chart
 from visualizer.text import fmt_speedup
 
 from .common import internal_error, message
+from .compare_tab import CompareTab
 from .run_views import RunTab, views_of
-from .tour import ALL, BUDGET, PROMPT, SIDE_BY_SIDE, STOPS, mark, recorded, side_by_side
+from .tour import ALL, BUDGET, LIVE, PROMPT, SIDE_BY_SIDE, STOPS, mark, recorded, side_by_side
 
+SHOW_NARRATION = "() => document.querySelector('#tour-nav')?.scrollIntoView({block: 'start'})"
 TOUR_WIDTH = "(document.querySelector('#tour-panel')?.clientWidth || null)"
 KEYS = [s.key for s in STOPS] + [SIDE_BY_SIDE]
 CHOICES = [(f"{i + 1}. {s.title}", s.key) for i, s in enumerate(STOPS)] + [
     (f"{len(STOPS) + 1}. All of them side by side", SIDE_BY_SIDE)
 ]
-# Run it live: the Run tab's button, pressed once the form holds the stop's settings.
-PRESS_RUN = "() => { setTimeout(() => document.querySelector('#run-btn')?.click(), 300); }"
+# Run it live: the Run tab's button (the last stop: Compare's), pressed once the form holds the
+# stop's settings.
+PRESS = f"""(key) => {{
+  const button = key === '{SIDE_BY_SIDE}' ? '#cmp-btn' : '#run-btn';
+  setTimeout(() => document.querySelector(button)?.click(), 300);
+}}"""
 
 
 def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
@@ -39,14 +46,14 @@ def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
             "app's CPU. A method is faster only by committing more tokens per forward than its "
             "wider forwards and its drafting cost: compare the two bars of each row. Lossy "
             "methods trade agreement with greedy for speed; the second chart puts each where it "
-            "lands. Press **Run it live** to run this comparison yourself in the Compare tab's "
-            "spirit, or pick any stop to see one method again.\n\n"
+            "lands. **Run it live** runs this comparison again in the Compare tab (a few "
+            "minutes), or pick any stop to see one method again.\n\n"
             f"<div class='dl-look'>👀 <b>Look at</b>: {html.escape(_best_sentence(record))}</div>"
         )
     stop = STOPS[n - 1]
     where = (
-        f"Opened at step {at} of {last}: {stop.rule}. **Run it live** to decode it yourself and "
-        "step through every step."
+        f"Opened at step {at} of {last} (step 0 is the prompt's forward, which wrote the first "
+        f"token): {stop.rule}. **Run it live** to decode it yourself and step through every step."
         if at is not None
         else ""
     )
@@ -64,7 +71,7 @@ def _best_sentence(record: dict[str, Any]) -> str:
         return "each row's tokens per forward against its speedup."
     best = max(rows, key=lambda r: r["speedup"])
     return (
-        f"the top lossless row, {best['method']}: {best['tokens_per_target_forward']:.2f} tokens "
+        f"the fastest lossless method, {best['method']}: {best['tokens_per_target_forward']:.2f} tokens "
         f"per forward became {fmt_speedup(best['speedup'])}, because its forwards are wider and "
         "its drafting is not free."
     )
@@ -87,7 +94,8 @@ def show(key: str, width: float | None = None) -> dict[str, Any]:
     trace = recorded(stop.recording)
     at = stop.pick(trace)
     method = trace.meta["method"]
-    fig = method_panel(views_of(method), trace.events, trace.texts, at, w)
+    views = (stop.view,) if stop.view else views_of(method)
+    fig = method_panel(views, trace.events, trace.texts, at, w)
     return {
         "narration": _narration(key, at, trace.last_step),
         "tokens": token_spans_html(trace.events, trace.texts, at),
@@ -97,10 +105,13 @@ def show(key: str, width: float | None = None) -> dict[str, Any]:
     }
 
 
-def build_tour_tab(run: RunTab, tabs: gr.Tabs) -> None:
+def build_tour_tab(tabs: gr.Tabs) -> TourTab:
     """Call inside a `gr.Tab`: the stop picker, Prev / Next / Run it live, the narration, the
     figure and the recorded tokens."""
     first = KEYS[0]
+    # The first stop drawn at once (a tab opened by the header's button fires no select event);
+    # opening the tab redraws it at the page's width.
+    start = show(first)
     with gr.Row(elem_id="tour-nav"):
         pick = gr.Dropdown(CHOICES, value=first, label="Stop", elem_id="tour-stop", scale=4)
         with gr.Column(scale=1, min_width=160):
@@ -109,14 +120,18 @@ def build_tour_tab(run: RunTab, tabs: gr.Tabs) -> None:
                 next_btn = gr.Button("Next ▶", size="sm", elem_id="tour-next", min_width=70)
     with gr.Row(elem_id="tour-row"):
         with gr.Column(scale=2, min_width=300):
-            narration = gr.Markdown(_narration(first), elem_id="tour-text")
+            narration = gr.Markdown(start["narration"], elem_id="tour-text")
             live_btn = gr.Button("▶ Run it live", variant="primary", elem_id="tour-live")
             status = gr.Markdown("", elem_id="tour-status")
         with gr.Column(scale=3, min_width=300):
-            panel = gr.Plot(None, elem_id="tour-panel", show_label=False)
+            panel = gr.Plot(start["panel"], elem_id="tour-panel", show_label=False)
             second = gr.Plot(None, visible=False, elem_id="tour-second", show_label=False)
-            metrics = gr.HTML("", elem_id="tour-metrics")
-            tokens = gr.HTML("", elem_id="tour-tokens")
+            metrics = gr.HTML(start["metrics"], elem_id="tour-metrics")
+            tokens = gr.HTML(start["tokens"], elem_id="tour-tokens")
+            # again under the figure: on a phone the top ones are two screens up by now
+            with gr.Row():
+                prev_low = gr.Button("◀ Prev", size="sm", elem_id="tour-prev-low", min_width=70)
+                next_low = gr.Button("Next ▶", size="sm", elem_id="tour-next-low", min_width=70)
     width = gr.Number(None, visible=False, elem_id="tour-width")
     outputs = [narration, tokens, metrics, panel, second, status]
 
@@ -158,13 +173,40 @@ def build_tour_tab(run: RunTab, tabs: gr.Tabs) -> None:
 
         return fn
 
-    prev_btn.click(nudge(-1), pick, pick, api_visibility="private")
-    next_btn.click(nudge(+1), pick, pick, api_visibility="private")
+    for button, delta in ((prev_btn, -1), (next_btn, 1), (prev_low, -1), (next_low, 1)):
+        button.click(nudge(delta), pick, pick, api_visibility="private")
+    # the lower buttons bring the new stop's narration into view
+    for button in (prev_low, next_low):
+        button.click(None, None, None, js=SHOW_NARRATION, api_visibility="private")
 
-    def live(key: str) -> dict:
-        """The Run tab's form set to the stop's run (the side-by-side stop: Compare's own
-        preset is the place for that; here the Run tab runs the token tree)."""
-        stop = STOPS[KEYS.index(key)] if key in KEYS[:-1] else STOPS[KEYS.index("token_tree")]
+    return TourTab(pick, live_btn)
+
+
+@dataclass
+class TourTab:
+    pick: Any
+    live_btn: Any
+
+
+def wire_live(tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs) -> None:
+    """Run it live: a stop's run in the Run tab (its method, prompt, budget and settings), or the
+    last stop's comparison in the Compare tab (every stop's spec, the same rounds); then the
+    tab's own button is pressed."""
+
+    def live(request: gr.Request, key: str) -> dict:
+        if key in KEYS and key != SIDE_BY_SIDE:  # the run opens at the stop's step
+            LIVE[getattr(request, "session_hash", None)] = key
+        if key == SIDE_BY_SIDE:
+            record = side_by_side()
+            return {
+                tabs: gr.Tabs(selected="compare"),
+                compare.preset: None,  # the tour's own specs, no preset's
+                compare.prompt: record["prompt"],
+                compare.specs: "\n".join(str(r["method"]) for r in record["rows"][1:]),
+                compare.max_new: record["max_new_tokens"],
+                compare.rounds: record["rounds"],
+            }
+        stop = STOPS[KEYS.index(key)] if key in KEYS else STOPS[0]
         m = METHODS[stop.method]
         values = {**m.preset("defaults"), **stop.params}
         return {
@@ -177,7 +219,7 @@ def build_tour_tab(run: RunTab, tabs: gr.Tabs) -> None:
             **{run.controls[(stop.method, k)]: v for k, v in values.items()},
         }
 
-    live_outputs = [
+    outputs = [
         tabs,
         run.prompt,
         run.method,
@@ -185,7 +227,12 @@ def build_tour_tab(run: RunTab, tabs: gr.Tabs) -> None:
         run.temperature,
         run.preset,
         *run.controls.values(),
+        compare.preset,
+        compare.prompt,
+        compare.specs,
+        compare.max_new,
+        compare.rounds,
     ]
-    live_btn.click(live, pick, live_outputs, api_visibility="private").then(
-        None, None, None, js=PRESS_RUN, api_visibility="private"
+    tour.live_btn.click(live, tour.pick, outputs, api_visibility="private").then(
+        None, tour.pick, None, js=PRESS, api_visibility="private"
     )

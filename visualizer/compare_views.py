@@ -221,14 +221,23 @@ def race_chart(runs: Sequence[tuple[str, Sequence[Event], Sequence[float] | None
         )
         ends.append((times[-1], tokens[-1], label.split(" · ")[0], colour))
     # Each line's name where it ends (the first to finish is the fastest), so a reader need not
-    # match fifteen colours to the legend.
+    # match fifteen colours to the legend; a name that would cover another is left to the legend.
+    span_t = max((t for t, _, _, _ in ends), default=1.0) or 1.0
+    span_n = max((n for _, n, _, _ in ends), default=1) or 1
+    order = sorted(range(len(ends)), key=lambda i: ends[i][0])
+    placed = place_labels(
+        [(ends[i][0], float(ends[i][1]), cut(ends[i][2], 14)) for i in order],
+        (0.0, span_t * 1.02),
+        (0.0, span_n * 1.05),
+    )
+    where = {i: w for i, w in zip(order, placed, strict=True)}
     fig.add_trace(
         go.Scatter(
             x=[t for t, _, _, _ in ends],
             y=[n for _, n, _, _ in ends],
             mode="markers+text",
-            text=[cut(name, 14) for _, _, name, _ in ends],
-            textposition="middle left",
+            text=[cut(name, 14) if where[i] else "" for i, (_, _, name, _) in enumerate(ends)],
+            textposition=[where[i] or "middle left" for i in range(len(ends))],
             textfont=dict(size=9, color=[c for _, _, _, c in ends]),
             marker=dict(size=6, color=[c for _, _, _, c in ends]),
             hoverinfo="skip",
@@ -263,7 +272,10 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     families: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("lossy") or r.get("name") == "autoregressive":
-            families.setdefault(str(r.get("name", r["method"])), []).append(r)
+            name = str(r.get("name", r["method"]))
+            if "beta=" in str(r["method"]):  # a lossless method made lossy by relaxed verification
+                name += " (relaxed β, τ)"
+            families.setdefault(name, []).append(r)
     fig = go.Figure()
     colours = colours_of([str(r["method"]) for r in rows])
     for name, members in families.items():
@@ -306,15 +318,60 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     return _layout(fig, "Quality against speed (lossy runs)", 360, top=70)
 
 
+def place_labels(
+    points: Sequence[tuple[float, float, str]],
+    x_range: tuple[float, float],
+    y_range: tuple[float, float],
+    plot_px: tuple[int, int] = (300, 300),
+) -> list[str | None]:
+    """A text position for each point's label ("middle right", "middle left", "top center",
+    "bottom center"), the first whose box (10 px text, about 6 px a character, on a plot of
+    `plot_px`: a phone's unless said) overlaps no point and no label placed before it and stays
+    inside the plot; None where none fits (the hover still names the point). Points are
+    labelled in the order given."""
+    (x0, x1), (y0, y1) = x_range, y_range
+    w, h = plot_px
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return (x - x0) / (x1 - x0) * w, (y1 - y) / (y1 - y0) * h
+
+    dots = [px(x, y) for x, y, _ in points]
+    boxes: list[tuple[float, float, float, float]] = [
+        (cx - 5, cy - 5, cx + 5, cy + 5) for cx, cy in dots
+    ]
+    out: list[str | None] = []
+    for (cx, cy), (_, _, text) in zip(dots, points, strict=True):
+        tw, th = 6.0 * len(text), 13.0
+        options = {
+            "middle right": (cx + 7, cy - th / 2, cx + 7 + tw, cy + th / 2),
+            "middle left": (cx - 7 - tw, cy - th / 2, cx - 7, cy + th / 2),
+            "top center": (cx - tw / 2, cy - 7 - th, cx + tw / 2, cy - 7),
+            "bottom center": (cx - tw / 2, cy + 7, cx + tw / 2, cy + 7 + th),
+        }
+        chosen = None
+        for name, (a, b, c, d) in options.items():
+            inside = a >= 0 and c <= w and b >= 0 and d <= h
+            clear = all(c <= e or a >= g or d <= f or b >= k for e, f, g, k in boxes)
+            if inside and clear:
+                chosen = name
+                boxes.append((a, b, c, d))
+                break
+        out.append(chosen)
+    return out
+
+
 def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     """Why a method is faster, from measured rows: tokens per target forward (x) against the
-    speedup over autoregressive (y), one labelled point per lossless row; on the dotted line
-    y = x a wider forward would cost nothing, and a point's distance below it is what its wider
-    forwards and its drafting cost on the machine that measured it."""
+    speedup over autoregressive (y), one point per lossless row, labelled where its name fits
+    without covering another (the fastest first; every point names itself on hover); on the
+    dotted line y = x a wider forward would cost nothing, and a point's distance below it is
+    what its wider forwards and its drafting cost on the machine that measured it."""
     exact = [r for r in rows if not r.get("lossy")]
     if not exact:
         return _empty("Why a method is faster", "no lossless row was measured")
     top = max(max(r["tokens_per_target_forward"] for r in exact), 1.0) * 1.08
+    high = max(top, max(float(r["speedup"]) for r in exact) * 1.1)
+    x_range, y_range = (0.9, top), (0.0, high)
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -326,15 +383,19 @@ def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             hoverinfo="skip",
         )
     )
-    ordered = sorted(exact, key=lambda r: r["tokens_per_target_forward"])
+    ordered = sorted(exact, key=lambda r: -float(r["speedup"]))
+    where = place_labels(
+        [(r["tokens_per_target_forward"], float(r["speedup"]), str(r["method"])) for r in ordered],
+        x_range,
+        y_range,
+    )
     fig.add_trace(
         go.Scatter(
             x=[r["tokens_per_target_forward"] for r in ordered],
             y=[r["speedup"] for r in ordered],
             mode="markers+text",
-            text=[str(r["method"]) for r in ordered],
-            # neighbours along x alternate above and below their points
-            textposition=["top center" if i % 2 else "bottom center" for i in range(len(ordered))],
+            text=[str(r["method"]) if w else "" for r, w in zip(ordered, where, strict=True)],
+            textposition=[w or "middle right" for w in where],
             textfont=dict(size=10),
             marker=dict(size=9, color=PALETTE[0]),
             hovertext=[
@@ -343,10 +404,10 @@ def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
                 for r in ordered
             ],
             hoverinfo="text",
-            name="measured (lossless methods)",
+            name="measured (lossless methods; hover for unnamed points)",
         )
     )
     fig.add_hline(y=1.0, line=dict(color="#cfd8dc", width=1))
-    fig.update_xaxes(title_text="tokens per target forward", range=[0.9, top])
-    fig.update_yaxes(title_text="speedup over autoregressive (×)", rangemode="tozero")
+    fig.update_xaxes(title_text="tokens per target forward", range=list(x_range))
+    fig.update_yaxes(title_text="speedup over autoregressive (×)", range=list(y_range))
     return _layout(fig, "Why a method is faster (measured here)", height=420, top=70)

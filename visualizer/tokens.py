@@ -47,12 +47,12 @@ STYLE = """
 .dl-prompt {color: #78909c;}
 /* A step's drafts where they would have gone: the rejected ones rolled back (struck, fading), the
    accepted ones settling; a draft not verified yet, faint. */
-.dl-tok.dl-ghost {text-decoration: line-through; color: #b71c1c; opacity: .4;
-  animation: dl-fade 1.2s ease-out;}
+.dl-tok.dl-ghost {text-decoration: line-through 2px; color: #b71c1c; background: #ffebee;
+  opacity: .7; padding: 1px 2px; animation: dl-fade 1.2s ease-out;}
 .dl-tok.dl-ghost.dl-unverified {text-decoration: none; color: #546e7a; opacity: .45;
   animation: none; border-bottom: 1px dashed #90a4ae;}
 .dl-tok.dl-now {animation: dl-settle .8s ease-out;}
-@keyframes dl-fade {from {opacity: .9;} to {opacity: .4;}}
+@keyframes dl-fade {from {opacity: 1;} to {opacity: .7;}}
 @keyframes dl-settle {from {opacity: .35;} to {opacity: 1;}}
 </style>
 """

@@ -278,6 +278,10 @@ def token_tree(
 
     n_leaves = int(max(y for _, y in pos)) + 1  # leaves sit at y = 0, 1, …; parents in between
     height = min(MAX_HEIGHT, max(MIN_HEIGHT, PX_PER_LEAF * n_leaves + MARGINS_PX))
+    if (width or DEFAULT_WIDTH_PX) < 500:  # a phone: the legend takes a row per entry, and the
+        # subtitle wraps onto more lines; without room for them the tree was squashed to 90 px
+        legend = len({r[3] for r in nodes}) + bool(draft.copied)
+        height += 20 * legend + 40
     font = 10 if (height - MARGINS_PX) / n_leaves >= 20 else 8  # a huge tree hit the height cap
     for st, (colour_key, label) in STATUS_STYLE.items():
         rows = [r for r in nodes if r[3] == st]
@@ -342,7 +346,8 @@ def token_tree(
                 x=[None],
                 y=[None],
                 mode="markers",
-                marker=dict(symbol="square-open", size=12, line=dict(width=3, color=COPY_COLOUR)),
+                # an open symbol is drawn in the marker's colour, not its line's
+                marker=dict(symbol="square-open", size=12, color=COPY_COLOUR, line=dict(width=3)),
                 name="copied from the context (outline)",
             )
         )

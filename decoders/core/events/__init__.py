@@ -68,8 +68,10 @@ def token_ids(event: Event) -> list[int]:
         return list(event.prompt_ids)
     if isinstance(event, Draft | Commit | TopK | JacobiIteration | MaskPredictStep):
         return list(event.tokens)
-    if isinstance(event, Verify):
-        return [] if event.correction is None else [event.correction]
+    if isinstance(
+        event, Verify
+    ):  # the target's token, and its own where the relaxed rule took another
+        return ([] if event.correction is None else [event.correction]) + list(event.preferred)
     if isinstance(event, LookaheadWindow):
         return [t for level in event.levels for t in level] + list(event.outputs)
     if isinstance(event, NgramPool):  # a `top` entry is (hit count, *n-gram)
