@@ -312,4 +312,4 @@ def test_labels_are_placed_where_they_cover_no_point_and_no_other_label():
     )
     named = [t for t in fig.data[1].text if t]
     assert "token_tree" in named and len(named) < len(crowded)
-    assert "hover" in fig.data[1].name
+    assert "hover" in fig.data[1].name  # the unnamed ones have their name on hover

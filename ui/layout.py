@@ -45,18 +45,16 @@ def build_demo() -> gr.Blocks:
 
     with gr.Blocks(title="Decoding Lab") as demo:
         gr.HTML(f"<style>{CSS}</style>", padding=False, container=False, elem_id="dl-style")
-        with gr.Row(equal_height=True):
-            gr.Markdown(
-                "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or "
-                "several. Pick a method, run it on a real model, then step through what happened."
-            )
-            take_tour = gr.Button(
-                f"🧭 New here? Take the tour ({len(STOPS) + 1} stops)",
-                variant="secondary",
-                scale=0,
-                min_width=220,
-                elem_id="take-tour",
-            )
+        gr.Markdown(
+            "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or "
+            "several. Pick a method, run it on a real model, then step through what happened."
+        )
+        take_tour = gr.Button(
+            f"🧭 New here? Take the tour ({len(STOPS) + 1} stops)",
+            variant="secondary",
+            size="sm",
+            elem_id="take-tour",
+        )
         with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 run_tab = build_run_tab(demo)

@@ -104,6 +104,7 @@ CSS = """
   .modebar-container {display: none;}
 }
 .dl-hidden {display: none !important;}
+#take-tour {max-width: 300px;}
 .dl-stale {background: #e3f2fd; border-left: 4px solid #1565c0; padding: 6px 10px; border-radius: 4px;}
 /* The tour: where we are, and the one thing to look at */
 .dl-tour-where {font-size: 13px; color: #546e7a; text-transform: uppercase; letter-spacing: .04em;}

@@ -404,7 +404,7 @@ def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
                 for r in ordered
             ],
             hoverinfo="text",
-            name="measured (lossless methods; hover for unnamed points)",
+            name="measured, lossless (hover: each)",
         )
     )
     fig.add_hline(y=1.0, line=dict(color="#cfd8dc", width=1))
