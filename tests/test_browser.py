@@ -667,7 +667,9 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     page.locator("#method input").click()
     page.get_by_role("option", name="Jacobi").first.click()
     page.locator("#stale").get_by_text("These views are the last run's").wait_for(timeout=30_000)
-    assert page.evaluate("getComputedStyle(document.querySelector('#panel')).opacity") == "0.35"
+    page.wait_for_function(  # dimmed (the fade takes 0.2 s)
+        "getComputedStyle(document.querySelector('#panel')).opacity === '0.35'", timeout=5_000
+    )
 
     phone_page.goto(server)
     phone_page.locator("#prompt textarea").wait_for()

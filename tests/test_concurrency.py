@@ -23,7 +23,7 @@ from decoders.core.runtime import forward, new_cache
 from decoders.trained.eagle import load_head
 
 # Stats that measure time, not decoding: they differ between any two runs.
-TIMING_KEYS = {"wall_s", "tokens_per_s", "time_ms", "model_ms"}
+TIMING_KEYS = {"wall_s", "ttft_s", "tokens_per_s", "time_ms", "model_ms"}
 
 # Every method with its defaults, plus variants that exercise each drafter and rule.
 TINY_RUNS: list[tuple[str, dict[str, Any]]] = [

@@ -315,7 +315,10 @@ def quality_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b")
     fig.update_xaxes(title_text="speedup over autoregressive (×)", rangemode="tozero")
     fig.update_yaxes(title_text="token agreement with greedy", range=[0, 1.08])
-    return _layout(fig, "Quality against speed (lossy runs)", 360, top=70)
+    # a legend row per family on a phone: the plot keeps its height under them (its vertical
+    # axis title ran into the title when six families squeezed it)
+    height = 300 + 24 * len(families)
+    return _layout(fig, "Quality against speed (lossy runs)", max(360, height), top=70)
 
 
 def place_labels(
