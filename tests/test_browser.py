@@ -623,13 +623,19 @@ def test_a_link_with_a_preset_sets_the_parameters_and_names_the_preset(server, p
     assert_no_error_badge(page)
 
 
-def walk_the_tour(page, width: int) -> None:
-    """Every stop by Next: its narration, a figure that fits, no error badge."""
-    from ui.tour_tab import KEYS
+def walk_the_tour(page, width: int, only: tuple[str, ...] = ()) -> None:
+    """Every stop by Next (or, with `only`, those stops by the picker): its narration, a figure
+    that fits, no error badge."""
+    from ui.tour_tab import CHOICES, KEYS
 
     page.get_by_role("tab", name="Tour").click()
     for k in range(1, len(KEYS) + 1):
-        if k > 1:
+        if only and KEYS[k - 1] not in only:
+            continue
+        if only and k > 1:
+            page.locator("#tour-stop input").click()
+            page.get_by_role("option", name=CHOICES[k - 1][0]).click()
+        elif k > 1:
             page.locator("#tour-next").click()
         page.locator("#tour-text").get_by_text(f"Stop {k} of {len(KEYS)}").wait_for(timeout=30_000)
         page.wait_for_function(
@@ -673,7 +679,9 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
 
     phone_page.goto(server)
     phone_page.locator("#prompt textarea").wait_for()
-    walk_the_tour(phone_page, 390)
+    # a phone: the stops whose figures a phone squeezes most (the method views themselves are
+    # checked at 390 px for every method in test_browser_views)
+    walk_the_tour(phone_page, 390, ("autoregressive", "token_tree_copy", "relaxed", "side_by_side"))
     phone_page.get_by_role("tab", name="Learn").click()
     phone_page.locator("#learn-figure .js-plotly-plot").wait_for(timeout=30_000)
     assert phone_page.locator("#learn-method input").count() == 1  # a dropdown, not 17 radios

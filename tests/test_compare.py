@@ -444,8 +444,11 @@ TABLE_CELLS = """() => [...document.querySelectorAll('#cmp-table [role=row]')].m
     cell => cell.innerText.replaceAll('\u200b', '').trim()))"""
 
 
-def compare_preset(page, preset: str, budget: int, timeout_ms: int = 180_000) -> None:
-    """On the Compare tab: pick a preset, set the prompt and the budget, run, wait for Done."""
+def compare_preset(
+    page, preset: str, budget: int, timeout_ms: int = 180_000, rounds: int | None = None
+) -> None:
+    """On the Compare tab: pick a preset, set the prompt, the budget (and the rounds: the
+    default's three where not given), run, wait for Done."""
     page.locator("#cmp-preset input").click()
     page.get_by_role("option", name=preset).click()
     expect(page.locator("#cmp-specs textarea")).to_have_value(
@@ -455,6 +458,10 @@ def compare_preset(page, preset: str, budget: int, timeout_ms: int = 180_000) ->
     box = page.locator("#cmp-max-new input[type=number]")
     box.fill(str(budget))
     box.press("Enter")
+    if rounds is not None:
+        box = page.locator("#cmp-rounds input[type=number]")
+        box.fill(str(rounds))
+        box.press("Enter")
     page.locator("#cmp-btn").click()
     page.locator("#cmp-status").get_by_text("✅ Done.").wait_for(timeout=timeout_ms)
 
@@ -465,7 +472,8 @@ def run_compare_in_the_page(page, server, name: str) -> list[list[str]]:
     expect(page.locator("#cmp-specs textarea")).to_have_value(
         "\n".join(PRESETS[DEFAULT_PRESET]), timeout=30_000
     )
-    compare_preset(page, "quick look", 16)
+    # two rounds: a median and a range per row, at two thirds of the default's runs
+    compare_preset(page, "quick look", 16, rounds=2)
     for plot in ("#cmp-plot", "#cmp-race"):
         page.locator(f"{plot} .js-plotly-plot").wait_for(timeout=30_000)
     page.wait_for_timeout(500)  # let Plotly finish laying out its labels

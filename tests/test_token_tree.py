@@ -918,11 +918,9 @@ def test_the_lookup_branch_on_the_embedded_model(embedded, task):
     plain = generate(embedded, prompt_ids, "token_tree", 96, lookup=0, trust=0, **kw)
     both = generate(embedded, prompt_ids, "token_tree", 96, lookup=10, trust=0, **kw)
     trusting = generate(embedded, prompt_ids, "token_tree", 96, lookup=10, trust=3, **kw)
-    sized = generate(embedded, prompt_ids, "token_tree", 96)  # the defaults: sized, copies cut
     ref = generate(embedded, prompt_ids, "autoregressive", 96)
     assert plain.token_ids == both.token_ids == trusting.token_ids == ref.token_ids
-    assert sized.token_ids == ref.token_ids
-    assert sized.stats["target_forwards"] < plain.stats["target_forwards"]
+    # (the defaults, sized with copies cut, on code: tests/test_tour.py re-runs them)
     copies = check_lookup_branch(both, prompt_ids, 96, 10)
     trusted = check_lookup_branch(trusting, prompt_ids, 96, 10, trust=3)
     assert sum(trusted.values()) >= 10
