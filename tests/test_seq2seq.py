@@ -181,3 +181,14 @@ def test_noisy_parallel_decoding_keeps_the_candidate_the_teacher_prefers(trained
         ]
         scores = trained["ar"].score(row[None].expand(3, -1), cands)
         assert out == cands[int(scores.argmax())]
+
+
+def test_beam_search_of_width_one_is_greedy(trained):
+    from decoders.seq2seq.models import sources
+
+    src = sources([ex.source for ex in examples("control", 14, 3)])
+    greedy, _ = trained["ar"].greedy(src)
+    beamed, passes = trained["ar"].beam(src, width=1)
+    assert beamed == greedy and passes >= 1
+    wide, _ = trained["ar"].beam(src, width=3)
+    assert len(wide) == 3
