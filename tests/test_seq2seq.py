@@ -192,3 +192,14 @@ def test_beam_search_of_width_one_is_greedy(trained):
     assert beamed == greedy and passes >= 1
     wide, _ = trained["ar"].beam(src, width=3)
     assert len(wide) == 3
+
+
+def test_distillation_keeps_the_sources_and_takes_the_teachers_translations(trained):
+    from decoders.seq2seq.models import sources
+    from decoders.seq2seq.training import distill
+
+    pairs = training_pairs("control", 40)
+    taught = distill(trained["ar"], pairs, batch=16)
+    greedy, _ = trained["ar"].greedy(sources([s for s, _ in pairs]))
+    expected = [(s, g) for (s, _), g in zip(pairs, greedy, strict=True) if g]
+    assert taught == expected

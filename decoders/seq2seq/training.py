@@ -43,3 +43,16 @@ def fit(
         "loss": round(float(loss.detach()), 4),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+@torch.no_grad()
+def distill(teacher, pairs: Sequence[Pair], batch: int = 256) -> list[Pair]:
+    """Sequence-level knowledge distillation (Kim & Rush 2016, as Gu et al. train the NAT): the
+    same sources, each target replaced by the teacher's greedy translation. A teacher picks one
+    register and one order per source, so the data a student sees has one mode per source."""
+    out: list[Pair] = []
+    for i in range(0, len(pairs), batch):
+        chunk = [s for s, _ in pairs[i : i + batch]]
+        translated, _ = teacher.greedy(sources(chunk))
+        out += [(s, t) for s, t in zip(chunk, translated, strict=True) if t]
+    return out
