@@ -193,16 +193,19 @@ def _until_eos(tokens: list[int]) -> tuple[int, ...]:
 
 
 class LengthHead(nn.Module):
-    """The target length, predicted from the mean of the encoder's states."""
+    """The target length, predicted from the mean of the encoder's states and the source's own
+    length (a mean alone hides how many words it averaged)."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
+        self.source_length = nn.Embedding(MAX_LEN + 1, d)
         self.proj = nn.Linear(d, MAX_TARGET + 1)
 
     def forward(self, memory: torch.Tensor, mmask: torch.Tensor) -> torch.Tensor:
         keep = (~mmask).float()[..., None]
-        mean = (memory * keep).sum(1) / keep.sum(1).clamp(min=1)
-        return self.proj(mean)  # logits over lengths 0..MAX_TARGET (0 never right)
+        n = keep.sum(1).clamp(min=1)
+        mean = (memory * keep).sum(1) / n
+        return self.proj(mean + self.source_length(n[:, 0].long()))  # lengths 0..MAX_TARGET
 
 
 def uniform_copy(src: torch.Tensor, lengths: list[int]) -> torch.Tensor:
