@@ -19,7 +19,8 @@ def fit(
     pairs: Sequence[Pair],
     steps: int,
     batch: int = 64,
-    # `modes`, 1,500 steps, batch 64: the AR's greedy output 97% valid at 3e-3 (44% at 2e-3)
+    # `modes`, 1,500 steps, batch 64: the AR's greedy output 97% and 83% valid in two runs at
+    # 3e-3 (44% at 2e-3)
     lr: float = 3e-3,
     seed: int = 0,
 ) -> dict[str, float]:
