@@ -325,11 +325,15 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
                         yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
                         continue
                     # as the finished run's card says: the prompt's forward apart
+                    # (the prefill is the run's first forward: found at once, not by a scan)
                     prefill_s = (
-                        sum(
-                            e.wall_ms
-                            for e in trace.events
-                            if isinstance(e, Forward) and e.kind == "prefill"
+                        next(
+                            (
+                                e.wall_ms
+                                for e in trace.events
+                                if isinstance(e, Forward) and e.kind == "prefill"
+                            ),
+                            0.0,
                         )
                         / 1000.0
                     )

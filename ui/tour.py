@@ -468,14 +468,13 @@ def pin_prices(trace: Trace) -> None:
     from .models import get_bundle
 
     bundle = get_bundle(EMBEDDED_ID)
-    key = id(bundle.model)
     for e in trace.events:
         if isinstance(e, Priced):
-            with costs._cost_lock:
-                costs._input_costs[key] = e.input_cost
-                costs._forward_ms[key] = e.forward_ms
+            costs.set_prices(bundle, e.input_cost, e.forward_ms)
             if e.draft_cost:
-                token_tree._draft_costs[(key, token_tree.auto_draft(bundle))] = e.draft_cost
+                token_tree.set_draft_cost(
+                    bundle, trace.meta["params"].get("draft", "auto"), e.draft_cost
+                )
 
 
 def spec_of_stop(stop: Stop) -> str:

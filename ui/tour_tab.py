@@ -10,7 +10,6 @@ from typing import Any
 
 import gradio as gr
 
-from decoders import METHODS
 from visualizer import method_panel, metrics_html, token_spans_html
 from visualizer.compare_views import quality_chart, speedup_chart
 from visualizer.text import fmt_speedup
@@ -18,7 +17,7 @@ from visualizer.text import fmt_speedup
 from .common import internal_error, message
 from .compare_tab import CompareTab
 from .run_views import RunTab, views_of
-from .tour import ALL, BUDGET, LIVE, PROMPT, SIDE_BY_SIDE, STOPS, mark, recorded, side_by_side
+from .tour import ALL, LIVE, SIDE_BY_SIDE, STOPS, mark, recorded, side_by_side
 
 SHOW_NARRATION = "() => document.querySelector('#tour-nav')?.scrollIntoView({block: 'start'})"
 TOUR_WIDTH = "(document.querySelector('#tour-panel')?.clientWidth || null)"
@@ -207,26 +206,17 @@ def wire_live(tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs) ->
                 compare.rounds: record["rounds"],
             }
         stop = STOPS[KEYS.index(key)] if key in KEYS else STOPS[0]
-        m = METHODS[stop.method]
-        values = {**m.preset("defaults"), **stop.params}
         return {
             tabs: gr.Tabs(selected="run"),
-            run.prompt: PROMPT,
-            run.method: stop.method,
-            run.max_new: BUDGET,
-            run.temperature: 0.0,
+            # the form as the recording ran (an imported trace fills it the same way)
+            **run.form_for(recorded(stop.recording)),
             run.preset: "defaults" if not stop.params else None,  # its own settings: no preset
-            **{run.controls[(stop.method, k)]: v for k, v in values.items()},
         }
 
     outputs = [
         tabs,
-        run.prompt,
-        run.method,
-        run.max_new,
-        run.temperature,
+        *run.form,
         run.preset,
-        *run.controls.values(),
         compare.preset,
         compare.prompt,
         compare.specs,

@@ -268,7 +268,7 @@ def lossy_badge_text(q: Mapping[str, Any]) -> str:
         head = f"lossy method: matched greedy on all {n} tokens this time (not guaranteed)"
     else:
         head = (
-            f"not identical: {100 * q.get('agreement', 0):.0f}% agree with greedy position by "
+            f"lossy, not identical: {100 * q.get('agreement', 0):.0f}% agree with greedy position by "
             f"position (after the first difference, at token {q['first_difference']}, the texts "
             "drift apart)"
         )

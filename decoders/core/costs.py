@@ -70,6 +70,14 @@ def measured_costs(bundle: ModelBundle) -> dict[str, float]:
     return {k: round(v, 4) for k, v in found.items() if v is not None}
 
 
+def set_prices(bundle: ModelBundle, input_cost: float, forward_ms: float) -> None:
+    """Price `bundle` as given instead of measuring (a recorded run's prices: its trees then grow
+    again as they grew when it was recorded)."""
+    with _cost_lock:
+        _input_costs[id(bundle.model)] = input_cost
+        _forward_ms[id(bundle.model)] = forward_ms
+
+
 def calibrate(bundle: ModelBundle, *, again: bool = False) -> dict[str, float]:
     """Measure what draft sizes are priced by (`input_cost`, `forward_ms`): the app calls it when
     a model loads, in the background, so no visitor's run pays for it or waits behind it (a run

@@ -243,6 +243,14 @@ _draft_costs: dict[tuple[int, str], float] = {}
 _draft_lock = threading.Lock()
 
 
+def set_draft_cost(bundle: ModelBundle, spec: str, cost: float) -> None:
+    """Price drafter `spec`'s forward as given instead of measuring it (see costs.set_prices)."""
+    if spec == "auto":
+        spec = auto_draft(bundle)
+    with _draft_lock:
+        _draft_costs[(id(bundle.model), spec)] = cost
+
+
 def draft_cost(bundle: ModelBundle, spec: str) -> float:
     """What one draft forward of drafter `spec` costs, in one-token target forwards.
 
