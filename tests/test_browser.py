@@ -655,7 +655,11 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     page.goto(server)
     page.locator("#prompt textarea").wait_for()
     walk_the_tour(page, 1440)
-    page.locator("#tour-prev").click()  # back past Mask-Predict to relaxed verification
+    page.locator("#tour-prev").click()  # back past the comparison and Mask-Predict to relaxed
+    page.locator("#tour-text").get_by_text("All of them side by side").first.wait_for(
+        timeout=30_000
+    )
+    page.locator("#tour-prev").click()
     page.locator("#tour-text").get_by_text("Mask-Predict").first.wait_for(timeout=30_000)
     page.locator("#tour-prev").click()
     page.locator("#tour-text").get_by_text("relaxed verification").first.wait_for(timeout=30_000)
@@ -687,3 +691,30 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     assert phone_page.locator("#learn-method input").count() == 1  # a dropdown, not 17 radios
     settle(phone_page)
     assert layout_problems(phone_page, "#learn-figure") == []
+
+
+def test_the_translation_lab_translates_a_typed_sentence_and_names_a_bad_one(
+    server, page, phone_page
+):
+    """The Translation lab at 1440 and 390 px: every model's output beside the references, the
+    iteration grid, the latents and the chart fit; a bad word is named, the last translation
+    stays; a typed sentence is translated."""
+    for p, width in ((page, 1440), (phone_page, 390)):
+        p.goto(server)
+        p.get_by_role("tab", name="Translation lab").click()
+        p.locator("#tl-outputs table").wait_for(timeout=30_000)
+        p.locator("#tl-chart .js-plotly-plot").wait_for(timeout=30_000)
+        settle(p)
+        for part in ("#tl-outputs", "#tl-grid", "#tl-latents", "#tl-chart"):
+            assert layout_problems(p, part) == [], (width, part)
+        p.screenshot(path=str(ARTIFACTS / f"translation-{width}.png"), full_page=True)
+    before = page.locator("#tl-outputs").inner_html()
+    page.locator("#tl-source textarea").fill("w3 w1 w44 w2 w5")
+    page.locator("#tl-go").click()
+    page.locator("#tl-status").get_by_text("'w44' is not a source word").wait_for(timeout=30_000)
+    assert page.locator("#tl-outputs").inner_html() == before  # nothing lost
+    page.locator("#tl-source textarea").fill("w7 w7 w1 w2 w9 w0")
+    page.locator("#tl-go").click()
+    page.locator("#tl-references").get_by_text("a7 a7 a1 a2 a9 a0").wait_for(timeout=30_000)
+    assert page.locator("#tl-outputs tr").count() > 10
+    assert_no_error_badge(page)

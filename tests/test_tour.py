@@ -17,6 +17,7 @@ from ui.live import run_to_end
 from ui.tour import (
     BUDGET,
     PROMPT,
+    SIDE_BY_SIDE,
     STOPS,
     copied_won,
     most_committed,
@@ -41,7 +42,7 @@ def test_the_tour_visits_every_method_in_order_of_the_lesson():
     ]
     chapters = [s.chapter for s in STOPS]
     assert chapters == sorted(chapters), "a chapter's stops sit together, chapters in order"
-    assert len(KEYS) == len(set(KEYS)) == len(STOPS) + 1
+    assert len(KEYS) == len(set(KEYS)) == len(STOPS) + 2  # and side by side, and translation
 
 
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.key)
@@ -88,8 +89,18 @@ def test_the_last_stop_compares_every_recording_side_by_side():
         row = rows[spec_of_stop(stop)]
         # the comparison ran the same decode as the stop's recording
         assert row["work"] == work_of(recorded(stop.key)), stop.key
-    view = show(KEYS[-1])
+    view = show(SIDE_BY_SIDE)
     assert view["panel"].data and view["second"] is not None
+
+
+def test_the_translation_stop_shows_the_lab_on_the_shipped_models():
+    from ui.tour import TRANSLATION
+
+    view = show(TRANSLATION)
+    assert f"Stop {len(KEYS)} of {len(KEYS)}" in view["narration"]
+    assert "nat_kd" in view["tokens"] and "mixes" in view["tokens"]  # a NAT mixing, shown
+    names = {t.name for t in view["panel"].data}
+    assert {"ar", "nat", "nat_kd", "cmlm", "flowseq", "depa"} <= names
 
 
 # --- the recordings against the current decoders (slow) ---------------------------------------

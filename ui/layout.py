@@ -27,6 +27,7 @@ from .run_views import CSS
 from .tour import STOPS
 from .tour_tab import build_tour_tab, wire_live
 from .traces import EXAMPLE_PROMPTS
+from .translation_tab import build_translation_tab
 
 EXAMPLES = [[p] for p in EXAMPLE_PROMPTS]
 
@@ -62,6 +63,8 @@ def build_demo() -> gr.Blocks:
                 tour_tab = build_tour_tab(tabs)
             with gr.Tab("Compare", id="compare"):
                 compare_tab = build_compare_tab(choices)
+            with gr.Tab("Translation lab", id="translation"):
+                build_translation_tab()
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(method_choices)
         wire_live(tour_tab, run_tab, compare_tab, tabs)

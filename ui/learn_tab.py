@@ -16,6 +16,8 @@ from .common import explainer
 
 OVERVIEW = "overview"
 OVERVIEW_TEXT = Path(__file__).with_name("overview.md")
+TRANSLATION = "translation"
+TRANSLATION_TEXT = Path(__file__).resolve().parents[1] / "decoders" / "seq2seq" / "explainer.md"
 
 
 def overview_figure() -> go.Figure:
@@ -29,13 +31,19 @@ def learn(choice: str) -> dict[str, Any]:
     """The text and (for the overview) the figure for one pick."""
     if choice == OVERVIEW:
         return {"text": OVERVIEW_TEXT.read_text(), "figure": overview_figure()}
+    if choice == TRANSLATION:
+        return {"text": TRANSLATION_TEXT.read_text(), "figure": None}
     return {"text": explainer(choice), "figure": None}
 
 
 def build_learn_tab(method_choices: list[tuple[str, str]], first: str = OVERVIEW) -> None:
     """Call inside a `gr.Tab`: a chooser (the overview, then each method), its text and the
     overview's figure."""
-    choices = [("Overview: why several tokens per forward", OVERVIEW), *method_choices]
+    choices = [
+        ("Overview: why several tokens per forward", OVERVIEW),
+        *method_choices,
+        ("Translation lab: non-autoregressive translation", TRANSLATION),
+    ]
     pick = gr.Dropdown(choices, value=first, label="Read about", elem_id="learn-method")
     start = learn(first)
     figure = gr.Plot(

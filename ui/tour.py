@@ -29,6 +29,8 @@ TOUR = Path(__file__).resolve().parents[1] / "assets" / "tour"
 PROMPT = EXAMPLE_PROMPTS[0]  # code that repeats its prompt's names: every family has work to do
 BUDGET = 48
 SIDE_BY_SIDE = "side_by_side"  # the last stop's file: a Compare of every stop's run, recorded
+TRANSLATION = "translation"  # the stop after it: the Translation lab (decoders/seq2seq)
+TRANSLATION_SOURCE = "w3 w1 w4 w15 w9 w2"  # its sentence (task `modes`)
 ROUNDS = 3  # the recorded Compare's rounds (each speedup a median with its spread)
 
 # --- step rules -------------------------------------------------------------------------------
@@ -142,6 +144,7 @@ NO_DRAFTER = "4 · Guessing without a drafter"
 SELF = "5 · The model drafts for itself"
 LESS = "6 · Faster by giving up exactness"
 ALL = "7 · All of them side by side"
+BEYOND = "8 · Beyond language models: translation"
 
 STOPS: tuple[Stop, ...] = (
     Stop(

@@ -17,24 +17,57 @@ from visualizer.text import fmt_speedup
 from .common import internal_error, message
 from .compare_tab import CompareTab
 from .run_views import RunTab, views_of
-from .tour import ALL, LIVE, SIDE_BY_SIDE, STOPS, mark, recorded, side_by_side
+from .tour import (
+    ALL,
+    BEYOND,
+    LIVE,
+    SIDE_BY_SIDE,
+    STOPS,
+    TRANSLATION,
+    TRANSLATION_SOURCE,
+    mark,
+    recorded,
+    side_by_side,
+)
 
 SHOW_NARRATION = "() => document.querySelector('#tour-nav')?.scrollIntoView({block: 'start'})"
 TOUR_WIDTH = "(document.querySelector('#tour-panel')?.clientWidth || null)"
-KEYS = [s.key for s in STOPS] + [SIDE_BY_SIDE]
+KEYS = [s.key for s in STOPS] + [SIDE_BY_SIDE, TRANSLATION]
 CHOICES = [(f"{i + 1}. {s.title}", s.key) for i, s in enumerate(STOPS)] + [
-    (f"{len(STOPS) + 1}. All of them side by side", SIDE_BY_SIDE)
+    (f"{len(STOPS) + 1}. All of them side by side", SIDE_BY_SIDE),
+    (f"{len(STOPS) + 2}. Translation: several right answers", TRANSLATION),
 ]
 # Run it live: the Run tab's button (the last stop: Compare's), pressed once the form holds the
 # stop's settings.
 PRESS = f"""(key) => {{
+  if (key === '{TRANSLATION}') return;  // the lab has translated its sentence already
   const button = key === '{SIDE_BY_SIDE}' ? '#cmp-btn' : '#run-btn';
   setTimeout(() => document.querySelector(button)?.click(), 300);
 }}"""
 
 
+TRANSLATION_NARRATION = """### Translation: when there is more than one right answer
+
+Everything so far kept the model's own answer. Non-autoregressive *translation* writes every
+word of a sentence in one pass, and meets a problem the drafters never do: a sentence with
+several right translations. In this toy task each word has two synonyms (register a or b, one
+register per sentence) and the words may also run in reverse: four right answers. A vanilla
+NAT's positions each choose alone, so they mix them. Below, six small translation models
+trained here, each with its remedy.
+
+<div class='dl-look'>👀 <b>Look at</b>: the vanilla NAT's row — a-words and b-words in one
+sentence, marked — then distillation's row, and the chart: Mask-Predict climbing with each
+extra pass.</div>
+
+**Run it live** opens the Translation lab, where you can type your own sentence."""
+
+
 def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
     n = KEYS.index(key) + 1
+    if key == TRANSLATION:
+        return f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {BEYOND}</div>\n\n" + (
+            TRANSLATION_NARRATION
+        )
     if key == SIDE_BY_SIDE:
         record = side_by_side()
         return (
@@ -80,6 +113,20 @@ def show(key: str, width: float | None = None) -> dict[str, Any]:
     """What one stop shows: the narration, the tokens and metrics as recorded, the marked figure
     (the last stop: the recorded comparison's two charts)."""
     w = int(width) if width else None
+    if key == TRANSLATION:
+        from decoders.seq2seq.lab import metrics, parse_source, translate_all
+        from visualizer.translation_views import CSS as LAB_CSS
+        from visualizer.translation_views import outputs_html
+        from visualizer.translation_views import quality_chart as lab_chart
+
+        lab = translate_all("modes", parse_source(TRANSLATION_SOURCE))
+        return {
+            "narration": _narration(key),
+            "tokens": f"<style>{LAB_CSS}</style>" + outputs_html(lab),
+            "metrics": "",
+            "panel": lab_chart(metrics("modes"), "modes", w),
+            "second": None,
+        }
     if key == SIDE_BY_SIDE:
         rows = side_by_side()["rows"]
         return {
@@ -193,7 +240,12 @@ def wire_live(tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs) ->
     tab's own button is pressed."""
 
     def live(request: gr.Request, key: str) -> dict:
-        if key in KEYS and key != SIDE_BY_SIDE:  # the run opens at the stop's step
+        if key == TRANSLATION:
+            return {tabs: gr.Tabs(selected="translation")}
+        if key in KEYS and key not in (
+            SIDE_BY_SIDE,
+            TRANSLATION,
+        ):  # the run opens at the stop's step
             LIVE[getattr(request, "session_hash", None)] = key
         if key == SIDE_BY_SIDE:
             record = side_by_side()

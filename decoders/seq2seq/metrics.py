@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from .tasks import REG, SRC, TAIL, VOCAB
+from .tasks import N_WORDS, REG, SRC, TAIL
 
 Tokens = Sequence[int]
 
@@ -25,7 +25,7 @@ def registers(output: Tokens) -> set[int]:
     for t in output:
         if REG[0] <= t < REG[1]:
             seen.add(0)
-        elif REG[1] <= t < VOCAB:
+        elif REG[1] <= t < TAIL + N_WORDS:
             seen.add(1)
     return seen
 

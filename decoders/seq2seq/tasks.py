@@ -16,7 +16,8 @@ register 0 here and register 1 there, or the first half in one order and the sec
 other: no right translation at all.
 
 Token ids: PAD, BOS, EOS, MASK, then the source words, then each register's synonyms, then the
-second tokens of register 1's phrases. Training draws from seed TRAIN_SEED; every other seed is a
+second tokens of register 1's phrases, then the tasks' tags. The encoder reads the task's tag and
+the source (`tagged`), so one model of each kind translates every task. Training draws from seed TRAIN_SEED; every other seed is a
 held-out set (`examples` refuses nothing; the evaluation refuses TRAIN_SEED).
 """
 
@@ -30,10 +31,13 @@ N_WORDS = 20
 SRC = 4  # source word i is SRC + i
 REG = (SRC + N_WORDS, SRC + 2 * N_WORDS)  # register r's synonym of word i is REG[r] + i
 TAIL = SRC + 3 * N_WORDS  # the second token of word i's register-1 phrase (task `length`)
-VOCAB = TAIL + N_WORDS
+TASKS = ("control", "register", "modes", "length")
+# the task's tag, first in the encoder's input (as a multilingual model's language tag): one model
+# of each kind serves every task
+TAG = {task: TAIL + N_WORDS + i for i, task in enumerate(TASKS)}
+VOCAB = TAIL + N_WORDS + len(TASKS)
 MIN_WORDS, MAX_WORDS = 5, 9
 MAX_TARGET = 2 * MAX_WORDS  # a `length` translation: every word a two-token phrase at most
-TASKS = ("control", "register", "modes", "length")
 # (register, reversed) choices each task leaves open, all equally right
 CHOICES: dict[str, tuple[tuple[int, bool], ...]] = {
     "control": ((0, False),),
@@ -87,18 +91,42 @@ def examples(task: str, seed: int, n: int) -> list[Example]:
     return [example(rng, task) for _ in range(n)]
 
 
+def tagged(task: str, source: tuple[int, ...]) -> tuple[int, ...]:
+    """The encoder's input: the task's tag, then the source's words."""
+    return (TAG[check_task(task)], *source)
+
+
+def is_word(token: int) -> bool:
+    return SRC <= token < REG[0]
+
+
 def training_pairs(
     task: str, n: int, seed: int = TRAIN_SEED
 ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """(source, target) pairs to train on: each target one of the source's right translations,
-    each choice as likely as the others (the data is as multimodal as the task)."""
+    """(tagged source, target) pairs to train on: each target one of the source's right
+    translations, each choice as likely as the others (the data is as multimodal as the task)."""
     rng = random.Random(f"{check_task(task)}:train:{seed}")
     pairs = []
     for _ in range(n):
         ex = example(rng, task)
         register, reverse = rng.choice(CHOICES[task])
-        pairs.append((ex.source, translate(ex.source, register, reverse, task)))
+        pairs.append((tagged(task, ex.source), translate(ex.source, register, reverse, task)))
     return pairs
+
+
+# how many training pairs of each task a mixture draws per unit: `modes` is the hardest to learn
+# (its word order is a choice too), the others' right answers follow from fewer examples
+SHARE = {"control": 1, "register": 1, "modes": 3, "length": 1}
+
+
+def mixture(n: int, seed: int = TRAIN_SEED) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """About `n` training pairs of every task, shared out by SHARE, interleaved."""
+    unit = max(1, n * len(TASKS) // sum(SHARE.values()))
+    by_task = [training_pairs(task, unit * SHARE[task], seed) for task in TASKS]
+    out = []
+    for i in range(max(len(g) for g in by_task)):
+        out += [g[i] for g in by_task if i < len(g)]
+    return out
 
 
 def describe(tokens: tuple[int, ...] | list[int]) -> list[str]:
@@ -115,8 +143,10 @@ def describe(tokens: tuple[int, ...] | list[int]) -> list[str]:
             out.append(f"a{t - REG[0]}")
         elif REG[1] <= t < TAIL:
             out.append(f"b{t - REG[1]}")
-        elif TAIL <= t < VOCAB:
+        elif TAIL <= t < TAIL + N_WORDS:
             out.append(f"b{t - TAIL}'")
+        elif t in TAG.values():
+            out.append(f"<{TASKS[t - TAG[TASKS[0]]]}>")
         else:
             out.append(f"?{t}")
     return out

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .models import Seq2Seq, sources
+from .models import MAX_TARGET, Seq2Seq, sources
 
 Pair = tuple[tuple[int, ...], tuple[int, ...]]
 
@@ -33,7 +33,10 @@ def fit(
     start, loss = time.perf_counter(), torch.tensor(0.0)
     for _ in range(steps):
         chunk = [pairs[rng.randrange(len(pairs))] for _ in range(batch)]
-        loss = model.loss(sources([s for s, _ in chunk]), [t for _, t in chunk])
+        src, targets = sources([s for s, _ in chunk]), [t for _, t in chunk]
+        if targets and targets[0] and isinstance(targets[0][0], tuple):
+            targets = model.choose(src, targets)  # several candidates each: select one
+        loss = model.loss(src, targets)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -47,13 +50,83 @@ def fit(
 
 
 @torch.no_grad()
-def distill(teacher, pairs: Sequence[Pair], batch: int = 256) -> list[Pair]:
+def distill(teacher, pairs: Sequence[Pair], batch: int = 256, k: int = 1) -> list:
     """Sequence-level knowledge distillation (Kim & Rush 2016, as Gu et al. train the NAT): the
     same sources, each target replaced by the teacher's greedy translation. A teacher picks one
-    register and one order per source, so the data a student sees has one mode per source."""
-    out: list[Pair] = []
+    register and one order per source, so the data a student sees has one mode per source.
+
+    With `k` > 1, each source keeps the teacher's `k` likeliest translations (`AR.nbest`), and
+    the student trains on the one it finds likeliest itself (reference selection, `NAT.choose`,
+    as Shao et al. 2022 distil a NAT): the teacher's pick of a mode is an arbitrary function of
+    the source that a one-pass student learns only in part; its own pick it can predict."""
+    out: list = []
     for i in range(0, len(pairs), batch):
         chunk = [s for s, _ in pairs[i : i + batch]]
+        if k > 1:
+            for s, cands in zip(chunk, teacher.nbest(sources(chunk), k), strict=True):
+                cands = tuple(c for c in cands if len(c) <= MAX_TARGET)
+                if cands:
+                    out.append((s, cands))
+            continue
         translated, _ = teacher.greedy(sources(chunk))
-        out += [(s, t) for s, t in zip(chunk, translated, strict=True) if t]
+        # an output that never ended (longer than any target) is no target
+        out += [(s, t) for s, t in zip(chunk, translated, strict=True) if 0 < len(t) <= MAX_TARGET]
     return out
+
+
+# --- every model, as `python -m decoders.train seq2seq` ships them ------------------------------
+
+# (name, what it is, its data, steps per phase); the data: "mixture" (the tasks' own pairs),
+# "distilled" (the teacher's greedy translations) or "selected" (the teacher's KD candidates, the
+# student picking among them: `distill(k=KD_CANDIDATES)`)
+PLAN: tuple[tuple[str, str, str, tuple[int, ...]], ...] = (
+    # the longest first: two processes finish together
+    ("ar", "autoregressive Transformer (the teacher)", "mixture", (2500,)),
+    ("flowseq", "FlowSeq", "mixture", (1500,)),
+    ("nat", "vanilla NAT, uniform copy", "mixture", (1500,)),
+    ("nat_fertility", "vanilla NAT, fertilities", "mixture", (1500,)),
+    ("cmlm", "CMLM (Mask-Predict)", "mixture", (1500,)),
+    ("nat_kd", "NAT distilled from the teacher, with reference selection", "selected", (1500,)),
+    # DePA's NAT phase as long as cold's, its pre-training on top, as the paper's precedes it
+    ("depa", "DePA: left-to-right, right-to-left, then NAT", "distilled", (300, 300, 2000)),
+    ("depa_cold", "DePA's decoder trained as a NAT only", "distilled", (2000,)),
+)
+TRAIN_PAIRS = 20000  # per task, before SHARE
+# sources the teacher translates, per task before SHARE: one translation each, or KD_CANDIDATES
+DISTILLED = {"distilled": (10000, 1), "selected": (2500, 4)}
+
+
+def build(name: str) -> Seq2Seq:
+    """An untrained model of the plan's `name`."""
+    from .depa import DePA
+    from .flowseq import FlowSeq
+    from .models import AR, CMLM, NAT
+
+    makers = {
+        "ar": AR,
+        "nat": NAT,
+        "nat_fertility": lambda: NAT(inputs="fertility"),
+        "cmlm": CMLM,
+        "flowseq": FlowSeq,
+        "nat_kd": NAT,
+        "depa": DePA,
+        "depa_cold": DePA,
+    }
+    if name not in makers:
+        raise ValueError(f"unknown translation model {name!r}; the models are {', '.join(makers)}")
+    return makers[name]()
+
+
+def train_one(name: str, pairs: Sequence[Pair], steps: tuple[int, ...], scale: float = 1.0):
+    """Train the plan's `name` (one torch thread); its weights, and what the card says."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build(name)
+    phases = ("l2r", "r2l", "nat") if name == "depa" else ("nat",) * len(steps)
+    logs = []
+    for phase, n in zip(phases, steps, strict=True):
+        if hasattr(model, "phase"):
+            model.phase = phase
+        n = max(1, round(n * scale))
+        logs.append({"phase": phase, "steps": n, **fit(model, pairs, n)})
+    return name, {k: v.detach().clone() for k, v in model.state_dict().items()}, logs

@@ -7,6 +7,7 @@
     space      SPACE's mask adapter (frozen base)     -> assets/space/<model>.safetensors
     exits      early-exit adapters (calm, free, hash_ee)    -> assets/exits/<model>.safetensors
     layerskip  LayerSkip tuning of the model itself (a delta) -> assets/layerskip/<model>.safetensors
+    seq2seq    the Translation lab's models, from scratch  -> assets/seq2seq/<name>.safetensors
 
 Shared pieces: `corpus` (the data), `states` (the target's hidden states over it, computed once),
 `loop` (AdamW, a warm-up + cosine schedule, tqdm, resumable checkpoints, held-out metrics).
@@ -23,4 +24,5 @@ ARTIFACTS = {
     "space": "SPACE mask embedding + mask-row LoRA on a frozen base (space)",
     "exits": "early-exit adapters and classifiers, one per exit layer (calm, free, hash_ee)",
     "layerskip": "LayerSkip tuning of the model itself: <model>-exit-tuned (layerskip)",
+    "seq2seq": "the Translation lab's encoder-decoder models (decoders/seq2seq), from scratch",
 }

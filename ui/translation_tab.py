@@ -1,0 +1,138 @@
+"""The Translation lab tab: non-autoregressive translation on a task with several right answers.
+Pick a difficulty and a source sentence (or type one); every shipped model translates it (the
+models in decoders/seq2seq, trained by `python -m decoders.train seq2seq`), beside the
+references, with Mask-Predict's iterations, FlowSeq's latents, the predicted length and
+fertilities, the held-out metrics at that difficulty and quality against decoder passes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from decoders.seq2seq.lab import SourceError, example_sources, metrics, parse_source, translate_all
+from visualizer.translation_views import (
+    CSS,
+    latents_html,
+    lengths_html,
+    mask_predict_html,
+    metrics_html,
+    outputs_html,
+    quality_chart,
+    references_html,
+)
+
+from .common import internal_error, message
+
+TASK_LABELS = [
+    ("control: one right translation", "control"),
+    ("register: two (a- or b-words)", "register"),
+    ("modes: four (register × word order)", "modes"),
+    ("length: two, of different lengths", "length"),
+]
+FIRST_TASK = "modes"
+INTRO = (
+    "A toy translation task where a source has **several right translations**: each word has "
+    "two synonyms (register a or b, one register for the whole sentence) and, at the `modes` "
+    "difficulty, the words may also be written in reverse order. A model that writes every "
+    "position at once, each on its own, tends to **mix** them — a-words and b-words, or half in "
+    "each order — and produce no right translation at all. See how each remedy copes: "
+    "distillation, iterations (Mask-Predict), a latent variable (FlowSeq), a dependency-aware "
+    "decoder (DePA)."
+)
+
+
+def lab_outputs(task: str, text: str) -> dict[str, Any]:
+    """Everything the tab shows for one source (or a message naming what is wrong)."""
+    try:
+        source = parse_source(text)
+        lab = translate_all(task, source)
+    except SourceError as exc:
+        return {"status": message(str(exc))}
+    except FileNotFoundError as exc:
+        return {"status": message(str(exc))}
+    except Exception as exc:  # the boundary: a message, never a traceback
+        return {"status": message(internal_error(exc))}
+    return {
+        "status": "",
+        "references": references_html(lab),
+        "outputs": outputs_html(lab),
+        "mask_predict": mask_predict_html(lab),
+        "latents": latents_html(lab),
+        "lengths": lengths_html(lab),
+    }
+
+
+def task_outputs(task: str) -> dict[str, Any]:
+    rows = metrics(task)
+    return {
+        "examples": example_sources(task),
+        "metrics": metrics_html(rows, task),
+        "chart": quality_chart(rows, task),
+    }
+
+
+def build_translation_tab() -> None:
+    """Call inside a `gr.Tab`."""
+    gr.HTML(f"<style>{CSS}</style>", padding=False, container=False)
+    gr.Markdown(INTRO, elem_id="tl-intro")
+    start_task = task_outputs(FIRST_TASK)
+    first_source = start_task["examples"][0]
+    start = lab_outputs(FIRST_TASK, first_source)
+    with gr.Row(equal_height=False):
+        task = gr.Dropdown(TASK_LABELS, value=FIRST_TASK, label="Difficulty", elem_id="tl-task")
+        pick = gr.Dropdown(
+            start_task["examples"],
+            value=first_source,
+            label="Held-out source sentence",
+            allow_custom_value=False,
+            elem_id="tl-pick",
+        )
+    with gr.Row(equal_height=False):
+        typed = gr.Textbox(
+            first_source,
+            label="…or type one (5–9 words, w0 … w19)",
+            elem_id="tl-source",
+            scale=4,
+        )
+        go = gr.Button("Translate", variant="primary", elem_id="tl-go", scale=1)
+    status = gr.Markdown(start["status"], elem_id="tl-status")
+    references = gr.HTML(start.get("references", ""), elem_id="tl-references")
+    gr.Markdown("### Every model's translation")
+    outputs = gr.HTML(start.get("outputs", ""), elem_id="tl-outputs")
+    with gr.Accordion("Mask-Predict's iterations", open=True):
+        grid = gr.HTML(start.get("mask_predict", ""), elem_id="tl-grid")
+    with gr.Accordion("FlowSeq's latents", open=True):
+        latents = gr.HTML(start.get("latents", ""), elem_id="tl-latents")
+    with gr.Accordion("Predicted length and fertilities", open=False):
+        lengths = gr.HTML(start.get("lengths", ""), elem_id="tl-lengths")
+    gr.Markdown("### Held-out metrics at this difficulty")
+    chart = gr.Plot(start_task["chart"], show_label=False, elem_id="tl-chart")
+    table = gr.HTML(start_task["metrics"], elem_id="tl-metrics")
+
+    shown = [status, references, outputs, grid, latents, lengths]
+    keys = ["status", "references", "outputs", "mask_predict", "latents", "lengths"]
+
+    def translate(task_value: str, text: str) -> list:
+        got = lab_outputs(task_value, text)
+        if got["status"]:  # a message: the last translation stays (nothing lost), dimmed by none
+            return [got["status"], *(gr.skip() for _ in keys[1:])]
+        return [got[k] for k in keys]
+
+    def on_task(task_value: str) -> list:
+        got = task_outputs(task_value)
+        first = got["examples"][0]
+        return [
+            gr.Dropdown(choices=got["examples"], value=first),
+            first,
+            got["chart"],
+            got["metrics"],
+            *translate(task_value, first),
+        ]
+
+    task.change(on_task, task, [pick, typed, chart, table, *shown], api_visibility="private")
+    pick.input(
+        lambda t, s: [s, *translate(t, s)], [task, pick], [typed, *shown], api_visibility="private"
+    )
+    go.click(translate, [task, typed], shown, api_visibility="private")
+    typed.submit(translate, [task, typed], shown, api_visibility="private")
