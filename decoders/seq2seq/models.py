@@ -205,7 +205,7 @@ class AR(Seq2Seq):
         return (logp * (out != PAD)).sum(-1)
 
     @torch.no_grad()
-    def beam(self, src: torch.Tensor, width: int = 4) -> tuple[list[tuple[int, ...]], int]:
+    def beam(self, src: torch.Tensor, width: int = 4) -> tuple[list[tuple[int, ...]], float]:
         """Beam search, one source at a time (`width` hypotheses, ended ones kept aside); and the
         decoder passes per sentence."""
         outs, passes = [], 0
@@ -240,7 +240,7 @@ class AR(Seq2Seq):
             best = max(ended or beams, key=lambda x: x[0] / len(x[1]))
             outs.append(_until_eos(best[1][1:]))
             passes += steps
-        return outs, passes // max(len(src), 1)
+        return outs, passes / max(len(src), 1)
 
 
 def _until_eos(tokens: list[int]) -> tuple[int, ...]:

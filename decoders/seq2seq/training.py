@@ -82,7 +82,7 @@ def distill(teacher, pairs: Sequence[Pair], batch: int = 256, k: int = 1) -> lis
 PLAN: tuple[tuple[str, str, str, tuple[int, ...]], ...] = (
     # the longest first: two processes finish together
     ("ar", "autoregressive Transformer (the teacher)", "mixture", (2500,)),
-    ("flowseq", "FlowSeq", "mixture", (1500,)),
+    ("flowseq", "FlowSeq", "mixture", (2000,)),
     ("nat", "vanilla NAT, uniform copy", "mixture", (1500,)),
     ("nat_fertility", "vanilla NAT, fertilities", "mixture", (1500,)),
     ("cmlm", "CMLM (Mask-Predict)", "mixture", (1500,)),
