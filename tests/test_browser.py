@@ -643,7 +643,7 @@ def walk_the_tour(page, width: int, only: tuple[str, ...] = ()) -> None:
         )
         settle(page)
         assert layout_problems(page, "#tour-row") == [], (width, KEYS[k - 1])
-        if KEYS[k - 1] in ("token_tree_copy", "relaxed", "side_by_side"):
+        if KEYS[k - 1] in ("token_tree_copy", "relaxed", "side_by_side", "translation"):
             page.screenshot(path=str(ARTIFACTS / f"tour-{KEYS[k - 1]}-{width}.png"), full_page=True)
     assert_no_error_badge(page)
 

@@ -25,6 +25,7 @@ from .models import model_choices
 from .run_tab import build_run_tab
 from .run_views import CSS
 from .tour import STOPS
+from .tour_tab import KEYS as TOUR_KEYS
 from .tour_tab import build_tour_tab, wire_live
 from .traces import EXAMPLE_PROMPTS
 from .translation_tab import build_translation_tab
@@ -51,7 +52,7 @@ def build_demo() -> gr.Blocks:
             "several. Pick a method, run it on a real model, then step through what happened."
         )
         take_tour = gr.Button(
-            f"🧭 New here? Take the tour ({len(STOPS) + 1} stops)",
+            f"🧭 New here? Take the tour ({len(TOUR_KEYS)} stops)",
             variant="secondary",
             size="sm",
             elem_id="take-tour",
@@ -63,10 +64,11 @@ def build_demo() -> gr.Blocks:
                 tour_tab = build_tour_tab(tabs)
             with gr.Tab("Compare", id="compare"):
                 compare_tab = build_compare_tab(choices)
-            with gr.Tab("Translation lab", id="translation"):
-                build_translation_tab()
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(method_choices)
+            # last: on a phone it is the one behind the tab bar's "⋯"
+            with gr.Tab("Translation lab", id="translation"):
+                build_translation_tab()
         wire_live(tour_tab, run_tab, compare_tab, tabs)
         take_tour.click(lambda: gr.Tabs(selected="tour"), None, tabs, api_visibility="private")
 

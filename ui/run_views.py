@@ -103,6 +103,10 @@ CSS = """
   /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
   .modebar-container {display: none;}
 }
+@media (max-width: 520px) {
+  /* Every tab's name in the bar (gradio measures its hidden copies), none behind "⋯" */
+  .tab-wrapper .tab-container button {padding-left: 7px !important; padding-right: 7px !important;}
+}
 .dl-hidden {display: none !important;}
 #take-tour {max-width: 300px;}
 .dl-stale {background: #e3f2fd; border-left: 4px solid #1565c0; padding: 6px 10px; border-radius: 4px;}

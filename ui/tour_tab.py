@@ -116,13 +116,13 @@ def show(key: str, width: float | None = None) -> dict[str, Any]:
     if key == TRANSLATION:
         from decoders.seq2seq.lab import metrics, parse_source, translate_all
         from visualizer.translation_views import CSS as LAB_CSS
-        from visualizer.translation_views import outputs_html
+        from visualizer.translation_views import outputs_html, references_html
         from visualizer.translation_views import quality_chart as lab_chart
 
         lab = translate_all("modes", parse_source(TRANSLATION_SOURCE))
         return {
             "narration": _narration(key),
-            "tokens": f"<style>{LAB_CSS}</style>" + outputs_html(lab),
+            "tokens": f"<style>{LAB_CSS}</style>" + references_html(lab) + outputs_html(lab),
             "metrics": "",
             "panel": lab_chart(metrics("modes"), "modes", w),
             "second": None,
