@@ -404,7 +404,7 @@ def test_the_shipped_models_teach_what_the_lab_claims():
     """The issue's bars, with margin, on a held-out seed of our own (not the cards')."""
     from decoders.seq2seq.evaluate import SETTINGS, evaluate
 
-    settings = tuple(s for s in SETTINGS if s != ("ar", "beam:4"))
+    settings = tuple(s for s in SETTINGS if s[1] not in ("beam:4", "iw:n=8"))  # the slow ones
     modes = {(r["model"], r["decoding"]): r["valid"] for r in evaluate("modes", 555, 300, settings)}
     assert modes[("ar", "greedy")] >= 0.93
     assert modes[("nat", "greedy")] <= 0.15
@@ -432,3 +432,10 @@ def test_the_lab_names_a_bad_source_and_translates_a_good_one():
     assert len(lab.mask_predict) == 10 and lab.mask_predict[-1]["remasked"] == []
     assert lab.flowseq[0]["sample"] == "mean" and len(lab.flowseq) == 8
     assert sum(f for _, f, _ in lab.fertilities) >= 5 and lab.lengths[0][0] >= 1
+
+
+def test_the_learn_tab_explains_the_lab():
+    from ui.learn_tab import TRANSLATION, learn
+
+    text = learn(TRANSLATION)["text"]
+    assert "multimodality" in text and "Mask-Predict" in text and "FlowSeq" in text

@@ -24,7 +24,6 @@ from .live import run_to_end
 from .models import model_choices
 from .run_tab import build_run_tab
 from .run_views import CSS
-from .tour import STOPS
 from .tour_tab import KEYS as TOUR_KEYS
 from .tour_tab import build_tour_tab, wire_live
 from .traces import EXAMPLE_PROMPTS

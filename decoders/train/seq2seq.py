@@ -99,9 +99,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                     _, states[name], logs[name] = fut.result()
                 print(f"{name}: {seconds[name]} s", flush=True)
             launch()
-    for name in only:
+    for name in only:  # float16, as every shipped part (the cards' rows are of these files)
         save_file(
-            {k: v.contiguous() for k, v in states[name].items()}, args.out / f"{name}.safetensors"
+            {
+                k: (v.half() if v.is_floating_point() else v).contiguous()
+                for k, v in states[name].items()
+            },
+            args.out / f"{name}.safetensors",
         )
     train_minutes = round((time.perf_counter() - start) / 60, 2)
 
