@@ -61,6 +61,14 @@ SETTINGS: tuple[tuple[str, str], ...] = (
 )
 
 
+def needs(model: str, decoding: str) -> set[str]:
+    """The weight files a setting reads (the teacher's too, where it rescores)."""
+    name = {"nat": "nat_fertility" if decoding.startswith("fertility") else "nat"}.get(model, model)
+    if model == "depa" and "cold" in decoding:
+        name = "depa_cold"
+    return {name} | ({"ar"} if "npd" in decoding else set())
+
+
 def run_setting(model: str, decoding: str, src: torch.Tensor, root: Path = ASSETS):
     """Translations of a batch of tagged sources, and the decoder passes per sentence (a float:
     the autoregressive model's depend on each output's length)."""

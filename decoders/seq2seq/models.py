@@ -104,26 +104,13 @@ class Seq2Seq(nn.Module):
         """Logits for each decoder position, from the decoder's input embeddings. A position
         attends to every position (`attend="all"`, a NAT), to those at or left of it
         (`causal`, or `attend="left"`) or at or right of it (`attend="right"`)."""
-        return self.head(
-            self.norm(self.hidden(inputs, memory, memory_mask, input_mask, causal, attend))
-        )
-
-    def hidden(
-        self,
-        inputs: torch.Tensor,
-        memory: torch.Tensor,
-        memory_mask: torch.Tensor,
-        input_mask: torch.Tensor | None = None,
-        causal: bool = False,
-        attend: str = "all",
-    ) -> torch.Tensor:
         n = inputs.shape[1]
         x = inputs + self.positions(n)
         attend = "left" if causal else attend
         # a boolean mask (True = may not attend), as the padding masks are
         square = torch.ones(n, n, dtype=torch.bool)
         attn = {"all": None, "left": square.triu(1), "right": square.tril(-1)}[attend]
-        return self.decoder(
+        h = self.decoder(
             x,
             memory,
             tgt_mask=attn,
@@ -131,6 +118,7 @@ class Seq2Seq(nn.Module):
             memory_key_padding_mask=memory_mask,
             tgt_is_causal=attend == "left",
         )
+        return self.head(self.norm(h))
 
 
 # --- the autoregressive Transformer -------------------------------------------------------------

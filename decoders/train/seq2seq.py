@@ -113,8 +113,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     from decoders.seq2seq import evaluate as ev
 
     ev.load.cache_clear()
+    settings = tuple(
+        s for s in SETTINGS if ev.needs(*s) <= {p.stem for p in args.out.glob("*.safetensors")}
+    )
     rows = [
-        r for task in TASKS for r in evaluate(task, HELD_OUT_SEED, HELD_OUT_N, SETTINGS, args.out)
+        r for task in TASKS for r in evaluate(task, HELD_OUT_SEED, HELD_OUT_N, settings, args.out)
     ]
     command = "python -m decoders.train seq2seq " + " ".join(argv[1:])
     date = datetime.date.today().isoformat()
