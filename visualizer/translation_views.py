@@ -148,7 +148,7 @@ def lengths_html(lab: Any) -> str:
 def metrics_html(rows: list[dict[str, Any]], task: str) -> str:
     if not rows:
         return _wrap("<p>No held-out metrics recorded for this task.</p>")
-    seed, n = rows[0].get("seed", 101), rows[0].get("n", 200)
+    seed, n = rows[0].get("seed"), rows[0].get("n")
     lines = "".join(
         f"<tr><td>{html.escape(r['model'])}</td><td>{html.escape(r['decoding'])}</td>"
         f'<td class="num">{100 * r["valid"]:.1f}%</td><td class="num">{100 * r["mixed"]:.1f}%</td>'

@@ -126,7 +126,6 @@ def evaluate(
         raise ValueError(f"n must be at least 1 (got {n})")
     held = examples(task, seed, n)
     src = sources([tagged(task, e.source) for e in held])
-    torch.set_num_threads(1)
     rows = []
     for model, decoding in settings:
         start = time.perf_counter()

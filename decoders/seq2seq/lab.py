@@ -118,7 +118,6 @@ def translate_all(task: str, source: tuple[int, ...], root: Path = ASSETS) -> La
     check_task(task)
     refs = sorted({translate(source, r, rev, task) for r, rev in CHOICES[task]})
     src = sources([tagged(task, source)])
-    torch.set_num_threads(1)
     rows = []
     for model, decoding in SETTINGS:
         outs, passes = run_setting(model, decoding, src, root)
@@ -197,9 +196,10 @@ def metrics(task: str, root: Path = ASSETS) -> list[dict[str, Any]]:
         card = json.loads(path.read_text())
         name = card["model"]
         model = {"nat_fertility": "nat", "depa_cold": "depa"}.get(name, name)
-        for r in card.get("held_out", {}).get("rows", []):
+        held = card.get("held_out", {})
+        for r in held.get("rows", []):
             if r["task"] == task:
-                rows.append({"model": model, **r})
+                rows.append({"model": model, "seed": held.get("seed"), "n": held.get("n"), **r})
     order = {s: i for i, s in enumerate(SETTINGS)}
     return sorted(rows, key=lambda r: order.get((r["model"], r["decoding"]), math.inf))
 
