@@ -433,7 +433,7 @@ def test_the_lab_names_a_bad_source_and_translates_a_good_one():
     for row in lab.rows:
         assert row.valid == (row.tokens in lab.references) and (row.valid or row.wrong or row.why)
     assert len(lab.mask_predict) == 10 and lab.mask_predict[-1]["remasked"] == []
-    assert lab.flowseq[0]["sample"] == "mean" and len(lab.flowseq) == 8
+    assert lab.flowseq[0]["sample"] == "f(0)" and len(lab.flowseq) == 8
     assert sum(f for _, f, _ in lab.fertilities) >= 5 and lab.lengths[0][0] >= 1
 
 

@@ -28,7 +28,7 @@ from .traces import EXAMPLE_PROMPTS
 TOUR = Path(__file__).resolve().parents[1] / "assets" / "tour"
 PROMPT = EXAMPLE_PROMPTS[0]  # code that repeats its prompt's names: every family has work to do
 BUDGET = 48
-SIDE_BY_SIDE = "side_by_side"  # the last stop's file: a Compare of every stop's run, recorded
+SIDE_BY_SIDE = "side_by_side"  # the comparison stop's file: a Compare of every stop's run
 TRANSLATION = "translation"  # the stop after it: the Translation lab (decoders/seq2seq)
 TRANSLATION_SOURCE = "w3 w1 w4 w15 w9 w2"  # its sentence (task `modes`)
 ROUNDS = 3  # the recorded Compare's rounds (each speedup a median with its spread)

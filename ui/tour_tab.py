@@ -37,8 +37,8 @@ CHOICES = [(f"{i + 1}. {s.title}", s.key) for i, s in enumerate(STOPS)] + [
     (f"{len(STOPS) + 1}. All of them side by side", SIDE_BY_SIDE),
     (f"{len(STOPS) + 2}. Translation: several right answers", TRANSLATION),
 ]
-# Run it live: the Run tab's button (the last stop: Compare's), pressed once the form holds the
-# stop's settings.
+# Run it live: the Run tab's button (the side-by-side stop: Compare's; the translation stop:
+# none), pressed once the form holds the stop's settings.
 PRESS = f"""(key) => {{
   if (key === '{TRANSLATION}') return;  // the lab has translated its sentence already
   const button = key === '{SIDE_BY_SIDE}' ? '#cmp-btn' : '#run-btn';
@@ -111,7 +111,8 @@ def _best_sentence(record: dict[str, Any]) -> str:
 
 def show(key: str, width: float | None = None) -> dict[str, Any]:
     """What one stop shows: the narration, the tokens and metrics as recorded, the marked figure
-    (the last stop: the recorded comparison's two charts)."""
+    (side by side: the recorded comparison's two charts; translation: the lab on the shipped
+    models)."""
     w = int(width) if width else None
     if key == TRANSLATION:
         from decoders.seq2seq.lab import metrics, parse_source, translate_all
@@ -236,7 +237,7 @@ class TourTab:
 
 def wire_live(tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs) -> None:
     """Run it live: a stop's run in the Run tab (its method, prompt, budget and settings), or the
-    last stop's comparison in the Compare tab (every stop's spec, the same rounds); then the
+    side-by-side stop's comparison in the Compare tab (every stop's spec, the same rounds); then the
     tab's own button is pressed."""
 
     def live(request: gr.Request, key: str) -> dict:

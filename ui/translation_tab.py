@@ -47,9 +47,7 @@ def lab_outputs(task: str, text: str) -> dict[str, Any]:
     try:
         source = parse_source(text)
         lab = translate_all(task, source)
-    except SourceError as exc:
-        return {"status": message(str(exc))}
-    except FileNotFoundError as exc:
+    except (SourceError, ValueError, FileNotFoundError) as exc:  # names the word, task or file
         return {"status": message(str(exc))}
     except Exception as exc:  # the boundary: a message, never a traceback
         return {"status": message(internal_error(exc))}
@@ -64,12 +62,14 @@ def lab_outputs(task: str, text: str) -> dict[str, Any]:
 
 
 def task_outputs(task: str) -> dict[str, Any]:
-    rows = metrics(task)
-    return {
-        "examples": example_sources(task),
-        "metrics": metrics_html(rows, task),
-        "chart": quality_chart(rows, task),
-    }
+    """A difficulty's example sentences, and its recorded metrics (a message in their place when
+    the cards cannot be read)."""
+    try:
+        rows = metrics(task)
+        table, chart = metrics_html(rows, task), quality_chart(rows, task)
+    except (ValueError, KeyError, OSError) as exc:  # a card that does not read
+        table, chart = message(f"The held-out metrics could not be read: {exc}"), None
+    return {"examples": example_sources(task), "metrics": table, "chart": chart}
 
 
 def build_translation_tab() -> None:

@@ -122,10 +122,10 @@ def latents_html(lab: Any) -> str:
             f'<td class="num">{z["iw"]:.1f}</td><td>{", ".join(picks)}</td></tr>'
         )
     return _wrap(
-        '<div class="caption">FlowSeq: "mean" is z at the image of the prior\'s mean (argmax '
-        "decoding); z1… are sampled from the flow prior. log p(z|x): the prior's score of the "
-        "latent; teacher: the autoregressive model's log-probability of the output (noisy "
-        "parallel decoding keeps its best); iw: FlowSeq's own importance-weighted "
+        "<div class=\"caption\">FlowSeq: f(0) is z = f(0), the flow's image of the Gaussian's "
+        "centre (argmax decoding); z1… are sampled from the flow prior. log p(z|x): the prior's "
+        "score of the latent; teacher: the autoregressive model's log-probability of the output "
+        "(noisy parallel decoding keeps its best); iw: FlowSeq's own importance-weighted "
         "log p(y|x).</div>"
         '<div class="scroll"><table><tr><th>z</th><th>decodes to</th><th></th>'
         '<th class="num">log p(z|x)</th><th class="num">teacher</th><th class="num">iw</th>'

@@ -18,7 +18,7 @@ log p(z | x) = log N(f⁻¹(z)) + log |det ∂f⁻¹/∂z|.
 
 A sentence's choice lives in z, so the decoder need not mix: decode one z and every position
 reads the same choice. Decoding (`decode`):
-- `argmax`: z = f(0), the image of the prior's mean;
+- `argmax`: z = f(0), the image of the base Gaussian's mode (FlowSeq's stand-in for the prior's argmax);
 - `npd`: n latents sampled from the prior, each decoded, the candidate the autoregressive teacher
   scores best kept (noisy parallel decoding);
 - `iw`: the same candidates, each scored by FlowSeq itself with an importance-weighted estimate

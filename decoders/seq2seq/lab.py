@@ -145,14 +145,14 @@ def translate_all(task: str, source: tuple[int, ...], root: Path = ASSETS) -> La
         refilled = [j for j in range(len(it["tokens"])) if before is None or j in before]
         grid.append({**it, "tokens": describe(it["tokens"]), "refilled": refilled})
         before = set(it["remasked"])
-    # FlowSeq's latents: the prior's mean first, then samples; every score that can rank them
+    # FlowSeq's latents: z = f(0) first, then samples; every score that can rank them
     flow = load("flowseq", root)
     ((cands, prior),) = flow.sample(src, NPD)
     teacher = load("ar", root).score(src.expand(len(cands), -1), cands).tolist()
     iw = flow.iw_score(src[0], cands)
     latents = [
         {
-            "sample": "mean" if i == 0 else f"z{i}",
+            "sample": "f(0)" if i == 0 else f"z{i}",
             "tokens": describe(c),
             "prior": round(prior[i], 2),
             "teacher": round(teacher[i], 2),
@@ -164,7 +164,9 @@ def translate_all(task: str, source: tuple[int, ...], root: Path = ASSETS) -> La
     # the NAT's length distribution and the fertility NAT's fertilities
     nat = load("nat", root)
     memory, mmask = nat.encode(src)
-    probs = torch.softmax(nat.length(memory, mmask)[0], -1)
+    logits = nat.length(memory, mmask)[0]
+    logits[0] = -math.inf  # as decoding: never an empty translation
+    probs = torch.softmax(logits, -1)
     top = torch.topk(probs, 4)
     lengths = [(int(i), round(float(p), 3)) for p, i in zip(top.values, top.indices, strict=True)]
     fert_model = load("nat_fertility", root)

@@ -347,8 +347,12 @@ class NAT(Seq2Seq):
         self, src: torch.Tensor, candidates: list[tuple[tuple[int, ...], ...]]
     ) -> list[tuple[int, ...]]:
         """Reference selection (Shao et al. 2022): of each source's candidate targets (the
-        teacher's several translations), the one this model already finds likeliest, so that
-        it learns one choice per source — its own, which it can predict."""
+        teacher's several translations), the one whose tokens this model already finds likeliest
+        (their log-probabilities summed at the candidate's length; the length's own is left
+        out), so that it learns one choice per source — its own, which it can predict. Uniform
+        copy only: a teacher's output need not have the fertilities a source's words allow."""
+        if self.inputs != "uniform":
+            raise ValueError("reference selection scores uniform-copy NATs only")
         was = self.training
         self.eval()
         chosen: list[tuple[int, ...]] = [c[0] for c in candidates]
@@ -413,7 +417,7 @@ class NAT(Seq2Seq):
             seqs = []
             for c in cands:
                 f = (c * words[i]).tolist()
-                if sum(f) == 0:  # no word at all: one token per word
+                if not 0 < sum(f) <= MAX_TARGET:  # none, or more than a target holds
                     f = words[i].long().tolist()
                 seqs.append(f)
             out.append(seqs)

@@ -55,7 +55,8 @@ def distill(teacher, pairs: Sequence[Pair], batch: int = 256, k: int = 1) -> lis
     same sources, each target replaced by the teacher's greedy translation. A teacher picks one
     register and one order per source, so the data a student sees has one mode per source.
 
-    With `k` > 1, each source keeps the teacher's `k` likeliest translations (`AR.nbest`), and
+    With `k` > 1, each source keeps the teacher's translations from its `k` likeliest first
+    tokens (`AR.nbest`), and
     the student trains on the one it finds likeliest itself (reference selection, `NAT.choose`,
     as Shao et al. 2022 distil a NAT): the teacher's pick of a mode is an arbitrary function of
     the source that a one-pass student learns only in part; its own pick it can predict."""

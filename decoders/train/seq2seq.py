@@ -141,8 +141,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                 "targets": {
                     "mixture": "each source's right translations, every choice as likely",
                     "distilled": "the autoregressive model's greedy translations",
-                    "selected": f"the autoregressive model's {training.DISTILLED['selected'][1]}"
-                    " likeliest translations, the student training on the one it finds likeliest",
+                    "selected": "the autoregressive model's translations from its "
+                    f"{training.DISTILLED['selected'][1]} likeliest first tokens (each continued "
+                    "greedily), the student training on the one whose tokens it finds likeliest",
                 }[data],
                 **(
                     {
