@@ -20,6 +20,8 @@ from .training import build
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "seq2seq"
 MODELS = ("ar", "nat", "nat_kd", "cmlm", "flowseq", "depa")
+# weight files whose rows the evaluation names after another model (a variant's decoding says which)
+SHOWN_AS = {"nat_fertility": "nat", "depa_cold": "depa"}
 NPD = 8  # candidates for noisy parallel decoding and importance weighting
 ITERATIONS = (1, 2, 4, 10)  # Mask-Predict's T
 

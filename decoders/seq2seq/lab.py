@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .evaluate import ASSETS, NPD, SETTINGS, load, run_setting
+from .evaluate import ASSETS, NPD, SETTINGS, SHOWN_AS, load, run_setting
 from .metrics import best_bleu, mixed, registers, valid
 from .models import sources
 from .tasks import (
@@ -197,7 +197,7 @@ def metrics(task: str, root: Path = ASSETS) -> list[dict[str, Any]]:
     for path in sorted(root.glob("*.json")):
         card = json.loads(path.read_text())
         name = card["model"]
-        model = {"nat_fertility": "nat", "depa_cold": "depa"}.get(name, name)
+        model = SHOWN_AS.get(name, name)
         held = card.get("held_out", {})
         for r in held.get("rows", []):
             if r["task"] == task:
