@@ -25,6 +25,7 @@ from .mask_predict_view import refinement
 from .mask_view import attention_mask
 from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
+from .retrieval_view import adjacency, retrieval
 from .self_speculative_view import self_speculative_panel
 from .space_view import relay
 from .tree_view import token_tree
@@ -39,6 +40,8 @@ VIEWS: dict[str, Panel] = {
         topk_panel,
         draft_panel,
         copy_source,
+        retrieval,
+        adjacency,
         self_speculative_panel,
         token_tree,
         jacobi_trajectory,

@@ -46,6 +46,7 @@ from decoders.core.sampling import Sampler
 from decoders.core.steps import start, verify_tree
 from decoders.core.tree import depths, feed_mask
 from decoders.methods.prompt_lookup import lookup
+from decoders.methods.sam import Retriever, retriever
 from decoders.methods.speculative import DRAFT_HELP
 from decoders.trained.drafters import auto_draft, check_draft, make_drafter
 
@@ -89,6 +90,25 @@ PARAMS = (
         16,
         "prompt-lookup branch: also graft up to this many tokens copied from an earlier "
         "occurrence of the last 1-3 tokens (as prompt_lookup drafts) onto the tree; 0 = off",
+        0,
+        32,
+    ),
+    Param(
+        "copy",
+        str,
+        "prompt",
+        "where the copied branch comes from: sam = the longest earlier match of the context's end "
+        "in the context or the datastore (suffix automata, as the sam method drafts); prompt = "
+        "prompt lookup's 1-3-token match in the context",
+        choices=("sam", "prompt"),
+    ),
+    Param(
+        "recycle",
+        int,
+        0,
+        "Token Recycling branch: also graft up to this many nodes read from an adjacency matrix of "
+        "the target's own top successors (as the recycling method drafts; no forward) where "
+        "they pay; 0 = off",
         0,
         32,
     ),
@@ -310,6 +330,33 @@ def graft(tree: TreeDraft, branch: Sequence[int]) -> int:
     return len(branch) - len(path)
 
 
+def graft_scored(tree: TreeDraft, other: TreeDraft, cost: float | None, cap: int) -> int:
+    """Merge another draft tree into `tree`: its nodes join, likeliest path first (`other.score`),
+    where their parent is in (or joins) the tree, while each `pays` beside the tree's nodes
+    (every one up to `cap` when cost is None). A node the tree already spells is free. Returns
+    the number of nodes added."""
+    where: dict[int, int] = {-1: -1}  # other's node -> tree's node
+    added = 0
+    total, count = sum(tree.score), len(tree.tokens)
+    for n in sorted(range(len(other.tokens)), key=lambda n: (-other.score[n], n)):
+        parent = where.get(other.parents[n])
+        if parent is None:
+            continue
+        same = next(
+            (c for c, q in enumerate(tree.parents) if q == parent and tree.tokens[c] == other.tokens[n]),
+            None,
+        )
+        if same is not None:
+            where[n] = same
+            continue
+        score = other.score[n]
+        if added >= cap or (cost is not None and not pays(score, total, count, cost)):
+            continue
+        where[n] = tree.add(other.tokens[n], parent, other.probs[n])
+        total, count, added = total + score, count + 1, added + 1
+    return added
+
+
 def spelled(tree: TreeDraft, branch: Sequence[int]) -> list[int]:
     """The nodes that spell `branch` from the root, as far as the tree holds it."""
     path, node = [], -1
@@ -325,22 +372,34 @@ def spelled(tree: TreeDraft, branch: Sequence[int]) -> list[int]:
 
 class CopyRates:
     """How often a copied token is accepted, for size=cost: the first one after a match of n
-    context tokens, and each one after an accepted copy. A copied chain is a point-mass draft
-    (p = 1) to the verifier, but far from sure to be right: on the tuning prompts a copy after a
-    1-token match was accepted 16 % of the time, after 2 tokens 42 %, after 3 67 %, and once on
-    track about 3 in 4 of the next copies were. Those are the priors (weighing 8 steps); each
-    run updates them from its own verdicts, so a text that repeats itself earns longer copies."""
+    tokens, and each one after an accepted copy. A copied chain is a point-mass draft (p = 1) to
+    the verifier, but far from sure to be right. The priors (weighing 8 steps) were measured on
+    the tuning prompts; each run updates them from its own verdicts, so a text that repeats itself
+    earns longer copies. One table per source: prompt lookup's n-gram copy (after a 1-token match
+    16 % of first copies were accepted, after 2 42 %, after 3 67 %, about 3 in 4 of the next
+    ones once on track), the context's automaton (SAM: the longest match, so longer n) and the
+    datastore's (the most frequent continuation of text the model wrote elsewhere)."""
 
     PRIOR_WEIGHT = 8.0
+    PRIORS = {
+        "prompt": ({1: 0.16, 2: 0.42, 3: 0.67}, 0.75),
+        "context": ({1: 0.16, 2: 0.42, 3: 0.67, 4: 0.72, 5: 0.77, 6: 0.8}, 0.75),
+        "datastore": ({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.45, 6: 0.5}, 0.6),
+    }
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "prompt") -> None:
         w = self.PRIOR_WEIGHT
-        self.first = {1: [0.16 * w, w], 2: [0.42 * w, w], 3: [0.67 * w, w]}  # [accepted, seen]
-        self.then = [0.75 * w, w]
+        first, then = self.PRIORS[source]
+        self.first = {n: [r * w, w] for n, r in first.items()}  # [accepted, seen]
+        self.then = [then * w, w]
+        self.longest = max(first)
+
+    def _first(self, n: int) -> list[float]:
+        return self.first[min(max(n, 1), self.longest)]
 
     def score(self, n: int, k: int) -> float:
         """The chance that the k-th copied token (from 0) is accepted, after a match of n."""
-        (a, seen), (b, after) = self.first[min(max(n, 1), 3)], self.then
+        (a, seen), (b, after) = self._first(n), self.then
         return a / seen * (b / after) ** k
 
     def cut(self, tree: TreeDraft, branch: Sequence[int], n: int, cost: float) -> list[int]:
@@ -357,7 +416,7 @@ class CopyRates:
         whose parent it accepted)."""
         kept = set(accepted)
         for k, node in enumerate(spelled(tree, branch)):
-            counts = self.first[min(max(n, 1), 3)] if k == 0 else self.then
+            counts = self._first(n) if k == 0 else self.then
             counts[0] += node in kept
             counts[1] += 1
             if node not in kept:
@@ -376,6 +435,36 @@ def _subtree(tree: TreeDraft, nodes: list[int]) -> TreeDraft:
     for n in nodes:
         out.add(tree.tokens[n], index.get(tree.parents[n], -1), tree.probs[n])
     return out
+
+
+# The recycled branch's template: the likeliest successors first, 4 deep.
+RECYCLE_TEMPLATE = parse_choices("0 1 2 0.0 0.1 1.0 0.0.0 0.0.0.0")
+
+
+def adjacency(bundle: ModelBundle):
+    """A fresh Token Recycling matrix for one run, warm-started from the datastore."""
+    from decoders.methods.recycling import Adjacency, warm_start  # it builds on this module
+
+    return Adjacency(int(bundle.model.config.vocab_size), warm_start(bundle))
+
+
+COPY_NAMES = {"prompt": "prompt lookup", "context": "SAM context", "datastore": "SAM datastore"}
+
+
+def copy_branch(
+    found: Retriever | None, context: list[int], size: int, cap: int
+) -> tuple[list[int], int, str]:
+    """The copied branch for this step: (chain, match length, source), source "prompt" (prompt
+    lookup's n-gram), "context" or "datastore" (the sam method's automata: its chain, the most
+    frequent path from the datastore); ([], 0, "") when nothing matched or size is 0."""
+    if not size:
+        return [], 0, ""
+    if found is None:
+        chain, n = lookup(context, 3, min(size, cap))
+        return chain, n, "prompt"
+    found.catch_up(context)
+    got = found.retrieve(min(size, cap), chain_only=True)
+    return (list(got.tokens), got.n, got.source) if got else ([], 0, "")
 
 
 def node_cost(bundle: ModelBundle, size: str) -> float | None:
@@ -413,7 +502,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cost = node_cost(bundle, p["size"]) if p["shape"] == "dynamic" else None
     # size=cost prices the drafting too; a cost given by number prices inputs only
     draft = draft_cost(bundle, p["draft"]) if cost is not None and p["size"] == "cost" else 0.0
-    rates = CopyRates()
+    rates = {source: CopyRates(source) for source in CopyRates.PRIORS}
+    found = retriever(bundle, prompt_ids, "auto") if p["lookup"] and p["copy"] == "sam" else None
+    recycled = adjacency(bundle) if p["recycle"] else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     if cost is not None:  # what the tree is sized by here, for the run's record
@@ -425,12 +516,13 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         # The target adds one token after the accepted path: keep paths within remaining - 1.
         depth_cap = budget.remaining - 1
         tree, label, grafted = TreeDraft(), drafter.label, 0
-        copied, n = lookup(context, 3, min(p["lookup"], depth_cap)) if p["lookup"] else ([], 0)
-        if copied and p["trust"] and n >= p["trust"]:
+        copied, n, source = copy_branch(found, context, p["lookup"], depth_cap)
+        name = COPY_NAMES[source] if copied else ""
+        if copied and p["trust"] and n >= p["trust"] and source != "datastore":
             if cost is not None:
-                copied = rates.cut(tree, copied, n, cost)
+                copied = rates[source].cut(tree, copied, n, cost)
             grafted = graft(tree, copied)  # a long match: the copied chain alone is the draft
-            label = f"prompt lookup (n={n}, trusted: drafter skipped)"
+            label = f"{name} (n={n}, trusted: drafter skipped)"
         elif depth_cap > 0:
             for catch_up in drafter.begin(context, step):
                 yield catch_up.event
@@ -443,11 +535,15 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 )
             drafter.end()
             yield from grower.events
+            if recycled is not None:
+                more = graft_scored(tree, recycled.draft(x, RECYCLE_TEMPLATE, depth_cap), cost, p["recycle"])
+                if more:
+                    label += f" + token recycling ({more} nodes)"
             if copied and cost is not None:
-                copied = rates.cut(tree, copied, n, cost)
+                copied = rates[source].cut(tree, copied, n, cost)
             if copied:
                 grafted = graft(tree, copied)
-                label += f" + prompt lookup (n={n}, {grafted} new nodes)"
+                label += f" + {name} (n={n}, {grafted} new nodes)"
         if tree.tokens:
             yield Draft(
                 step,
@@ -460,7 +556,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             )
 
         # ONE target forward over x and the whole tree; keep x and the accepted path, commit.
-        verdict, _ = yield from verify_tree(
+        verdict, logits = yield from verify_tree(
             bundle,
             cache,
             context,
@@ -472,7 +568,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             drafter=drafter,
         )
         if copied and cost is not None:
-            rates.update(tree, copied, n, verdict.accepted)
+            rates[source].update(tree, copied, n, verdict.accepted)
+        if recycled is not None:
+            recycled.update([x, *tree.tokens], logits)
 
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.

@@ -8,6 +8,7 @@
     exits      early-exit adapters (calm, free, hash_ee)    -> assets/exits/<model>.safetensors
     layerskip  LayerSkip tuning of the model itself (a delta) -> assets/layerskip/<model>.safetensors
     seq2seq    the Translation lab's models, from scratch  -> assets/seq2seq/<name>.safetensors
+    datastore  the retrieval datastore (sam, recycling)  -> assets/sam/<model>.safetensors
 
 Shared pieces: `corpus` (the data), `states` (the target's hidden states over it, computed once),
 `loop` (AdamW, a warm-up + cosine schedule, tqdm, resumable checkpoints, held-out metrics).
@@ -25,4 +26,5 @@ ARTIFACTS = {
     "exits": "early-exit adapters and classifiers, one per exit layer (calm, free, hash_ee)",
     "layerskip": "LayerSkip tuning of the model itself: <model>-exit-tuned (layerskip)",
     "seq2seq": "the Translation lab's encoder-decoder models (decoders/seq2seq), from scratch",
+    "datastore": "the retrieval datastore: the corpus as token ids (sam, recycling, token_tree)",
 }

@@ -33,6 +33,8 @@ from decoders.core.events.methods import (
     MaskGroups,
     MaskPredictStep,
     NgramPool,
+    Recycled,
+    StoreMatch,
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -50,6 +52,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Commit,
         DraftStop,
         CopySource,
+        StoreMatch,
+        Recycled,
         HeadProposals,
         MaskGroups,
         MaskPredictStep,
@@ -78,6 +82,8 @@ def token_ids(event: Event) -> list[int]:
         return [t for gram in event.added for t in gram] + [t for e in event.top for t in e[1:]]
     if isinstance(event, AttentionMask):
         return list(event.input_ids)
+    if isinstance(event, Recycled):
+        return [t for row in event.rows for t in row]
     if isinstance(event, HeadProposals):
         return [t for row in event.heads for t in row]
     if isinstance(event, MaskGroups):

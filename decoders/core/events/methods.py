@@ -1,5 +1,5 @@
 """The events particular to a family of methods: Jacobi and Lookahead (iterations, the window, the
-n-gram pool, the attention mask), prompt lookup's copy, the Medusa heads' guesses, SPACE's mask
+n-gram pool, the attention mask), prompt lookup's copy, retrieval from the datastore, Token Recycling's adjacency rows, the Medusa heads' guesses, SPACE's mask
 groups, Mask-Predict's iterations, early exit's exits and FREE's catch-ups."""
 
 from __future__ import annotations
@@ -158,6 +158,59 @@ class CopySource(Event):
         c.need(
             self.start >= 0 and self.n >= 1 and self.start + self.n <= self.context_len <= longest,
             f"{where}: the copied span must lie within the {self.context_len}-token context",
+        )
+
+
+@dataclass(frozen=True)
+class StoreMatch(Event):
+    """Where a retrieved draft came from when it came from the datastore (SAM-Decoding's static
+    automaton): the context's last `n` tokens occur `occurrences` times in the datastore, and the
+    draft's retrieved nodes (the Draft's nodes `first` onwards, in order) continue them as often
+    as `counts` says."""
+
+    type: ClassVar[str] = "StoreMatch"
+    step: int
+    n: int
+    occurrences: int
+    counts: tuple[int, ...]
+    first: int = 0
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            whole(self.n, 1, c.max_new_tokens + len(c.prompt_ids))
+            and whole(self.occurrences, 1, 10**9)
+            and whole(self.first, 0, MAX_DRAFT_NODES),
+            f"{where}: a datastore match needs n >= 1 tokens, occurring at least once",
+        )
+        c.need(
+            len(self.counts) <= MAX_DRAFT_NODES
+            and all(whole(k, 1, self.occurrences) for k in self.counts),
+            f"{where}: each retrieved node's count must be in 1..{self.occurrences}",
+        )
+
+
+@dataclass(frozen=True)
+class Recycled(Event):
+    """The rows of Token Recycling's adjacency matrix a draft was read from: `rows[i]` is a
+    token followed by its successors, best first, as the target's latest forwards ranked them
+    (`refreshed[i]`: whether that row has been written by this run's forwards yet; False = still
+    the warm start)."""
+
+    type: ClassVar[str] = "Recycled"
+    step: int
+    rows: tuple[tuple[int, ...], ...]
+    refreshed: tuple[bool, ...] = ()
+
+    def check(self, c: TraceCheck, where: str) -> None:
+        c.need(
+            len(self.rows) <= MAX_DRAFT_NODES and all(len(r) >= 2 for r in self.rows),
+            f"{where}: each row is a token and at least one successor",
+        )
+        for i, row in enumerate(self.rows):
+            c.tokens(row, f"{where}.rows[{i}]")
+        c.need(
+            not self.refreshed or len(self.refreshed) == len(self.rows),
+            f"{where}: refreshed must name every row",
         )
 
 

@@ -1,0 +1,231 @@
+"""Where a retrieved or recycled draft came from (sam, recycling, token_tree's branches).
+
+- `retrieval`: SAM-Decoding's source at a step. From the context: prompt lookup's context panel
+  (the earlier occurrence of the matched suffix, in the prompt or the output, and what was copied).
+  From the datastore: the matched suffix, how often the datastore holds it, and the retrieved
+  continuations with their counts, coloured by the target's verdict.
+- `adjacency`: the rows of Token Recycling's matrix a draft was read from (a row = a token and
+  its successors as the target ranked them), the cells the draft used coloured by the verdict.
+Pure: events in, Figure out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from decoders.core.events import CopySource, Draft, Event, Recycled, StoreMatch, Verify
+
+from .figures import _base_layout, _empty
+from .prompt_lookup_view import context_at, copy_source
+from .text import add_caption, escape, short_token, token_hover, visible
+from .tokens import COLOURS
+
+STATUS = {  # fill, legend
+    "accepted": (COLOURS["draft"], "drafted, accepted"),
+    "rejected": (COLOURS["rejected"], "drafted, rejected"),
+    "not checked": (COLOURS["pending"], "drafted, not checked"),
+    "unused": ("#ffffff", "not drafted"),
+}
+EDGE = "#90a4ae"
+MAX_ROWS = 12
+SUFFIX_SHOWN = 8  # tokens of a long matched suffix shown (the rest is "…")
+
+
+def _at(events: Sequence[Event], step: int, kind: type) -> Event | None:
+    return next((e for e in events if isinstance(e, kind) and e.step == step), None)
+
+
+def node_status(draft: Draft, verify: Verify | None) -> list[str]:
+    """Each draft node's fate: accepted, rejected (compared with the target's token and lost),
+    or not checked (an ancestor was rejected, or the output ended)."""
+    accepted = set(verify.accepted) if verify is not None else set()
+    out = []
+    for i, parent in enumerate(draft.parents):
+        if i in accepted:
+            out.append("accepted")
+        elif verify is not None and (parent == -1 or parent in accepted):
+            out.append("rejected")
+        else:
+            out.append("not checked")
+    return out
+
+
+def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """Where the step's retrieved draft came from (see the module doc)."""
+    copied = _at(events, step, CopySource)
+    if copied is not None:
+        fig = copy_source(events, texts, step)
+        found = context_at(events, step)
+        if found is not None and fig.layout.title.text:
+            where = "prompt" if copied.start < found[1] else "output"
+            fig.update_layout(title_text=f"Step {step}: from the {where}, a match of {copied.n}")
+        return fig
+    match = _at(events, step, StoreMatch)
+    title = f"Step {step}: retrieval"
+    if match is None:
+        if step == 0:
+            return _empty(title, "step 0 is the prefill: the automata read the prompt", 200)
+        return _empty(
+            title, "no match long enough in the context or the datastore: a plain target step", 200
+        )
+    draft = _at(events, step, Draft)
+    found = context_at(events, step)
+    if draft is None or found is None:
+        return _empty(title, "this trace lacks the draft or the prompt", 200)
+    context = found[0]
+    nodes = range(match.first, min(len(draft.tokens), match.first + len(match.counts)))
+    status = node_status(draft, _at(events, step, Verify))
+    suffix = context[-match.n :]
+    shown = suffix[-SUFFIX_SHOWN:]
+    suffix_text = ("…" if len(suffix) > len(shown) else "") + "".join(
+        visible(texts.get(t, "?")) for t in shown
+    )
+
+    def path_text(i: int) -> str:
+        parts = []
+        while i >= match.first:
+            parts.append(short_token(texts.get(draft.tokens[i], "?"), 10))
+            i = draft.parents[i]
+        return " → ".join(reversed(parts))
+
+    labels = [path_text(i) for i in nodes]
+    counts = [match.counts[i - match.first] for i in nodes]
+    fig = go.Figure()
+    for name, (fill, legend) in STATUS.items():
+        rows = [k for k, i in enumerate(nodes) if status[i] == name]
+        if not rows:
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=[counts[k] for k in rows],
+                y=[k for k in rows],
+                orientation="h",
+                marker=dict(color=fill, line=dict(color=EDGE, width=1)),
+                text=[escape(labels[k]) for k in rows],
+                textposition="auto",
+                insidetextanchor="start",
+                hovertext=[
+                    f"{token_hover(texts.get(draft.tokens[nodes[k]], '?'), draft.tokens[nodes[k]])}"
+                    f"<br>continues the match {counts[k]} of {match.occurrences} times"
+                    f"<br>{legend}"
+                    for k in rows
+                ],
+                hoverinfo="text",
+                name=legend,
+            )
+        )
+    fig.update_yaxes(
+        autorange="reversed", showticklabels=False, fixedrange=True, range=[len(labels) - 0.5, -0.5]
+    )
+    fig.update_xaxes(title_text="times the datastore continues this way", fixedrange=True)
+    height = 150 + 26 * len(labels)
+    subtitle = (
+        f"the context's last {match.n} tokens «{escape(suffix_text)}» occur {match.occurrences}× "
+        "in the datastore (the model's own writing); its most frequent continuations were drafted"
+    )
+    fig = _base_layout(fig, f"Step {step}: from the datastore", height=height, subtitle=subtitle)
+    return add_caption(
+        fig,
+        [
+            "Each bar is a drafted path: how often the datastore continues the match that way. "
+            "Green: the target accepted it; red: compared and rejected; grey: not reached."
+        ],
+        height,
+    )
+
+
+def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """The adjacency rows a Token Recycling draft read, cells coloured by the verdict."""
+    title = f"Step {step}: the adjacency rows read"
+    recycled = _at(events, step, Recycled)
+    if recycled is None:
+        if step == 0:
+            return _empty(title, "step 0 is the prefill: the first token comes from the target", 200)
+        return _empty(title, "nothing recycled at this step: a plain target step", 200)
+    draft = _at(events, step, Draft)
+    if draft is None:
+        return _empty(title, "this trace lacks the step's draft", 200)
+    rows = [list(r) for r in recycled.rows[:MAX_ROWS]]
+    index = {r[0]: k for k, r in enumerate(rows)}
+    root = rows[0][0] if rows else None
+    status = node_status(draft, _at(events, step, Verify))
+    cell: dict[tuple[int, int], str] = {}
+    order = ("unused", "not checked", "rejected", "accepted")
+    for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+        row_token = root if parent == -1 else draft.tokens[parent]
+        k = index.get(row_token)
+        if k is None or token not in rows[k][1:]:
+            continue
+        key = (k, rows[k][1:].index(token))
+        if order.index(status[i]) > order.index(cell.get(key, "unused")):
+            cell[key] = status[i]
+    columns = max(len(r) - 1 for r in rows)
+    fig = go.Figure()
+    xs, ys, text, hover, fills = [], [], [], [], []
+    for k, row in enumerate(rows):
+        for c, t in enumerate(row[1:]):
+            st = cell.get((k, c), "unused")
+            xs.append(c + 1)
+            ys.append(k)
+            text.append(escape(short_token(texts.get(t, "?"), 6)))
+            fills.append(STATUS[st][0])
+            hover.append(
+                f"{token_hover(texts.get(t, '?'), t)}<br>successor {c + 1} of "
+                f"{escape(visible(texts.get(row[0], '?')))}<br>{STATUS[st][1]}"
+            )
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="markers+text",
+            marker=dict(symbol="square", size=34, color=fills, line=dict(color=EDGE, width=1)),
+            text=text,
+            textfont=dict(size=10, family="ui-monospace, Menlo, monospace"),
+            hovertext=hover,
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    for name, (fill, legend) in STATUS.items():
+        if name != "unused" and name in cell.values():
+            fig.add_trace(
+                go.Scatter(
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    marker=dict(symbol="square", size=12, color=fill, line=dict(color=EDGE, width=1)),
+                    name=legend,
+                )
+            )
+    fresh = list(recycled.refreshed) or [True] * len(rows)
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=list(range(len(rows))),
+        ticktext=[
+            escape(short_token(texts.get(r[0], "?"), 8)) + ("" if fresh[k] else " ·warm")
+            for k, r in enumerate(rows)
+        ],
+        range=[len(rows) - 0.5, -0.5],
+        fixedrange=True,
+        showgrid=False,
+    )
+    fig.update_xaxes(
+        title_text="successor rank",
+        tickmode="array",
+        tickvals=list(range(1, columns + 1)),
+        range=[0.4, columns + 0.6],
+        fixedrange=True,
+        showgrid=False,
+        zeroline=False,
+    )
+    n_acc = sum(s == "accepted" for s in status)
+    warm = sum(not f for f in fresh[: len(rows)])
+    subtitle = (
+        f"row = a token, then the successors the target ranked likeliest after it when it last "
+        f"saw it; {len(draft.tokens)} drafted, {n_acc} accepted"
+        + (f"; {warm} row(s) still the datastore's warm start (·warm)" if warm else "")
+    )
+    height = 150 + 40 * len(rows)
+    return _base_layout(fig, title, height=height, subtitle=subtitle)
