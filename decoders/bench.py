@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from decoders.core import quality
-from decoders.core.costs import measured_costs
+from decoders.core.costs import REPRICE_ENV, measured_costs
 from decoders.core.errors import DecodingLabError, InvalidInput
 from decoders.core.models import ModelBundle, load_model
 from decoders.core.params import validate_params
@@ -715,6 +715,10 @@ def main(argv: list[str] | None = None) -> int:
     from decoders import METHODS
 
     args = _parser(list(METHODS)).parse_args(argv)
+    # One price for the whole run, measured once before the first prompt (meta.costs): a
+    # re-measure in the background (costs.second_guess_price) would run beside the contestants
+    # and slow whichever ran next.
+    os.environ[REPRICE_ENV] = "0"
     started = time.perf_counter()
     try:
         bundle, prompts, contestants, reference = _contestants(args)

@@ -1,6 +1,7 @@
 """The benchmark runs end to end (tiny model, two prompts) and writes its three outputs."""
 
 import json
+import os
 
 import pytest
 
@@ -50,13 +51,18 @@ def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
     assert data["meta"]["draft_dtype"] == "float32"  # tiny models draft in their own dtype
 
 
-def test_repeated_runs_report_each_runs_speedup(tmp_path, capsys):
+def test_repeated_runs_report_each_runs_speedup(tmp_path, capsys, monkeypatch):
+    from decoders.core.costs import REPRICE_ENV
+
+    monkeypatch.setenv(REPRICE_ENV, "1")  # as outside the suite
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\nWrite a limerick about tea.\nName three rivers.\n")
     out = tmp_path / "out"
     argv = ["--model", "tiny-random", "--dataset", str(prompts), "--max-new-tokens", "5"]
     argv += ["--methods", "autoregressive,prompt_lookup,jacobi", "--peers", "", "--no-overhead"]
     assert bench.main([*argv, "--repeat", "3", "--out", str(out)]) == 0
+    # one price for the whole run: no re-measure in the background beside the contestants
+    assert os.environ[REPRICE_ENV] == "0"
     table = capsys.readouterr().out
     assert "the prompts run 3 times over" in table and "in each of the 3 runs" in table
     data = json.loads((out / "results.json").read_text())

@@ -9,6 +9,8 @@ from decoders.core.events import (
     CatchUp,
     Commit,
     CopySource,
+    Recycled,
+    StoreMatch,
     Done,
     Draft,
     DraftStop,
@@ -41,6 +43,8 @@ SAMPLES = [
     Verify(3, (0, 1), 7, "greedy-tree", (0.9, 0.8)),
     DraftStop(4, 0.6, (0.9, 0.4), "confidence", 0.8),
     CopySource(4, 3, 2, 20),
+    StoreMatch(4, 3, 12, (7, 5, 2), 1),
+    Recycled(5, ((7, 8, 9), (8, 10, 11)), (True, False)),
     HeadProposals(5, 7, ((5, 6), (7, 8)), ((0.5, 0.25), (0.125, 0.0625))),
     MaskGroups(
         6, 9, (4, 5), ((4, 5), (5, 6), (6, 7)), ((0.5, 0.25), (0.5, 0.125), (0.25, 0.75)), 1, (5, 6)

@@ -49,9 +49,7 @@ def test_the_context_match_is_the_longest_earlier_suffix_and_copies_its_first_oc
 
 
 def occurrences(docs: list[list[int]], s: list[int]) -> int:
-    return sum(
-        1 for d in docs for i in range(len(d) - len(s) + 1) if d[i : i + len(s)] == s
-    )
+    return sum(1 for d in docs for i in range(len(d) - len(s) + 1) if d[i : i + len(s)] == s)
 
 
 def test_the_static_automaton_counts_occurrences_and_matches_within_documents():
@@ -151,7 +149,9 @@ def test_retrieved_and_recycled_drafts_are_lossless_to_the_budget_edges(
         for budget in (1, 5, 40):  # the budget ends mid-draft, or runs long
             res = generate(tiny, ids, method, budget, chat=False, **params)
             assert res.token_ids == greedy_reference(tiny, ids, budget), (prompt, budget)
-            sources |= {e.type for e in res.events if isinstance(e, StoreMatch | CopySource | Recycled)}
+            sources |= {
+                e.type for e in res.events if isinstance(e, StoreMatch | CopySource | Recycled)
+            }
             sources |= {e.source for e in res.events if isinstance(e, Draft)}
     if method == "sam":
         assert "StoreMatch" in sources  # the datastore drafted
@@ -207,7 +207,7 @@ def test_the_adjacency_matrix_recycles_each_input_s_top_successors():
 def test_a_template_rank_beyond_the_matrix_is_refused_by_name(tiny):
     from decoders.core.errors import InvalidParameter
 
-    with pytest.raises(InvalidParameter, match="template: ranks must be in 0..7"):
+    with pytest.raises(InvalidParameter, match=r"template: ranks must be in 0\.\.7"):
         generate(tiny, "hi", "recycling", 4, template="0 8")
 
 

@@ -194,6 +194,9 @@ def test_no_second_guess_on_too_little_evidence_or_when_asked_not_to(tiny, monke
     monkeypatch.setenv(costs.REPRICE_ENV, "1")
     assert not costs.second_guess_price(tiny, far_off[:7])  # fewer than MIN_OBSERVED
     assert not costs.second_guess_price(tiny, [(3, 50.0)] * 8)  # too few inputs to say
+    # Narrow forwards say nothing either: their first inputs are nearly free on a CPU, so
+    # 5 inputs at 1.01 one-token forwards would imply a price 16x too low.
+    assert not costs.second_guess_price(tiny, [(5, 10.1)] * 8)
     monkeypatch.setitem(costs._forward_ms, key, 2.0)  # a forward under MIN_TIMED_MS: noise
     assert not costs.second_guess_price(tiny, far_off)
 

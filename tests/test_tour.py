@@ -29,14 +29,24 @@ from ui.tour import (
 from ui.tour_tab import KEYS, show
 
 # These draft well enough on code to verify more than one token per forward at their defaults.
-DRAFTING_ON_CODE = {"prompt_lookup", "speculative", "token_tree", "lookahead", "kangaroo", "space"}
+DRAFTING_ON_CODE = {
+    "prompt_lookup",
+    "sam",
+    "recycling",
+    "speculative",
+    "token_tree",
+    "lookahead",
+    "kangaroo",
+    "space",
+}
 
 
 def test_the_tour_visits_every_method_in_order_of_the_lesson():
     assert {s.method for s in STOPS} == set(METHODS)
-    assert [s.key for s in STOPS][:4] == [
+    assert [s.key for s in STOPS][:5] == [
         "autoregressive",
         "prompt_lookup",
+        "sam",
         "speculative",
         "token_tree",
     ]

@@ -20,6 +20,7 @@ from typing import Any
 from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.bench import parse_method
 from decoders.core import quality
+from decoders.core.costs import hold_prices
 from decoders.core.errors import DecodingLabError
 from decoders.core.events import Commit, Done, Forward, token_ids
 from decoders.core.params import SAMPLING_PARAMS, validate_params
@@ -31,9 +32,8 @@ from .live import Trace, run_meta
 from .models import check_draft, get_bundle, token_texts
 
 REFERENCE = "autoregressive"
-MAX_SPECS = (
-    18  # rows per comparison: each is a full run (every method at its defaults + greedy fits)
-)
+MAX_SPECS = 20  # rows per comparison, each a full run: every method at its defaults, the tour's 19
+
 MAX_ROUNDS = 5  # runs per spec (a row's speedup: the median of its rounds)
 ROUNDS = 3  # the default: a median and a spread from three rounds
 # How far one run's speed moves between identical runs on a shared 2-core CPU, either side: a
@@ -340,13 +340,20 @@ def compare_methods(
             )
             for _ in run_events(warm):
                 pass
+    total = len(parsed) * rounds
+    with hold_prices():  # no re-measure beside the timed runs
+        yield from _rounds(bundle, parsed, runs, prompt, max_new_tokens, rounds, total)
+
+
+def _rounds(bundle, parsed, runs, prompt: str, max_new_tokens: int, rounds: int, total: int):
+    """compare_methods' timed rounds (see there)."""
     best: dict[str, Trace] = {}  # each spec's fastest run so far
     diverged: dict[str, int] = {}  # a spec whose run (any round) left greedy: where
     ties: dict[str, int] = {}  # ... only at a float near-tie (engine.NEAR_TIE): where
     n_runs: dict[str, int] = {}  # runs so far per spec (a spec later in this round has one fewer)
     ratios: dict[str, list[float]] = {}  # each round's speed over the reference's in that round
     rate: dict[tuple[int, str], float] = {}  # (round, spec) -> tokens/s
-    total, done = len(parsed) * rounds, 0
+    done = 0
     for k in range(rounds):
         shift = k % len(parsed)
         for spec in parsed[shift:] + parsed[:shift]:

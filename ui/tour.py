@@ -178,6 +178,21 @@ STOPS: tuple[Stop, ...] = (
         "the step that committed the most tokens",
     ),
     Stop(
+        "sam",
+        GUESS,
+        "Copy the longest match, from the text or a datastore: SAM",
+        "sam",
+        "Prompt lookup copies after a match of at most three tokens. SAM-Decoding keeps two "
+        "suffix automata, structures that find the longest suffix of a growing text seen before "
+        "in constant time per token: one over the prompt and output, one over a datastore of the "
+        "model's own writing. The longer match wins: a context match is copied as a chain, a "
+        "datastore match drafts its most frequent continuations as a small tree. Still no draft "
+        "model, and the target still decides every token.",
+        "where the draft came from, the matched suffix, and how much of it the target kept.",
+        most_committed,
+        "the step that committed the most tokens",
+    ),
+    Stop(
         "speculative",
         GUESS,
         "Guess and check: speculative decoding",
@@ -255,6 +270,21 @@ STOPS: tuple[Stop, ...] = (
         most_committed,
         "the step that committed the most tokens",
         view="pool_candidates",
+    ),
+    Stop(
+        "recycling",
+        NO_DRAFTER,
+        "Guessing without a drafter: Token Recycling",
+        "recycling",
+        "Every verify forward scores the whole vocabulary at every input and keeps one token. "
+        "Token Recycling keeps the runners-up: an adjacency matrix holds, for each token, the "
+        "eight tokens the target ranked likeliest right after it the last time it saw it. A "
+        "draft is a tree read from that table, starting at the last token; after the forward, "
+        "every input's row is overwritten with its new top eight. No model drafts, and nothing "
+        "is trained.",
+        "the rows the draft was read from, and which of their cells the target accepted.",
+        most_committed,
+        "the step that committed the most tokens",
     ),
     Stop(
         "kangaroo",

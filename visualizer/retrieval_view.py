@@ -142,7 +142,9 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     recycled = _at(events, step, Recycled)
     if recycled is None:
         if step == 0:
-            return _empty(title, "step 0 is the prefill: the first token comes from the target", 200)
+            return _empty(
+                title, "step 0 is the prefill: the first token comes from the target", 200
+            )
         return _empty(title, "nothing recycled at this step: a plain target step", 200)
     draft = _at(events, step, Draft)
     if draft is None:
@@ -195,7 +197,9 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
                     x=[None],
                     y=[None],
                     mode="markers",
-                    marker=dict(symbol="square", size=12, color=fill, line=dict(color=EDGE, width=1)),
+                    marker=dict(
+                        symbol="square", size=12, color=fill, line=dict(color=EDGE, width=1)
+                    ),
                     name=legend,
                 )
             )

@@ -5,10 +5,11 @@ it in the background), and priced again when a sized run's own forwards disagree
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -121,6 +122,10 @@ def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> thre
 # the timer and the scheduler, not the inputs, make the differences (the tiny test models).
 REPRICE_FACTOR = 2.0
 MIN_OBSERVED = 8
+# A forward of fewer inputs says little about the price: on a CPU the first few extra inputs are
+# nearly free (4 inputs measured 1.01 one-token forwards here, 8 1.13, 16 1.49), so narrow
+# forwards implied a price 5x too low and set off a re-measure after almost every run.
+MIN_WIDTH = 8
 MIN_TIMED_MS = 5.0
 _remeasuring: set[int] = set()
 # "0" keeps every price as first measured: what a process that compares runs with each other
@@ -130,18 +135,36 @@ REPRICE_ENV = "DECODING_LAB_REPRICE"
 
 def implied_input_cost(bundle: ModelBundle, forwards: Sequence[tuple[int, float]]) -> float | None:
     """The per-input price a run's own verify forwards (inputs, wall ms) imply against the
-    measured one-token forward: the median of (ms / one - 1) / (n - 1) over forwards of 4+
-    inputs; None when there are too few of them or no measured one-token forward."""
+    measured one-token forward: the median of (ms / one - 1) / (n - 1) over forwards of
+    MIN_WIDTH+ inputs; None when there are too few of them or no measured one-token forward."""
     one = _forward_ms.get(id(bundle.model))
-    seen = [(ms / one - 1.0) / (n - 1) for n, ms in forwards if n >= 4] if one else []
+    seen = [(ms / one - 1.0) / (n - 1) for n, ms in forwards if n >= MIN_WIDTH] if one else []
     return statistics.median(seen) if len(seen) >= MIN_OBSERVED else None
+
+
+_held = 0  # comparisons in progress: while any runs, no re-measure starts (hold_prices)
+
+
+@contextlib.contextmanager
+def hold_prices() -> Iterator[None]:
+    """No background re-measure while this is open: a comparison's runs are timed side by side,
+    and a re-measure beside them would slow whichever ran next (Compare's rounds; the
+    benchmark, a process of its own, sets DECODING_LAB_REPRICE=0 instead)."""
+    global _held
+    with _cost_lock:
+        _held += 1
+    try:
+        yield
+    finally:
+        with _cost_lock:
+            _held -= 1
 
 
 def second_guess_price(bundle: ModelBundle, forwards: Sequence[tuple[int, float]]) -> bool:
     """After a sized run: when its verify forwards imply a per-input price off by more than
     REPRICE_FACTOR from the stored one, re-measure them in the background (later runs use the new
     ones; this one kept its own). True when it started that."""
-    if os.environ.get(REPRICE_ENV, "1") == "0":
+    if os.environ.get(REPRICE_ENV, "1") == "0" or _held:
         return False
     key = id(bundle.model)
     price, one = _input_costs.get(key), _forward_ms.get(key)

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.costs import forward_ms
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Draft, Event, Priced, Recycled
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
-from decoders.core.costs import forward_ms
 from decoders.core.runtime import new_cache
 from decoders.core.steps import start, verify_tree
 from decoders.methods.token_tree import TreeDraft, _subtree, node_cost, parse_choices, worth
@@ -56,9 +56,10 @@ PARAMS = (
     Param(
         "size",
         str,
-        "cost",
-        "cost = keep only the template's nodes worth their input on this machine (by the "
-        "target's own stored probabilities); fixed = the whole template",
+        "fixed",
+        "fixed = the whole template; cost = keep only the template's nodes worth their input on "
+        "this machine by the target's stored probabilities (stale ones: on the tuning prompts it "
+        "kept too few, 1.55 tokens per forward against the whole template's 1.74)",
         choices=("cost", "fixed"),
     ),
     Param(
@@ -165,7 +166,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     matrix = Adjacency(
         int(bundle.model.config.vocab_size), warm_start(bundle) if p["warm"] == "auto" else None
     )
-    cost = node_cost(bundle, p["size"]) if p["size"] == "cost" else None
+    cost = node_cost(bundle, "cost") if p["size"] == "cost" else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     if cost is not None:
@@ -199,7 +200,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tuple(tree.parents),
                 tuple(round(v, 6) for v in tree.probs),
             )
-        verdict, logits = yield from verify_tree(
+        _, logits = yield from verify_tree(
             bundle, cache, context, tree.tokens, tree.parents, sampler, budget, step
         )
         matrix.update([x, *tree.tokens], logits)
@@ -213,8 +214,9 @@ METHOD = Method(
     title="Token Recycling (an adjacency matrix of the target's own candidates)",
     decode=decode,
     params=PARAMS,
-    # Luo et al. 2025: k = 8, an 80-node template found by search, a hot start across queries
-    presets={"paper": {"size": "fixed", "warm": "auto"}},
+    # Luo et al. 2025: k = 8 and a template searched for a GPU (80 nodes; ours is smaller), the
+    # matrix starting empty (their hot start carries it across queries instead)
+    presets={"paper": {"size": "fixed", "warm": "none"}},
     check=check,
     summary="Keeps each token's likeliest successors from every forward's logits; drafts a tree "
     "from them with no model; one forward verifies.",

@@ -38,14 +38,22 @@ from decoders.core.tree import chain
 from decoders.trained.datastore import load_store
 
 PARAMS = (
-    Param("num_draft", int, 8, "tokens drafted per step: the copied chain's length, the tree's depth", 1, 32),
+    Param(
+        "num_draft",
+        int,
+        8,
+        "tokens drafted per step: the copied chain's length, the tree's depth",
+        1,
+        32,
+    ),
     Param("width", int, 2, "datastore: continuations kept per node (most frequent first)", 1, 8),
     Param("nodes", int, 12, "datastore: nodes of the retrieved tree, at most", 1, 64),
     Param(
         "min_match",
         int,
-        2,
-        "draft only after a match of at least this many tokens (a 1-token match is a weak guess)",
+        1,
+        "draft only after a match of at least this many tokens (1: any match; on the tuning "
+        "prompts 1 verified 2.03 tokens per forward, 2 verified 1.88)",
         1,
         8,
     ),
@@ -115,10 +123,14 @@ class Retriever:
         if n_ctx >= max(n_store, min_match):
             tokens, at = self.context.continuation(k)
             if tokens:
-                return Retrieved("context", n_ctx, tuple(tokens), chain(len(tokens)), (1.0,) * len(tokens), at)
+                return Retrieved(
+                    "context", n_ctx, tuple(tokens), chain(len(tokens)), (1.0,) * len(tokens), at
+                )
         if self.store is None or n_store < min_match:
             return None
-        tree = self.store.tree(self.state, k, 1 if chain_only else width, k if chain_only else nodes)
+        tree = self.store.tree(
+            self.state, k, 1 if chain_only else width, k if chain_only else nodes
+        )
         if not tree:
             return None
         return Retrieved(
@@ -155,7 +167,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         tokens, parents = (draft.tokens, draft.parents) if draft else ((), ())
         if draft:
             yield from draft.events(step, len(context))
-            yield Draft(step, f"SAM: {draft.source} (match of {draft.n})", tokens, parents, draft.probs)
+            yield Draft(
+                step, f"SAM: {draft.source} (match of {draft.n})", tokens, parents, draft.probs
+            )
         yield from verify_tree(bundle, cache, context, tokens, parents, sampler, budget, step)
 
 

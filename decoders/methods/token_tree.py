@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -343,7 +344,11 @@ def graft_scored(tree: TreeDraft, other: TreeDraft, cost: float | None, cap: int
         if parent is None:
             continue
         same = next(
-            (c for c, q in enumerate(tree.parents) if q == parent and tree.tokens[c] == other.tokens[n]),
+            (
+                c
+                for c, q in enumerate(tree.parents)
+                if q == parent and tree.tokens[c] == other.tokens[n]
+            ),
             None,
         )
         if same is not None:
@@ -381,7 +386,7 @@ class CopyRates:
     datastore's (the most frequent continuation of text the model wrote elsewhere)."""
 
     PRIOR_WEIGHT = 8.0
-    PRIORS = {
+    PRIORS: ClassVar[dict[str, tuple[dict[int, float], float]]] = {
         "prompt": ({1: 0.16, 2: 0.42, 3: 0.67}, 0.75),
         "context": ({1: 0.16, 2: 0.42, 3: 0.67, 4: 0.72, 5: 0.77, 6: 0.8}, 0.75),
         "datastore": ({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.45, 6: 0.5}, 0.6),
@@ -536,7 +541,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             drafter.end()
             yield from grower.events
             if recycled is not None:
-                more = graft_scored(tree, recycled.draft(x, RECYCLE_TEMPLATE, depth_cap), cost, p["recycle"])
+                more = graft_scored(
+                    tree, recycled.draft(x, RECYCLE_TEMPLATE, depth_cap), cost, p["recycle"]
+                )
                 if more:
                     label += f" + token recycling ({more} nodes)"
             if copied and cost is not None:

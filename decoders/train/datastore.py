@@ -64,8 +64,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             k: v for k, v in corpus.report.items() if k not in ("decontamination", "tokens")
         },
         "automaton": {
-            "states": int(len(sam.length)),
-            "transitions": int(len(sam.tokens)),
+            "states": len(sam.length),
+            "transitions": len(sam.tokens),
             "memory_mb": round(sam.nbytes / 2**20, 1),
             "build_s": round(build_s, 1),
             "where": "measured by this command, one CPU thread",

@@ -11,6 +11,7 @@ use (seconds) and cached as flat arrays in ~/.cache/decoding-lab/sam/, keyed by 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ def store_path(model_id: str) -> Path:
 def read_docs(path: Path) -> list[list[int]]:
     state = load_file(str(path))
     stream, offsets = state["tokens"].long().tolist(), state["offsets"].tolist()
-    return [stream[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return [stream[a:b] for a, b in itertools.pairwise(offsets)]
 
 
 def docs_tensors(docs: list[list[int]]) -> dict[str, torch.Tensor]:
