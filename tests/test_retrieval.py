@@ -260,3 +260,8 @@ def test_the_views_name_where_each_draft_came_from(tiny, with_store):
     assert f"{len(draft.tokens)} drafted" in fig.layout.title.subtitle.text.replace("<br>", " ")
     drafted = [c for c in fig.data[0].marker.color if c != "#ffffff"]
     assert len(drafted) >= 1
+    assert any("·warm" in t for t in fig.layout.yaxis.ticktext)  # the datastore's rows, unread
+    cold = generate(tiny, PROMPTS[0], "recycling", 20, chat=False, warm="none")
+    fig = VIEWS["adjacency"](cold.events, texts, step)
+    assert any("·empty" in t for t in fig.layout.yaxis.ticktext)
+    assert not any("·warm" in t for t in fig.layout.yaxis.ticktext)

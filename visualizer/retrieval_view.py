@@ -149,7 +149,9 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     draft = _at(events, step, Draft)
     if draft is None:
         return _empty(title, "this trace lacks the step's draft", 200)
-    rows = [list(r) for r in recycled.rows[:MAX_ROWS]]
+    rows = [list(r) for r in recycled.rows[:MAX_ROWS] if len(r) >= 2]
+    if not rows:
+        return _empty(title, "this step's recorded rows are empty", 200)
     index = {r[0]: k for k, r in enumerate(rows)}
     root = rows[0][0] if rows else None
     status = node_status(draft, _at(events, step, Verify))
@@ -208,7 +210,8 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         tickmode="array",
         tickvals=list(range(len(rows))),
         ticktext=[
-            escape(short_token(texts.get(r[0], "?"), 8)) + ("" if fresh[k] else " ·warm")
+            escape(short_token(texts.get(r[0], "?"), 8))
+            + ("" if k >= len(fresh) or fresh[k] else " ·warm" if recycled.warm else " ·empty")
             for k, r in enumerate(rows)
         ],
         range=[len(rows) - 0.5, -0.5],
@@ -225,11 +228,16 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         zeroline=False,
     )
     n_acc = sum(s == "accepted" for s in status)
-    warm = sum(not f for f in fresh[: len(rows)])
+    stale = sum(not f for f in fresh[: len(rows)])
+    start = (
+        "the datastore's warm start (·warm)"
+        if recycled.warm
+        else "empty: the token itself (·empty)"
+    )
     subtitle = (
         f"row = a token, then the successors the target ranked likeliest after it when it last "
         f"saw it; {len(draft.tokens)} drafted, {n_acc} accepted"
-        + (f"; {warm} row(s) still the datastore's warm start (·warm)" if warm else "")
+        + (f"; {stale} row(s) not yet rewritten by this run, still {start}" if stale else "")
     )
     height = 150 + 40 * len(rows)
     return _base_layout(fig, title, height=height, subtitle=subtitle)

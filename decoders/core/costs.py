@@ -117,8 +117,8 @@ def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> thre
 
 
 # A run's own verify forwards second-guess the price: when the price they imply is off by more
-# than this factor (either way) over at least MIN_OBSERVED forwards of 4+ inputs, the model is
-# re-measured in the background for later runs. Not below MIN_TIMED_MS a one-token forward: there
+# than this factor (either way) over at least MIN_OBSERVED forwards of MIN_WIDTH+ inputs, the
+# model is re-measured in the background for later runs. Not below MIN_TIMED_MS a one-token forward: there
 # the timer and the scheduler, not the inputs, make the differences (the tiny test models).
 REPRICE_FACTOR = 2.0
 MIN_OBSERVED = 8

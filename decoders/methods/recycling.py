@@ -78,7 +78,8 @@ class Adjacency:
     their probabilities as the target gave them; `fresh[t]`: row t was written by this run."""
 
     def __init__(self, vocab: int, warm: tuple[np.ndarray, np.ndarray] | None) -> None:
-        if warm is not None and len(warm[0]) == vocab:
+        self.warm = warm is not None and len(warm[0]) == vocab
+        if self.warm:
             self.succ = torch.from_numpy(warm[0].copy())
             self.prob = torch.from_numpy(warm[1].copy())
         else:  # nothing known: a row drafts its own token (right only in repetitions)
@@ -90,8 +91,8 @@ class Adjacency:
         """Recycle a forward: row inputs[i] := the top k of logits[i] (a token fed twice keeps
         its last row)."""
         last = {t: i for i, t in enumerate(inputs)}
-        rows = torch.tensor(list(last.values()))
-        probs = torch.softmax(logits[rows].float(), dim=-1)
+        rows = torch.tensor(list(last.values()), device=logits.device)
+        probs = torch.softmax(logits[rows].float(), dim=-1).cpu()  # the matrix lives on the CPU
         top = probs.topk(K, dim=-1)
         ids = torch.tensor(list(last.keys()))
         self.succ[ids] = top.indices
@@ -192,6 +193,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 step,
                 tuple((t, *map(int, matrix.succ[t].tolist())) for t in rows),
                 tuple(bool(matrix.fresh[t]) for t in rows),
+                matrix.warm,
             )
             yield Draft(
                 step,

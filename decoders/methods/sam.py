@@ -19,7 +19,7 @@ the suffix links until one exists), so retrieval costs no forward at all.
         p = target([x, *draft]) under a tree mask; keep the target's path, commit
 Greedy is token-for-token lossless; sampling uses the multi-draft rule for point-mass drafts.
 The paper switches to a model drafter when the match is short: that is `token_tree`'s retrieval
-branch (retrieve=sam), which grafts this draft onto the EAGLE tree.
+branch (copy=sam), which grafts this draft onto the EAGLE tree.
 """
 
 from __future__ import annotations

@@ -107,11 +107,11 @@ PARAMS = (
         "recycle",
         int,
         0,
-        "Token Recycling branch: also graft up to this many nodes read from an adjacency matrix of "
-        "the target's own top successors (as the recycling method drafts; no forward) where "
-        "they pay; 0 = off",
+        "Token Recycling branch: also graft up to this many nodes (of an 8-node template) read "
+        "from an adjacency matrix of the target's own top successors (as the recycling method "
+        "drafts; no forward), with size=cost only those that pay; 0 = off",
         0,
-        32,
+        8,
     ),
     Param(
         "trust",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import zipfile
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from decoders.trained.artifacts import artifact_path, read_card
 
 KIND = "sam"
 ARRAYS = ("length", "link", "count", "offsets", "tokens", "targets")
+FORMAT = 1  # the cached arrays' layout: a change to the automaton's construction bumps it
 
 _stores: dict[str, StaticAutomaton | None] = {}
 _lock = threading.Lock()
@@ -59,7 +61,7 @@ def docs_tensors(docs: list[list[int]]) -> dict[str, torch.Tensor]:
 def automaton(path: Path) -> StaticAutomaton:
     """The frozen automaton of the datastore at `path`, from the cache when built before."""
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    cached = cache_dir() / KIND / f"{path.stem}-{digest}.npz"
+    cached = cache_dir() / KIND / f"{path.stem}-{digest}-v{FORMAT}.npz"
     if cached.is_file():
         try:
             with np.load(cached) as z:
@@ -69,7 +71,7 @@ def automaton(path: Path) -> StaticAutomaton:
                 sam.size = int(z["size"])
                 sam.build_s = float(z["build_s"])
                 return sam
-        except (OSError, KeyError, ValueError):
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
             pass  # a torn cache file: build again
     t0 = time.perf_counter()
     sam = StaticAutomaton(read_docs(path))

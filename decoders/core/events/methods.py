@@ -194,23 +194,28 @@ class Recycled(Event):
     """The rows of Token Recycling's adjacency matrix a draft was read from: `rows[i]` is a
     token followed by its successors, best first, as the target's latest forwards ranked them
     (`refreshed[i]`: whether that row has been written by this run's forwards yet; False = still
-    the warm start)."""
+    the warm start, the datastore's most frequent successors when `warm`, else empty)."""
 
     type: ClassVar[str] = "Recycled"
     step: int
     rows: tuple[tuple[int, ...], ...]
     refreshed: tuple[bool, ...] = ()
+    warm: bool = False
 
     def check(self, c: TraceCheck, where: str) -> None:
         c.need(
-            len(self.rows) <= MAX_DRAFT_NODES and all(len(r) >= 2 for r in self.rows),
-            f"{where}: each row is a token and at least one successor",
+            1 <= len(self.rows) <= MAX_DRAFT_NODES and all(len(r) >= 2 for r in self.rows),
+            f"{where}: 1..{MAX_DRAFT_NODES} rows, each a token and at least one successor",
         )
         for i, row in enumerate(self.rows):
             c.tokens(row, f"{where}.rows[{i}]")
         c.need(
-            not self.refreshed or len(self.refreshed) == len(self.rows),
-            f"{where}: refreshed must name every row",
+            not self.refreshed
+            or (
+                len(self.refreshed) == len(self.rows)
+                and all(isinstance(f, bool) for f in self.refreshed)
+            ),
+            f"{where}: refreshed must say true or false for every row",
         )
 
 
