@@ -9,8 +9,6 @@ from decoders.core.events import (
     CatchUp,
     Commit,
     CopySource,
-    Recycled,
-    StoreMatch,
     Done,
     Draft,
     DraftStop,
@@ -24,6 +22,8 @@ from decoders.core.events import (
     NgramPool,
     Prefill,
     Priced,
+    Recycled,
+    StoreMatch,
     TopK,
     Verify,
 )

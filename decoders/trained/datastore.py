@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import zipfile
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np

@@ -48,7 +48,10 @@ if [[ $DEV == /* ]] || ! git check-ignore -q "$DEV"; then
 fi
 # Part 0 travels with the wheel, the corpora and the benchmarks, so it is that much smaller.
 head -c $((room - first)) "$gguf" >"$DEV/part-0"
-tail -c +$((room - first + 1)) "$gguf" | split -a 1 --numeric-suffixes=1 -b "$room" - "$DEV/part-"
+tail -c +$((room - first + 1)) "$gguf" | split -a 2 --numeric-suffixes=1 -b "$room" - "$DEV/part-"
+for f in "$DEV"/part-0[0-9]; do # part-01 -> part-1: the calls name them part-$i
+    [ -f "$f" ] && mv "$f" "$DEV/part-$((10#${f##*part-}))"
+done
 parts=$(find "$DEV" -maxdepth 1 -name 'part-*' | wc -l)
 
 echo "packed: $(du -sh "$DEV" | cut -f1) in $DEV/, $parts parts; repository $((tracked / 1048576)) MiB tracked"

