@@ -473,6 +473,8 @@ def test_relaxed_verification_is_greedy_only_and_claims_nothing(tiny):
     relaxable = {n for n, m in METHODS.items() if m.relaxable}
     assert relaxable == {
         "prompt_lookup",
+        "sam",
+        "recycling",
         "speculative",
         "token_tree",
         "self_speculative",

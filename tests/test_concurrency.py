@@ -144,6 +144,8 @@ APP_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("speculative", {"draft": "eagle"}),
     ("lookahead", {}),
     ("prompt_lookup", {}),
+    ("sam", {}),
+    ("recycling", {}),
     ("self_speculative", {}),
     ("autoregressive", {}),
     ("jacobi", {}),

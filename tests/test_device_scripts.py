@@ -80,7 +80,9 @@ def test_each_call_fits_beside_the_repository_with_the_real_model(tmp_path):
         assert repo + sum(size(Path(c)) for c in carry) <= CALL_LIMIT, carry
     from decoders.core.models import embedded_gguf_path
 
-    joined = b"".join(p.read_bytes() for p in sorted(dev.glob("part-*")))
+    parts = sorted(dev.glob("part-*"), key=lambda p: int(p.name.removeprefix("part-")))
+    assert [p.name for p in parts] == [f"part-{i}" for i in range(len(parts))]  # as calls name them
+    joined = b"".join(p.read_bytes() for p in parts)
     assert hashlib.sha256(joined).hexdigest() == (dev / "gguf.sha256").read_text().strip()
     assert len(joined) == embedded_gguf_path().stat().st_size
 

@@ -19,7 +19,7 @@ from decoders.core.events import CopySource, Draft, Event, Recycled, StoreMatch,
 
 from .figures import _base_layout, _empty
 from .prompt_lookup_view import context_at, copy_source
-from .text import add_caption, escape, short_token, token_hover, visible
+from .text import escape, short_token, token_hover, visible
 from .tokens import COLOURS
 
 STATUS = {  # fill, legend
@@ -125,15 +125,7 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         f"the context's last {match.n} tokens «{escape(suffix_text)}» occur {match.occurrences}× "
         "in the datastore (the model's own writing); its most frequent continuations were drafted"
     )
-    fig = _base_layout(fig, f"Step {step}: from the datastore", height=height, subtitle=subtitle)
-    return add_caption(
-        fig,
-        [
-            "Each bar is a drafted path: how often the datastore continues the match that way. "
-            "Green: the target accepted it; red: compared and rejected; grey: not reached."
-        ],
-        height,
-    )
+    return _base_layout(fig, f"Step {step}: from the datastore", height=height, subtitle=subtitle)
 
 
 def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
