@@ -30,7 +30,9 @@ STATUS = {  # fill, legend
 }
 EDGE = "#90a4ae"
 MAX_ROWS = 12
+NARROWEST_PX = 330  # the figure's width on a 390 px phone
 SUFFIX_SHOWN = 8  # tokens of a long matched suffix shown (the rest is "…")
+LABEL_CHARS = 22  # a drafted path's label, its end kept: fits beside its bar on a 390 px phone
 
 
 def _at(events: Sequence[Event], step: int, kind: type) -> Event | None:
@@ -103,10 +105,8 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
                 y=[k for k in rows],
                 orientation="h",
                 marker=dict(color=fill, line=dict(color=EDGE, width=1)),
-                text=[escape(labels[k]) for k in rows],
-                textposition="auto",
-                insidetextanchor="start",
                 hovertext=[
+                    f"{escape(labels[k])}<br>"
                     f"{token_hover(texts.get(draft.tokens[nodes[k]], '?'), draft.tokens[nodes[k]])}"
                     f"<br>continues the match {counts[k]} of {match.occurrences} times"
                     f"<br>{legend}"
@@ -116,10 +116,18 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
                 name=legend,
             )
         )
-    fig.update_yaxes(
-        autorange="reversed", showticklabels=False, fixedrange=True, range=[len(labels) - 0.5, -0.5]
+    fig.update_yaxes(  # each path's label at its bar's left, its end kept (a phone's width)
+        tickmode="array",
+        tickvals=list(range(len(labels))),
+        ticktext=[
+            escape(label if len(label) <= LABEL_CHARS else "…" + label[1 - LABEL_CHARS :])
+            for label in labels
+        ],
+        tickfont=dict(size=10, family="ui-monospace, Menlo, monospace"),
+        fixedrange=True,
+        range=[len(labels) - 0.5, -0.5],
     )
-    fig.update_xaxes(title_text="times the datastore continues this way", fixedrange=True)
+    fig.update_xaxes(title_text="times continued this way", fixedrange=True)
     height = 150 + 26 * len(labels)
     subtitle = (
         f"the context's last {match.n} tokens «{escape(suffix_text)}» occur {match.occurrences}× "
@@ -128,8 +136,12 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     return _base_layout(fig, f"Step {step}: from the datastore", height=height, subtitle=subtitle)
 
 
-def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    """The adjacency rows a Token Recycling draft read, cells coloured by the verdict."""
+def adjacency(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
+) -> go.Figure:
+    """The adjacency rows a Token Recycling draft read, cells coloured by the verdict. `width`:
+    the figure's width in the page; cells and their labels are sized to it (a phone's when not
+    given)."""
     title = f"Step {step}: the adjacency rows read"
     recycled = _at(events, step, Recycled)
     if recycled is None:
@@ -158,6 +170,11 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         if order.index(status[i]) > order.index(cell.get(key, "unused")):
             cell[key] = status[i]
     columns = max(len(r) - 1 for r in rows)
+    # The plot beside the row labels (about 120 px), shared by the columns.
+    cell_px = (max(int(width), NARROWEST_PX) if width else NARROWEST_PX) - 120
+    cell_px = cell_px / max(columns, 1)
+    size = max(14, min(34, int(cell_px) - 3))
+    chars = max(2, min(6, int((cell_px - 4) / 6.5)))
     fig = go.Figure()
     xs, ys, text, hover, fills = [], [], [], [], []
     for k, row in enumerate(rows):
@@ -165,7 +182,7 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
             st = cell.get((k, c), "unused")
             xs.append(c + 1)
             ys.append(k)
-            text.append(escape(short_token(texts.get(t, "?"), 6)))
+            text.append(escape(short_token(texts.get(t, "?"), chars)))
             fills.append(STATUS[st][0])
             hover.append(
                 f"{token_hover(texts.get(t, '?'), t)}<br>successor {c + 1} of "
@@ -176,7 +193,7 @@ def adjacency(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
             x=xs,
             y=ys,
             mode="markers+text",
-            marker=dict(symbol="square", size=34, color=fills, line=dict(color=EDGE, width=1)),
+            marker=dict(symbol="square", size=size, color=fills, line=dict(color=EDGE, width=1)),
             text=text,
             textfont=dict(size=10, family="ui-monospace, Menlo, monospace"),
             hovertext=hover,
