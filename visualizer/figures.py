@@ -415,3 +415,31 @@ def _token_row(
         hoverinfo="text",
         name=row,
     )
+
+
+def rank_axis(fig: go.Figure, columns: int, title: str) -> None:
+    """An x axis of ranks 1..columns, one tick each (a grid of candidates: Medusa's heads, Token
+    Recycling's adjacency rows)."""
+    fig.update_xaxes(
+        title_text=title,
+        tickmode="array",
+        tickvals=list(range(1, columns + 1)),
+        range=[0.5, columns + 0.5],
+        showgrid=False,
+        zeroline=False,
+        fixedrange=True,
+    )
+
+
+def legend_square(fig: go.Figure, fill: str, name: str, edge: str) -> None:
+    """A legend entry alone: a filled square (the cells of a grid drawn as shapes or markers)."""
+    fig.add_trace(
+        go.Scatter(
+            x=[None],
+            y=[None],
+            mode="markers",
+            marker=dict(symbol="square", size=12, color=fill, line=dict(width=1, color=edge)),
+            name=name,
+            hoverinfo="skip",
+        )
+    )

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from decoders.core.events import Commit, Draft, Event, HeadProposals, Verify
 
-from .figures import _base_layout, _empty, _token_row
+from .figures import _base_layout, _empty, _token_row, legend_square, rank_axis
 from .text import cut, escape, short_token, token_hover, visible
 from .tokens import COLOURS, LABELS
 from .tree_view import _root_token
@@ -155,18 +155,7 @@ def heads_grid(
     )
     for name, (fill, label) in CELL_STYLE.items():  # legend entries, for the statuses present
         if any(status.get(c, "unused") == name for c in cells):
-            fig.add_trace(
-                go.Scatter(
-                    x=[None],
-                    y=[None],
-                    mode="markers",
-                    marker=dict(
-                        symbol="square", size=12, color=fill, line=dict(width=1, color=CELL_EDGE)
-                    ),
-                    name=label,
-                    hoverinfo="skip",
-                )
-            )
+            legend_square(fig, fill, label, CELL_EDGE)
     # Cells, bars and labels as plain dicts set once (adding hundreds one by one is quadratic).
     shapes: list[dict] = []
     labels: list[dict] = []
@@ -238,15 +227,7 @@ def heads_grid(
         )
     fig.update_layout(shapes=shapes, annotations=labels)
 
-    fig.update_xaxes(
-        title_text="rank",
-        tickmode="array",
-        tickvals=list(range(1, columns + 1)),
-        range=[0.5, columns + 0.5],
-        showgrid=False,
-        zeroline=False,
-        fixedrange=True,
-    )
+    rank_axis(fig, columns, "rank")
     fig.update_yaxes(
         tickmode="array",
         tickvals=list(range(1, len(heads) + 1)),

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from decoders.core.events import CopySource, Draft, Event, Recycled, StoreMatch, Verify
 
-from .figures import _base_layout, _empty
+from .figures import _base_layout, _empty, legend_square, rank_axis
 from .prompt_lookup_view import context_at, copy_source
 from .text import escape, short_token, token_hover, visible
 from .tokens import COLOURS
@@ -203,17 +203,7 @@ def adjacency(
     )
     for name, (fill, legend) in STATUS.items():
         if name != "unused" and name in cell.values():
-            fig.add_trace(
-                go.Scatter(
-                    x=[None],
-                    y=[None],
-                    mode="markers",
-                    marker=dict(
-                        symbol="square", size=12, color=fill, line=dict(color=EDGE, width=1)
-                    ),
-                    name=legend,
-                )
-            )
+            legend_square(fig, fill, legend, EDGE)
     fresh = list(recycled.refreshed) or [True] * len(rows)
     fig.update_yaxes(
         tickmode="array",
@@ -227,15 +217,7 @@ def adjacency(
         fixedrange=True,
         showgrid=False,
     )
-    fig.update_xaxes(
-        title_text="successor rank",
-        tickmode="array",
-        tickvals=list(range(1, columns + 1)),
-        range=[0.4, columns + 0.6],
-        fixedrange=True,
-        showgrid=False,
-        zeroline=False,
-    )
+    rank_axis(fig, columns, "successor rank")
     n_acc = sum(s == "accepted" for s in status)
     stale = sum(not f for f in fresh[: len(rows)])
     start = (
