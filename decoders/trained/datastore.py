@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from decoders.core.models import ModelBundle, cache_dir, canonical_id
 from decoders.core.suffix_automaton import StaticAutomaton
-from decoders.trained.artifacts import artifact_path, read_card
+from decoders.trained.artifacts import artifact_path
 
 KIND = "sam"
 ARRAYS = ("length", "link", "count", "offsets", "tokens", "targets")
@@ -90,7 +90,3 @@ def load_store(bundle: ModelBundle) -> StaticAutomaton | None:
         if str(path) not in _stores:
             _stores[str(path)] = automaton(path) if path.is_file() else None
         return _stores[str(path)]
-
-
-def store_card(bundle: ModelBundle) -> dict:
-    return read_card(store_path(bundle.model_id))
