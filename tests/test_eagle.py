@@ -39,8 +39,7 @@ def one_torch_thread():
         yield
 
 
-@pytest.fixture(scope="module")
-def fitted(tiny, tmp_path_factory):
+def fit(tiny, tmp_path_factory, name: str, **eagle3):
     """(head, path): a head fitted to tiny-random's greedy continuations of the test prompts."""
     docs = []
     for prompt in PROMPTS:
@@ -48,7 +47,8 @@ def fitted(tiny, tmp_path_factory):
         docs.append(tiny.encode(prompt, chat=False) + list(ref.token_ids))
     corpus = Corpus(docs, ["code"] * len(docs))
     everything = list(range(len(docs)))  # fitted to these texts, and scored on them
-    prep = Prepared(tiny, corpus, target_states(tiny, corpus), everything, everything, 0.0)
+    states = target_states(tiny, corpus, tuple(eagle3.get("fuse", ())))
+    prep = Prepared(tiny, corpus, states, everything, everything, 0.0)
     args = argparse.Namespace(
         vocab=4096,
         window=32,
@@ -62,11 +62,33 @@ def fitted(tiny, tmp_path_factory):
         minutes=0.0,
         resume=False,
         init=None,
+        **eagle3,
     )
     head, result = fit_head(prep, args)  # no checkpoint: nothing written outside tmp
-    path = tmp_path_factory.mktemp("eagle") / "fitted.safetensors"
+    path = tmp_path_factory.mktemp("eagle") / f"{name}.safetensors"
     save_head(head, path, {"model": tiny.model_id, "held_out_top1": result["held_out"]})
     return head, path
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny, tmp_path_factory):
+    return fit(tiny, tmp_path_factory, "fitted")
+
+
+EAGLE3 = {"fuse": (1, 2), "unroll": 4, "reg_weight": 0.0, "step_decay": 0.8, "topk": 0}
+
+
+@pytest.fixture(scope="module")
+def fitted3(tiny, tmp_path_factory):
+    """An EAGLE-3 head: tiny-random's states after layers 1 and 2 fused with its features,
+    tokens only, a training-time test over 4 steps."""
+    return fit(tiny, tmp_path_factory, "fitted3", **EAGLE3)
+
+
+@pytest.fixture(params=["eagle", "eagle3"])
+def either(request):
+    """Each head in turn, for the checks that must hold for both."""
+    return request.getfixturevalue("fitted" if request.param == "eagle" else "fitted3")
 
 
 def spec(fitted) -> str:
@@ -99,6 +121,21 @@ def test_the_fitted_head_drafts_what_the_target_writes(fitted, tiny):
     assert res.stats["tokens_per_target_forward"] > 2.0, res.stats
     assert max(len(e.accepted) for e in res.events if isinstance(e, Verify)) == 4
     assert len(head.vocab) <= 4097 and head.vocab.tolist() == sorted(head.vocab.tolist())
+
+
+@pytest.mark.parametrize("method", ["speculative", "token_tree"])
+def test_an_eagle_3_head_drafts_from_the_fused_layers_and_stays_greedy(fitted3, tiny, method):
+    head = load_head(tiny, fitted3[1])
+    assert head.fused_layers == EAGLE3["fuse"]
+    total = 0
+    for prompt in PROMPTS:
+        res = same_as_greedy(tiny, prompt, method, 40, draft=spec(fitted3))
+        total += accepted(res)
+        sources = {e.source for e in res.events if isinstance(e, Draft)}
+        assert any(
+            s.startswith("eagle-3 (1 trained layer on the target's layers 1, 2") for s in sources
+        )
+    assert total > len(PROMPTS) * 10  # it drafts what the target writes
 
 
 def test_saved_heads_load_as_float16_files_with_their_card(fitted, tiny):
@@ -163,7 +200,10 @@ def reference_probs(head, bundle, context, path):
     without a cache: real target features for the context, then the head's own predictions."""
     ids = torch.tensor([context[:-1]])
     with torch.inference_mode():
-        feats = list(bundle.model.model(input_ids=ids).last_hidden_state[0])
+        out = bundle.model.model(input_ids=ids, output_hidden_states=True)
+        # hidden_states[ℓ]: after ℓ layers (the last one is the final norm's output)
+        states = [out.hidden_states[ell] for ell in head.fused_layers] + [out.last_hidden_state]
+        feats = list(head.fused(torch.cat(states, -1))[0])
         tokens = [*context[1:], *path]
         for i in range(len(path) + 1):
             n = len(context) - 1 + i
@@ -195,10 +235,10 @@ def contexts_by_step(res, prompt_ids):
         ("token_tree", {"shape": "static", "choices": "0 1 0.0 0.1 1.0 0.0.0"}),
     ],
 )
-def test_every_drafted_probability_matches_the_head_run_from_scratch(fitted, tiny, method, params):
-    head = load_head(tiny, fitted[1])
+def test_every_drafted_probability_matches_the_head_run_from_scratch(either, tiny, method, params):
+    head = load_head(tiny, either[1])
     prompt_ids = tiny.encode(PROMPTS[5], chat=False)
-    res = same_as_greedy(tiny, PROMPTS[5], method, 30, draft=spec(fitted), **params)
+    res = same_as_greedy(tiny, PROMPTS[5], method, 30, draft=spec(either), **params)
     steps = contexts_by_step(res, prompt_ids)
     assert len(steps) >= 3
     for context, draft in list(steps.values())[:4]:
@@ -245,9 +285,9 @@ def test_token_tree_with_eagle_is_lossless(fitted, tiny, prompt, params):
 
 @pytest.mark.parametrize("method", ["speculative", "token_tree"])
 @pytest.mark.parametrize("budget", [1, 2, 3, 5])
-def test_eagle_drafts_never_run_past_the_budget(fitted, tiny, method, budget):
+def test_eagle_drafts_never_run_past_the_budget(either, tiny, method, budget):
     params = {"gamma": 8, "schedule": "fixed"} if method == "speculative" else {"depth": 8}
-    res = same_as_greedy(tiny, PROMPTS[0], method, budget, draft=spec(fitted), **params)
+    res = same_as_greedy(tiny, PROMPTS[0], method, budget, draft=spec(either), **params)
     assert len(res.token_ids) == budget
     for e in res.events:
         if isinstance(e, Draft):
@@ -265,9 +305,9 @@ def depth_of(parents):
 
 
 @pytest.mark.parametrize("method", ["speculative", "token_tree"])
-def test_eos_inside_an_accepted_draft_stops_like_autoregressive(fitted, tiny, method):
+def test_eos_inside_an_accepted_draft_stops_like_autoregressive(either, tiny, method):
     fixed = {"size": "fixed"} if method == "token_tree" else {}  # drafts even when unsure
-    free = same_as_greedy(tiny, PROMPTS[0], method, 40, draft=spec(fitted), **fixed)
+    free = same_as_greedy(tiny, PROMPTS[0], method, 40, draft=spec(either), **fixed)
     # A token first committed as an accepted draft, not at the end of its step's commit.
     pos, eos, position = 0, None, None
     seen: set[int] = set()
@@ -279,7 +319,7 @@ def test_eos_inside_an_accepted_draft_stops_like_autoregressive(fitted, tiny, me
         pos += len(e.tokens)
     assert eos is not None
     bundle = dataclasses.replace(tiny, eos_ids=frozenset({eos}))
-    res = same_as_greedy(bundle, PROMPTS[0], method, 40, draft=spec(fitted), **fixed)
+    res = same_as_greedy(bundle, PROMPTS[0], method, 40, draft=spec(either), **fixed)
     assert res.finish_reason == "eos" and res.token_ids == free.token_ids[: position + 1]
 
 

@@ -98,11 +98,11 @@ def every_doc(states) -> list[int]:
     return list(range(len(states.starts)))
 
 
-def fresh(kind: str, bundle, vocab, seed: int = 0) -> torch.nn.Module:
-    """An untrained module of `kind`, as its trainer starts it."""
+def fresh(kind: str, bundle, vocab, seed: int = 0, fuse=()) -> torch.nn.Module:
+    """An untrained module of `kind`, as its trainer starts it (`fuse`: an EAGLE-3 head's)."""
     torch.manual_seed(seed)
     if kind == "eagle":
-        return EagleHead(bundle.model.config, vocab)
+        return EagleHead(bundle.model.config, vocab, fuse)
     if kind == "kangaroo":
         return KangarooAdapter.from_target(bundle, ELL, vocab)
     return MedusaHeads(bundle.model.config, 3, vocab)
@@ -413,6 +413,25 @@ def corpus_args(*extra: str) -> argparse.Namespace:
 
 
 @pytest.mark.slow
+def test_a_datastore_gives_back_the_corpus_it_was_built_from(tiny, tmp_path, capsys):
+    """--corpus-from: a CPU session trains on the corpus the datastore ships, not a new one."""
+    out = tmp_path / "store.safetensors"
+    assert main(["datastore", *TINY_CORPUS, "--out", str(out)]) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert "--out" not in card["command"] and card["command"].endswith(" ".join(TINY_CORPUS))
+    built = corpus_builder.load_or_build(tiny, corpus_args())  # the same options: the same corpus
+    given = corpus_builder.load_or_build(tiny, corpus_args("--corpus-from", str(out)))
+    assert given.docs == built.docs and given.sources == built.sources
+    assert given.report["from"].startswith("store.safetensors") and given.report["decontamination"]
+    with pytest.raises(SystemExit, match=r"another corpus \(seed differ"):
+        corpus_builder.load_or_build(tiny, corpus_args("--seed", "3", "--corpus-from", str(out)))
+    card["tokens"]["code"] += 1  # a card that does not describe its documents
+    out.with_suffix(".json").write_text(json.dumps(card))
+    with pytest.raises(SystemExit, match="code tokens, its card says"):
+        corpus_builder.load_or_build(tiny, corpus_args("--corpus-from", str(out)))
+
+
+@pytest.mark.slow
 def test_the_corpus_is_the_same_for_a_seed_and_differs_for_another(tiny):
     # Many end tokens, so tiny-random ends its Magpie user turns and the chat part is built too.
     bundle = dataclasses.replace(tiny, eos_ids=frozenset(range(3, 49152, 97)))
@@ -604,19 +623,25 @@ def test_the_kangaroo_and_medusa_commands_write_their_artifacts(tiny, tmp_path, 
 # --- EAGLE's training-time test (--unroll) --------------------------------------------------------
 
 
-def test_the_unrolled_training_pass_is_what_the_head_computes_when_it_drafts(tiny, states, vocab):
+@pytest.mark.parametrize("fuse, depth", [((), 3), ((1,), 7)])
+def test_the_unrolled_training_pass_is_what_the_head_computes_when_it_drafts(
+    tiny, states, vocab, fuse, depth
+):
     """Depth k at position j of one masked training pass = the head's k-th draft step begun
-    after entry j - k + 1, run the way EagleDrafter runs it: real entries into its cache, then
-    one entry per step fed the feature it predicted the step before."""
+    after entry j - k + 1, run the way EagleDrafter runs it: real entries (an EAGLE-3 head:
+    the fused layers' states) into its cache, then one entry per step fed what it predicted the
+    step before."""
     from transformers import DynamicCache
 
-    head = fresh("eagle", tiny, vocab, seed=3).eval()
+    head = fresh("eagle", tiny, vocab, seed=3, fuse=fuse).eval()
+    if fuse:  # away from the identity on the final features, so the fused layers count
+        torch.nn.init.normal_(head.fuse_fc.weight, std=0.05)
     embed = tiny.model.model.embed_tokens
     a, b = states.span(0)
-    depth = 3
     with torch.no_grad():
         pred, _, valid = eagle_trainer.run_head(head, embed, states, [(a, b)], 0.0, depth)
-        feats = states.features[a : b - 1].float()
+        real = [states.layers[ell][a : b - 1] for ell in fuse] + [states.features[a : b - 1]]
+        feats = head.fused(torch.cat(real, -1).float())
         ids = states.tokens[a + 1 : b]
         for start in (0, 5, 11):  # the draft begins after real entry `start`
             cache = DynamicCache()
@@ -638,31 +663,58 @@ def test_the_unrolled_training_pass_is_what_the_head_computes_when_it_drafts(tin
     assert not valid[0, 1, 0] and not valid[0, 2, 1] and valid[0, 2, 2]
 
 
-def test_unrolled_training_lowers_every_depth_s_loss(tiny, states, vocab):
+@pytest.mark.parametrize(
+    "fuse, weights",
+    [
+        ((), {}),
+        # EAGLE-3: fused input, tokens only, 0.8^i per step; with HASS's top-K loss
+        ((1,), {"reg_weight": 0.0, "step_decay": 0.8, "topk": 8}),
+    ],
+)
+def test_unrolled_training_lowers_every_depth_s_loss(tiny, states, vocab, fuse, weights):
     batch = windows(states, every_doc(states), 16)[:4]
-    head = fresh("eagle", tiny, vocab)
+    head = fresh("eagle", tiny, vocab, fuse=fuse)
     w = tiny.model.lm_head.weight[head.vocab].detach()
     embed = tiny.model.model.embed_tokens
 
+    def losses(b):
+        return eagle_trainer.losses(
+            w, *eagle_trainer.run_head(head, embed, states, b, 0.0, 3), 1.0, **weights
+        )
+
     def scores():
         with torch.no_grad():
-            return eagle_trainer.losses(
-                w, *eagle_trainer.run_head(head, embed, states, batch, 0.0, 3), 1.0
-            )
+            return losses(batch)
 
     before = scores()
-    Loop(epochs=25, lr=1e-2).fit(
-        head,
-        [batch],
-        lambda b: eagle_trainer.losses(
-            w, *eagle_trainer.run_head(head, embed, states, b, 0.0, 3), 1.0
-        ),
-        lambda: {},
-    )
+    Loop(epochs=25, lr=1e-2).fit(head, [batch], losses, lambda: {})
     after = scores()
     assert after["loss"] < before["loss"] - 0.2
     for key in ("top1", "top1_d2", "top1_d3"):
         assert after[key] > before[key] + 0.2, (key, before, after)
+    if fuse:  # the fused layers' part of the input map learned something
+        assert head.fuse_fc.weight[:, : -tiny.model.config.hidden_size].abs().max() > 1e-3
+
+
+def test_step_weights_and_top_k_shape_the_token_loss(tiny, states, vocab):
+    """Step k weighs decay^k (positions pooled); top-K keeps the K likeliest target tokens."""
+    head = fresh("eagle", tiny, vocab, fuse=(1,))
+    w = tiny.model.lm_head.weight[head.vocab].detach()
+    batch = windows(states, every_doc(states), 16)[:2]
+    with torch.no_grad():
+        out = eagle_trainer.run_head(head, tiny.model.model.embed_tokens, states, batch, 0.0, 2)
+        pred, nexts, valid = out
+        one = [
+            eagle_trainer.losses(w, pred[:, k : k + 1], nexts, valid[:, 1:2], 1.0) for k in (0, 1)
+        ]
+        valid1 = valid.clone()
+        valid1[:, 0] = valid[:, 1]  # equal position counts per step: a weighted mean of the two
+        mixed = eagle_trainer.losses(w, pred, nexts, valid1, 1.0, step_decay=0.5)
+        expected = (one[0]["cls"] + 0.5 * one[1]["cls"]) / 1.5
+        torch.testing.assert_close(mixed["cls"], expected, rtol=1e-4, atol=1e-5)
+        full = eagle_trainer.losses(w, *out, 1.0)["cls"]
+        top1 = eagle_trainer.losses(w, *out, 1.0, topk=1)["cls"]
+        assert top1 < full  # fewer (non-negative) terms
 
 
 def test_init_reads_a_committed_head_from_git(tmp_path):
@@ -673,6 +725,27 @@ def test_init_reads_a_committed_head_from_git(tmp_path):
     assert committed.keys() == on_disk.keys()
     with pytest.raises(SystemExit, match="no-such-file"):
         init_weights("git:HEAD:assets/eagle/no-such-file.safetensors")
+
+
+def test_an_eagle_1_head_grows_into_an_eagle_3_head_that_starts_the_same(
+    tiny, states, vocab, tmp_path
+):
+    old = fresh("eagle", tiny, vocab, seed=5)
+    path = tmp_path / "eagle1.safetensors"
+    save_artifact(old, path, {"model": "tiny-random"})
+    same, grown = fresh("eagle", tiny, vocab, seed=6), fresh("eagle", tiny, vocab, 6, fuse=(1,))
+    warm_start(same, str(path))
+    warm_start(grown, str(path))
+    embed = tiny.model.model.embed_tokens
+    batch = windows(states, every_doc(states), 16)[:2]
+    with torch.no_grad():
+        before = eagle_trainer.run_head(same, embed, states, batch, 0.0, 2)[0]
+        after = eagle_trainer.run_head(grown, embed, states, batch, 0.0, 2)[0]
+    torch.testing.assert_close(after, before, **KERNEL_TOL)
+    with pytest.raises(SystemExit, match="fuse"):  # a fused head for other layers
+        other = tmp_path / "other.safetensors"
+        save_artifact(fresh("eagle", tiny, vocab, fuse=(2,)), other, {"model": "tiny-random"})
+        warm_start(fresh("eagle", tiny, vocab, fuse=(1,)), str(other))
 
 
 def test_a_warm_start_loads_every_weight_but_the_rebuilt_vocabulary(tiny, vocab, tmp_path):

@@ -28,6 +28,7 @@ class Drafter:
     context[:-1] (`prefix` tokens); `end()` crops back to it, forgetting this step's drafts."""
 
     needs_features = False  # True: hand it the target's final features of every kept input
+    feature_layers: tuple[int, ...] = ()  # and the states after these layers beside them
 
     def __init__(self, bundle: ModelBundle, cache: DynamicCache, depth: int | None, label: str):
         self.bundle, self.cache, self.depth, self.label = bundle, cache, depth, label

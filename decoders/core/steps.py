@@ -40,6 +40,21 @@ class FeatureReader(Protocol):
     def observe(self, features: torch.Tensor) -> None: ...
 
 
+def feature_layers(reader: FeatureReader | None) -> tuple[int, ...] | None:
+    """What a target forward must hand `reader`: None (nothing), () (the final features), or the
+    layers whose states go beside them (an EAGLE-3 head's fused layers: `feature_layers`)."""
+    if reader is None or not reader.needs_features:
+        return None
+    return tuple(getattr(reader, "feature_layers", ()))
+
+
+def read_features(out: ForwardResult, layers: tuple[int, ...]) -> torch.Tensor:
+    """[n, (len(layers) + 1) d]: the states after `layers`, then the final features."""
+    if not layers:
+        return out.features
+    return torch.cat([*(out.hidden[ell] for ell in layers), out.features], -1)
+
+
 def start(
     bundle: ModelBundle,
     cache: DynamicCache,
@@ -51,13 +66,20 @@ def start(
     """Prefill the prompt and commit the target's first token; returns the context so far.
     A feature-level `drafter` is handed the prompt's features."""
     yield Prefill(tuple(prompt_ids))
-    wants = drafter is not None and drafter.needs_features
+    layers = feature_layers(drafter)
     out = forward(
-        bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1, features=wants
+        bundle,
+        cache,
+        prompt_ids,
+        step=0,
+        kind="prefill",
+        logits_to_keep=1,
+        features=layers is not None,
+        hidden_at=layers or (),
     )
     yield out.event
-    if wants:
-        drafter.observe(out.features)
+    if layers is not None:
+        drafter.observe(read_features(out, layers))
     first = (
         greedy_chain([], out.logits)
         if sampler.greedy
@@ -162,21 +184,22 @@ def verify_chain(
     `q_rows`: the draft's distributions (speculative sampling); None for point-mass drafts.
     A feature-level `drafter` is handed the features of the kept inputs.
     Returns the verdict and the forward's logits."""
-    wants = drafter is not None and drafter.needs_features
+    layers = feature_layers(drafter)
     out = forward(
         bundle,
         cache,
         [context[-1], *draft],
         step=step,
         kind="verify" if draft else "target",
-        features=wants,
+        features=layers is not None,
+        hidden_at=layers or (),
     )
     yield out.event
     verdict = yield from settle_chain(
         cache, context, draft, out.logits, sampler, budget, step, q_rows
     )
-    if wants:
-        drafter.observe(out.features[: 1 + len(verdict.accepted)])
+    if layers is not None:
+        drafter.observe(read_features(out, layers)[: 1 + len(verdict.accepted)])
     return verdict, out.logits
 
 
@@ -305,7 +328,7 @@ def verify_tree(
             input_ids=(x, *extra, *tokens),
             branches=tuple(branches),
         )
-    wants = drafter is not None and drafter.needs_features
+    layers = feature_layers(drafter)
     out = forward(
         bundle,
         cache,
@@ -314,15 +337,16 @@ def verify_tree(
         kind="verify" if tokens else "target",
         positions=tree_positions(forward_parents, in_cache),
         mask=mask,
-        features=wants,
+        features=layers is not None,
+        hidden_at=layers or (),
     )
     yield out.event
     rows = torch.cat([out.logits[:1], out.logits[offset:]]) if extra else out.logits
     verdict = yield from settle_tree(
         cache, context, tokens, parents, rows, sampler, budget, step, offset
     )
-    if wants:
-        drafter.observe(out.features[[0, *(offset + i for i in verdict.accepted)]])
+    if layers is not None:
+        drafter.observe(read_features(out, layers)[[0, *(offset + i for i in verdict.accepted)]])
     return verdict, out.logits
 
 

@@ -115,21 +115,31 @@ def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
         f"to decontaminate against (${BENCHMARKS_ENV}: a folder with both)",
     )
     g.add_argument("--no-cache", action="store_true", help="rebuild the corpus, do not cache it")
+    g.add_argument(
+        "--corpus-from",
+        default=None,
+        metavar="DATASTORE",
+        help="take the corpus a datastore file ships (assets/sam/<model>.safetensors, built from "
+        "the corpus its card names) instead of generating one: a CPU session trains on it at once; "
+        "the other corpus options must be the card's",
+    )
+
+
+KEY_OPTIONS = (  # the options that name a corpus (with the model)
+    "chat",
+    "tasks",
+    "answer_tokens",
+    "code",
+    "code_tokens",
+    "chunks",
+    "chunk_chars",
+    "sources",
+    "seed",
+)
 
 
 def corpus_key(bundle: ModelBundle, args: argparse.Namespace) -> str:
-    parts = [
-        bundle.model_id,
-        args.chat,
-        args.tasks,
-        args.answer_tokens,
-        args.code,
-        args.code_tokens,
-        args.chunks,
-        args.chunk_chars,
-        args.sources,
-        args.seed,
-    ]
+    parts = [bundle.model_id, *(getattr(args, k) for k in KEY_OPTIONS)]
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", "-".join(map(str, parts)))
 
 
@@ -138,6 +148,8 @@ def load_or_build(
 ) -> Corpus:
     """The corpus for these options, from the cache (~/.cache/decoding-lab/corpus) when built
     before: the drafters of one model share it."""
+    if getattr(args, "corpus_from", None):
+        return from_datastore(Path(args.corpus_from), args)
     path = cache_dir() / "corpus" / f"{corpus_key(bundle, args)}.pt"
     if path.is_file() and not args.no_cache:
         saved = torch.load(path)
@@ -155,6 +167,59 @@ def load_or_build(
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"docs": corpus.docs, "sources": corpus.sources, "report": corpus.report}, path)
     return corpus
+
+
+def command_of(argv: list[str]) -> str:
+    """The command a card records: where the file went (`--out`) is not how it was made."""
+    given = list(argv)
+    if "--out" in given:
+        i = given.index("--out")
+        del given[i : i + 2]
+    return "python -m decoders.train " + " ".join(given)
+
+
+def from_datastore(path: Path, args: argparse.Namespace) -> Corpus:
+    """The corpus a datastore file holds (`python -m decoders.train datastore` keeps every
+    document, in the corpus's order: chat, then task, then code). Its card's command names the
+    corpus it was built from: the options asked for must name the same one, and each source's
+    token count must match the card's, or the documents are not the ones the card describes."""
+    from decoders.trained.datastore import read_docs
+
+    card_path = path.with_suffix(".json")
+    if not path.is_file() or not card_path.is_file():
+        raise SystemExit(f"error: --corpus-from {path}: no datastore file with its card there")
+    card = json.loads(card_path.read_text())
+    ap = argparse.ArgumentParser()
+    add_corpus_arguments(ap)
+    ap.add_argument("--keep", default="chat,task,code")
+    built, _ = ap.parse_known_args(card["command"].split()[3:])
+    if set(built.keep.split(",")) != {"chat", "task", "code"}:
+        raise SystemExit(
+            f"error: --corpus-from {path}: it keeps only {built.keep} of its corpus, not all of it"
+        )
+    differ = [k for k in KEY_OPTIONS if getattr(built, k) != getattr(args, k)]
+    if differ:
+        raise SystemExit(
+            f"error: --corpus-from {path}: it holds another corpus ({', '.join(differ)} differ); "
+            f"give the corpus options of its card's command: {card['command']}"
+        )
+    docs = read_docs(path)
+    counts = card["documents"]
+    sources = [s for s in ("chat", "task", "code") for _ in range(counts.get(s, 0))]
+    if len(sources) != len(docs):
+        raise SystemExit(f"error: {path}: {len(docs)} documents, its card counts {len(sources)}")
+    for source, tokens in card["tokens"].items():
+        held = sum(len(d) for d, s in zip(docs, sources, strict=True) if s == source)
+        if held != tokens:
+            raise SystemExit(f"error: {path}: {held} {source} tokens, its card says {tokens}")
+    report = {
+        **card.get("corpus_report", {}),
+        "documents": counts,
+        "tokens": card["tokens"],
+        "decontamination": card.get("decontamination", {}),
+        "from": f"{path.name}: the datastore's copy of this corpus, not generated again",
+    }
+    return Corpus(docs, sources, report)
 
 
 class Clock:

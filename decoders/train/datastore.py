@@ -15,10 +15,12 @@ import argparse
 import collections
 import datetime
 import time
+from pathlib import Path
 
 from safetensors.torch import save_file
 
 from decoders.train.corpus import add_arguments as add_corpus_arguments
+from decoders.train.corpus import command_of
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -26,6 +28,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("datastore")
     g.add_argument(
         "--keep", default="chat,task,code", help="the corpus's sources the datastore keeps"
+    )
+    g.add_argument(
+        "--out", type=Path, default=None, help="where the file goes (default: assets/sam/)"
     )
 
 
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     card = {
         "model": bundle.model_id,
         "artifact": "datastore",
-        "command": "python -m decoders.train " + " ".join(argv),
+        "command": command_of(argv),
         "what": "the target's own writing from the shared corpus, as token ids (uint16) and "
         "document offsets; SAM-Decoding's static suffix automaton is built over it where it is "
         "used, and Token Recycling's adjacency starts from its most frequent successors",
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "seconds": round(time.perf_counter() - t0, 1),
         "date": datetime.date.today().isoformat(),
     }
-    path = store_path(bundle.model_id)
+    path = args.out or store_path(bundle.model_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(docs_tensors(docs), str(path), metadata={"card": json.dumps(card)})
     card["file_mb"] = round(path.stat().st_size / 2**20, 2)

@@ -11,6 +11,18 @@ a file, or `git:REV:PATH` for a head as committed, so a warm start stays reprodu
 `--unroll K` trains the first K draft steps at once, each fed the head's own predicted features
 (EAGLE-3's training-time test), so the second and third draft tokens are not guessed from features
 the head never saw in training.
+
+EAGLE-3 (Li et al. 2025) is this command with its three changes:
+
+    python -m decoders.train eagle --fuse 2,15 --unroll 7 --step-decay 0.8 --reg-weight 0 \
+        --cls-weight 1 --init assets/eagle/<model>.safetensors
+
+`--fuse` reads the target's states after those layers beside its final features (fused by one
+linear map, which a warm start from an EAGLE-1 head begins as the identity on the final features),
+`--reg-weight 0` drops the feature loss (the head predicts tokens, and is fed its own hidden state
+from the second step on), `--unroll 7 --step-decay 0.8` is the training-time test over 7 steps with
+step i's loss weighted 0.8^i. `--topk K` is HASS's distillation (Zhang et al. 2024): the token loss
+over the target's K likeliest tokens only.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from decoders.train.corpus import add_arguments as add_corpus_arguments
 from decoders.train.loop import Loop, add_loop_arguments, run_fields, warm_start
@@ -39,7 +52,7 @@ from decoders.trained.artifacts import save_artifact
 from decoders.trained.eagle import EagleHead, head_path
 
 FEATURE_NOISE = 0.2  # std of the Gaussian noise on input features, relative to their RMS
-EVAL_DEPTH = 3  # held-out agreement is reported for the first three draft steps
+EVAL_DEPTH = 3  # held-out agreement is reported for the first three draft steps (or --unroll)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -55,6 +68,32 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default=3,
         help="draft depths trained at once, each fed the head's own features (1: teacher forcing)",
     )
+    g.add_argument(
+        "--fuse",
+        type=lambda text: tuple(int(x) for x in text.split(",") if x.strip()),
+        default=(),
+        help="EAGLE-3: the target layers (states after ℓ layers) read beside its final features, "
+        "e.g. 2,15 (default: none, EAGLE-1's input)",
+    )
+    g.add_argument(
+        "--reg-weight",
+        type=float,
+        default=1.0,
+        help="weight of the feature loss (EAGLE-3: 0, the head predicts tokens only)",
+    )
+    g.add_argument(
+        "--step-decay",
+        type=float,
+        default=1.0,
+        help="draft step i's loss weighted decay^i (EAGLE-3: 0.8; 1: every step alike)",
+    )
+    g.add_argument(
+        "--topk",
+        type=int,
+        default=0,
+        help="HASS: the token loss over the target's K likeliest tokens only (0: all of them)",
+    )
+    g.add_argument("--noise", type=float, default=FEATURE_NOISE, help="input feature noise")
     g.add_argument(
         "--loss-on",
         choices=("all", "answers"),
@@ -89,62 +128,79 @@ def run_head(head: EagleHead, embed, states: States, spans, noise: float, depth:
     """Pad a batch of spans and run the head `depth` draft steps deep (1: teacher-forced, the
     real feature at every position). Returns predicted features [b, depth, width, d], the
     target's next features [b, width, d] and the valid positions [b, depth, width]: the k-th
-    step needs k - 1 earlier positions of the span to have drafted from."""
+    step needs k - 1 earlier positions of the span to have drafted from.
+
+    Step k's entries attend to the real entries and to the steps before theirs (`unroll_mask`):
+    each step runs once, its keys and values kept in a cache the next step reads, so training
+    7 steps costs 7 passes, not 28."""
     width = max(b - a for a, b in spans) - 1
+    layers = [states.layers[ell] for ell in head.fused_layers] + [states.features]
+    wide = sum(t.shape[1] for t in layers)
     d = states.features.shape[1]
-    feats = torch.zeros(len(spans), width, d)
+    feats = torch.zeros(len(spans), width, wide)
     nexts = torch.zeros(len(spans), width, d)
     ids = torch.zeros(len(spans), width, dtype=torch.long)
     valid = torch.zeros(len(spans), width, dtype=torch.bool)
     for r, (a, b) in enumerate(spans):
         n = b - a - 1
-        feats[r, :n] = states.features[a : b - 1].float()
+        feats[r, :n] = torch.cat([t[a : b - 1] for t in layers], -1).float()
         nexts[r, :n] = states.features[a + 1 : b].float()
         ids[r, :n] = states.tokens[a + 1 : b]
         valid[r, :n] = states.scored_at(a + 1, b)  # entry j predicts the feature at j + 1
     dev = next(head.parameters()).device
     feats, nexts, ids, valid = feats.to(dev), nexts.to(dev), ids.to(dev), valid.to(dev)
+    feats = head.fused(feats)
     if noise:
-        feats = feats + torch.randn_like(feats) * noise * feats.pow(2).mean().sqrt()
+        feats = feats + torch.randn_like(feats) * noise * feats.detach().pow(2).mean().sqrt()
     with torch.no_grad():
         embeds = embed(ids)
     positions = torch.arange(width, device=dev).expand(len(spans), -1)
     # Padding sits after each span's real positions: no valid position ever attends to it.
-    pred = head(embeds, feats, positions)
+    cache = DynamicCache() if depth > 1 else None
+    preds = [head(embeds, feats, positions, cache=cache)]
     if depth > 1:
         allowed = unroll_mask(width, depth, dev)
         mask = torch.zeros(allowed.shape, device=dev).masked_fill(~allowed, float("-inf"))
-        mask = mask.view(1, 1, *allowed.shape)
         for k in range(2, depth + 1):
-            # Copy k's entry j reads what copy k-1 predicted at j - 1 (the step before).
-            copies = [feats] + [
-                F.pad(pred[:, (m - 1) * width : m * width - 1], (0, 0, 1, 0)) for m in range(1, k)
-            ]
-            pred = head(
-                embeds.repeat(1, k, 1),
-                torch.cat(copies, 1),
-                positions.repeat(1, k),
-                mask[..., : k * width, : k * width],
-            )
-    pred = pred.view(len(spans), depth, width, d)
+            # Step k's entry j reads what step k-1 predicted at j - 1 (the step before).
+            fed = F.pad(preds[-1][:, :-1], (0, 0, 1, 0))
+            rows = mask[(k - 1) * width : k * width, : k * width]
+            preds.append(head(embeds, fed, positions, rows.view(1, 1, width, -1), cache))
+    pred = torch.stack(preds, 1)
     steps = torch.arange(depth, device=dev).view(1, depth, 1)
     valid = valid[:, None, :] & (torch.arange(width, device=dev).view(1, 1, -1) >= steps)
     return pred, nexts, valid
 
 
-def losses(w: torch.Tensor, pred, nexts, valid, cls_weight: float) -> dict[str, torch.Tensor]:
-    """`w`: the target's LM head cut to the draft vocabulary. Every draft depth counts alike;
-    `top1` is the first step's (teacher-forced) agreement, `top1_d{k}` the k-th step's."""
+def losses(
+    w: torch.Tensor,
+    pred,
+    nexts,
+    valid,
+    cls_weight: float,
+    reg_weight: float = 1.0,
+    step_decay: float = 1.0,
+    topk: int = 0,
+) -> dict[str, torch.Tensor]:
+    """`w`: the target's LM head cut to the draft vocabulary. Draft step k's positions weigh
+    `step_decay`^k (1: every depth alike); `top1` is the first step's (teacher-forced)
+    agreement, `top1_d{k}` the k-th step's. `topk` > 0: the token loss over the target's `topk`
+    likeliest tokens only (HASS)."""
     depth = pred.shape[1]
     nexts = nexts[:, None].expand(-1, depth, -1, -1)
-    reg = F.smooth_l1_loss(pred[valid], nexts[valid])
+    which = torch.arange(depth, device=pred.device).view(1, -1, 1).expand_as(valid)[valid]
+    weight = step_decay ** which.float()
+    weight = weight / weight.sum().clamp_min(1e-9)
+    reg = (F.smooth_l1_loss(pred[valid], nexts[valid], reduction="none").mean(-1) * weight).sum()
     with torch.no_grad():
         target = torch.softmax(nexts[valid] @ w.T, -1)
+        if topk:
+            cut = target.topk(min(topk, target.shape[-1]), -1)
+            target = torch.zeros_like(target).scatter_(-1, cut.indices, cut.values)
     logits = pred[valid] @ w.T
-    cls = -(target * torch.log_softmax(logits, -1)).sum(-1).mean()
+    cls = (-(target * torch.log_softmax(logits, -1)).sum(-1) * weight).sum()
     hit = (logits.argmax(-1) == target.argmax(-1)).float()
-    which = torch.arange(depth, device=pred.device).view(1, -1, 1).expand_as(valid)[valid]
-    out = {"loss": reg + cls_weight * cls, "reg": reg, "cls": cls}
+    out = {"loss": reg_weight * reg + cls_weight * cls, "reg": reg, "cls": cls}
     for k in range(depth):
         at = which == k  # a depth with no valid position (a short batch) scores 0, not NaN
         out["top1" if k == 0 else f"top1_d{k + 1}"] = hit[at].mean() if at.any() else hit.sum() * 0
@@ -162,7 +218,7 @@ def fit_head(
     bundle, states = prep.bundle, prep.states
     torch.manual_seed(args.seed)
     vocab = draft_vocabulary(bundle, states, args.vocab)
-    head = EagleHead(bundle.model.config, vocab).to(bundle.device)
+    head = EagleHead(bundle.model.config, vocab, getattr(args, "fuse", ())).to(bundle.device)
     warm_start(head, args.init)
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
     embed = bundle.model.model.embed_tokens
@@ -177,10 +233,16 @@ def fit_head(
     train_tokens = sum(int(states.scored_at(a + 1, b).sum()) for a, b in spans)
 
     unroll = getattr(args, "unroll", 1)
+    eval_depth = max(EVAL_DEPTH, unroll)
+    weights = {
+        "reg_weight": getattr(args, "reg_weight", 1.0),
+        "step_decay": getattr(args, "step_decay", 1.0),
+        "topk": getattr(args, "topk", 0),
+    }
 
     def step_loss(batch):
-        out = run_head(head, embed, states, batch, FEATURE_NOISE, unroll)
-        return losses(w, *out, args.cls_weight)
+        out = run_head(head, embed, states, batch, getattr(args, "noise", FEATURE_NOISE), unroll)
+        return losses(w, *out, args.cls_weight, **weights)
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
@@ -189,10 +251,10 @@ def fit_head(
             count: dict[str, int] = {}
             for i in range(0, len(spans_), 8):
                 pred, nexts, valid = run_head(
-                    head, embed, scored_states, spans_[i : i + 8], 0.0, EVAL_DEPTH
+                    head, embed, scored_states, spans_[i : i + 8], 0.0, eval_depth
                 )
                 out = losses(w, pred, nexts, valid, 0.0)
-                for k in range(EVAL_DEPTH):
+                for k in range(eval_depth):
                     key = "top1" if k == 0 else f"top1_d{k + 1}"
                     n = int(valid[:, k].sum())
                     agree[key] = agree.get(key, 0.0) + float(out[key]) * n
@@ -224,8 +286,9 @@ def fit_head(
 
 HELD_OUT_NOTE = (
     "top1_<source>: draft step 1, fed the target's own features (teacher-forced); "
-    "top1_<source>_d2/_d3: draft steps 2 and 3, each fed the head's own predicted features as "
-    "when drafting (measured to depth 3 whatever --unroll was); the held-out windows include the "
+    "top1_<source>_d2/_d3/...: draft steps 2, 3 and on, each fed the head's own predicted "
+    "features (an EAGLE-3 head: its own hidden state) as when drafting (measured to depth 3, or "
+    "to --unroll's depth when deeper); the held-out windows include the "
     "chat template's tokens, which are easy to predict; top1_probe*: on the target's greedy "
     "answers to the tuning prompts (outside the corpus), the answers' positions only"
 )
@@ -240,6 +303,18 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
             "train_tokens": result["train_tokens"],
             "cls_weight": args.cls_weight,
             "loss_on": getattr(args, "loss_on", "all"),
+            **(
+                {
+                    "fuse": list(head.fused_layers),
+                    "unroll": args.unroll,
+                    "reg_weight": args.reg_weight,
+                    "step_decay": args.step_decay,
+                    "topk": args.topk,
+                    "noise": args.noise,
+                }
+                if head.fused_layers
+                else {}
+            ),
             **run_fields(args, prep, result),
         }
         save_artifact(head, out, card(prep, "eagle", argv, **fields))
@@ -250,7 +325,7 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    prep = prepare(args)
+    prep = prepare(args, layers=tuple(args.fuse) or None)
     out = args.out or head_path(prep.bundle.model_id)
     train(prep, args, out, argv)
     import json

@@ -88,16 +88,18 @@ def short(t: torch.Tensor, n: int = 8) -> str:
 def warm_start(module: nn.Module, spec: str | None) -> None:
     """Load `--init`'s weights into `module`, all but the buffers counted on the corpus (the
     module's `FROM_CORPUS`, by default the draft vocabulary: this run rebuilt them from its own
-    corpus); an artifact of another shape or kind is refused, and so is one whose other buffers
+    corpus); the module's `GROWN` parts may be missing from it (an EAGLE-1 head grown into an
+    EAGLE-3 one: its fusion starts as the identity on the final features); an artifact of another shape or kind is refused, and so is one whose other buffers
     (its configuration: Kangaroo's exit layer, the exits' layers, SPACE's k, rank and alpha)
     differ from this run's."""
     if not spec:
         return
     rebuilt = getattr(module, "FROM_CORPUS", ("vocab",))
+    grown = getattr(module, "GROWN", ())  # parts an older artifact may lack: they keep their init
     weights = {k: v for k, v in init_weights(spec).items() if k not in rebuilt}
     own = module.state_dict()
     wrong = [k for k, v in weights.items() if k not in own or own[k].shape != v.shape]
-    missing = [k for k in own if k not in weights and k not in rebuilt]
+    missing = [k for k in own if k not in weights and k not in rebuilt and k not in grown]
     if wrong or missing:
         raise SystemExit(
             f"--init {spec}: not this artifact's shape (unexpected or resized: {wrong[:4]}, "

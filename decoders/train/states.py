@@ -22,7 +22,7 @@ from transformers.masking_utils import create_causal_mask
 
 from decoders.core.models import ModelBundle
 from decoders.core.runtime import cache_arg
-from decoders.train.corpus import Corpus
+from decoders.train.corpus import Corpus, command_of
 
 
 @dataclass
@@ -268,14 +268,10 @@ def card(prep: Prepared, name: str, argv: list[str], **fields) -> dict:
     """The JSON card beside every artifact: the command, the data, the time, the scores."""
     import datetime
 
-    given = list(argv)
-    if "--out" in given:  # where the file went is not how it was made
-        i = given.index("--out")
-        del given[i : i + 2]
     return {
         "model": prep.bundle.model_id,
         "artifact": name,
-        "command": "python -m decoders.train " + " ".join(given),
+        "command": command_of(argv),
         **fields,
         "data": {
             **prep.corpus.report,

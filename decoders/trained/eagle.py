@@ -8,6 +8,14 @@ Drafting several tokens ahead feeds the head its own predicted features: the sec
 entry is fc([embed(d_1) ; f̂_{L-1}]). After verification the target's real features for the kept
 tokens replace the predictions, so errors never accumulate across steps.
 
+EAGLE-3 (Li et al. 2025) changes the input and the training: the target's states after a low and a
+middle layer are fused with its final features (`fuse`, e.g. layers 2 and 15 of 30), one linear map
+`fuse_fc` taking the three to one d-wide input; the head predicts tokens directly (no feature
+loss), and a training-time test unrolls it over its own outputs, so from the second draft step on
+it is fed its own last hidden state in place of the fused features. A head with `fuse` empty is
+EAGLE-1's. Both load from the same kind of file; the drafter asks the target for the layers the
+head fuses.
+
 The head scores a draft vocabulary (the tokens the target predicts most often on the training
 data, FR-Spec-style) rather than all 49152, which keeps a draft step at a few milliseconds; a token
 outside it simply is never drafted. The weights are trained by `python -m decoders.train eagle` and
@@ -35,15 +43,45 @@ KIND = "eagle"  # assets/eagle/<model>.safetensors
 
 
 class EagleHead(nn.Module):
-    """fc over [token embedding ; feature], then one Llama decoder layer shaped like the target's."""
+    """fc over [token embedding ; feature], then one Llama decoder layer shaped like the target's.
+    With `fuse` (EAGLE-3), the feature of a real position is `fuse_fc` over the target's states
+    after those layers and its final features, side by side."""
 
-    def __init__(self, config, vocab: torch.Tensor) -> None:
+    # A warm start from an EAGLE-1 head lacks these: they keep their own initialization, which
+    # passes the final features through unchanged (the fused head starts as the head it grew from).
+    GROWN = ("fuse_fc.weight", "fuse")
+
+    def __init__(
+        self, config, vocab: torch.Tensor, fuse: Sequence[int] | torch.Tensor = ()
+    ) -> None:
         super().__init__()
         d = config.hidden_size
         self.fc = nn.Linear(2 * d, d)
         self.layer = LlamaDecoderLayer(config, layer_idx=0)
         self.rotary = LlamaRotaryEmbedding(config)
         self.register_buffer("vocab", vocab.long())  # draft vocabulary: target token ids
+        fuse = [int(ell) for ell in (fuse.tolist() if torch.is_tensor(fuse) else fuse)]
+        if fuse:
+            bad = [ell for ell in fuse if not 1 <= ell < config.num_hidden_layers]
+            if bad or fuse != sorted(set(fuse)):
+                raise ValueError(
+                    f"fuse: increasing layers in 1..{config.num_hidden_layers - 1}, got {fuse}"
+                )
+            self.register_buffer("fuse", torch.tensor(fuse, dtype=torch.long))
+            self.fuse_fc = nn.Linear((len(fuse) + 1) * d, d, bias=False)
+            with torch.no_grad():
+                self.fuse_fc.weight.zero_()
+                self.fuse_fc.weight[:, -d:] = torch.eye(d)
+
+    @property
+    def fused_layers(self) -> tuple[int, ...]:
+        """The target layers (after ℓ layers) whose states the head reads beside the final ones."""
+        return tuple(self.fuse.tolist()) if hasattr(self, "fuse") else ()
+
+    def fused(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., (k + 1) d] -> [..., d]: the states after the fused layers and the final features,
+        side by side in that order, as one input feature (EAGLE-1: the final features as given)."""
+        return self.fuse_fc(states) if hasattr(self, "fuse_fc") else states
 
     def forward(
         self,
@@ -81,7 +119,7 @@ def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
     return load_artifact(
         bundle,
         path or head_path(bundle.model_id),
-        lambda state: EagleHead(bundle.model.config, state["vocab"]),
+        lambda state: EagleHead(bundle.model.config, state["vocab"], state.get("fuse", ())),
         "EAGLE head",
         f"python -m decoders.train eagle --model {bundle.model_id}",
         drafts=True,
@@ -89,15 +127,22 @@ def load_head(bundle: ModelBundle, path: Path | None = None) -> EagleHead:
 
 
 class EagleDrafter(Drafter):
-    """Drafts with an EAGLE head. Needs the target's final features: the decoding loop hands it the
-    features of every input the target keeps (`observe`), prefill included."""
+    """Drafts with an EAGLE head. Needs the target's final features (and, for an EAGLE-3 head, its
+    states after the fused layers): the decoding loop hands it those of every input the target
+    keeps (`observe`), prefill included."""
 
     needs_features = True
 
     def __init__(self, target: ModelBundle, head: EagleHead) -> None:
-        super().__init__(
-            target, DynamicCache(), 1, "eagle (1 trained layer on the target's features)"
+        fused = head.fused_layers
+        label = (
+            f"eagle-3 (1 trained layer on the target's layers {', '.join(map(str, fused))} "
+            "and its features)"
+            if fused
+            else "eagle (1 trained layer on the target's features)"
         )
+        super().__init__(target, DynamicCache(), 1, label)
+        self.feature_layers = fused
         self.head = head
         self.dtype = head.fc.weight.dtype  # bundle.draft_dtype: maybe bfloat16 beside float32
         self.embed = target.model.model.embed_tokens
@@ -106,8 +151,12 @@ class EagleDrafter(Drafter):
         self.step_features: list[torch.Tensor] = []  # predicted features of this step's inputs
         self.context: Sequence[int] = ()
 
+    @torch.inference_mode()
     def observe(self, features: torch.Tensor) -> None:
-        """Append the target's final features for the inputs it just kept (positions in order)."""
+        """Append the target's features for the inputs it just kept (positions in order): the
+        final ones, or for an EAGLE-3 head the fused layers' states beside them, fused here."""
+        if self.feature_layers:
+            features = self.head.fused(features.to(self.dtype))
         self.features = torch.cat([self.features, features.to(self.features.dtype)])
 
     def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
