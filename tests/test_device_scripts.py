@@ -143,7 +143,10 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
         "EAGLE_MIN": "0.1",
         "KANGAROO_MIN": "0.1",
         "SPACE_MIN": "0.1",
-        **{f"{stage}_S": "600" for stage in ("EAGLE", "KANGAROO", "SPACE", "MEDUSA", "EXITS")},
+        **{
+            f"{stage}_S": "600"
+            for stage in ("EAGLE", "EAGLE3", "KANGAROO", "SPACE", "MEDUSA", "EXITS")
+        },
     }
     # pack.sh carried the benchmarks' prompts, and the corpus is decontaminated against them
     # (train.sh refuses to build without, unless told; a machine without both must tell it).
@@ -165,17 +168,25 @@ def test_the_training_script_runs_every_stage_here_on_tiny_sizes(tmp_path):
     # run's (its sizes and seed), not the fallback corpus carried over from here.
     built = "SmolLM2-135M-Instruct-6-2-160-4-128-2-1500-stdlib-1.pt"  # the sizes and seed above
     assert [p.name for p in out.glob("*.pt")] == [built]
-    # A second call on the warm machine: a trainer the first leaves out, on the corpus cached
-    # there (one trainer, the exits: the EAGLE head's and the Medusa heads' commands are tested in
-    # test_train.py).
+    # A second call on the warm machine: trainers the first leaves out, on the corpus cached
+    # there (the exits, and the EAGLE-3 head grown from the shipped EAGLE head: the EAGLE-1 and
+    # Medusa commands are tested in test_train.py).
     out2 = tmp_path / "out2"
-    env = {**env, "OUT": str(out2), "STAGES": "exits", "EXITS_MIN": "0.1"}
-    log = train_call(env, out2, ("exits",))
-    assert "== space" not in log and "== kangaroo" not in log and "== eagle" not in log
+    env = {**env, "OUT": str(out2), "STAGES": "exits eagle3", "EXITS_MIN": "0.1"}
+    env["EAGLE3_MIN"] = "0.1"
+    log = train_call(env, out2, ("exits", "eagle3"))
+    assert "== space" not in log and "== kangaroo" not in log and "== eagle:" not in log
     assert not list(out2.glob("*.pt"))  # the corpus was cached: it came back the first time
-    assert sorted(p.name for p in out2.glob("*.safetensors")) == ["exits.safetensors"]
+    assert sorted(p.name for p in out2.glob("*.safetensors")) == [
+        "eagle3.safetensors",
+        "exits.safetensors",
+    ]
     card = json.loads((out2 / "exits.json").read_text())
     assert "held_out_oracle" in card
+    card = json.loads((out2 / "eagle3.json").read_text())
+    assert card["fuse"] == [2, 15] and card["unroll"] == 7 and card["reg_weight"] == 0
+    assert card["init"] == "assets/eagle/smollm2-135m-instruct.safetensors"
+    assert "top1_probe_d7" in card["held_out_top1"]
     if os.environ.get("RECORD_RECIPE_STAMP") == "1":  # make test-recipe
         RECIPE_STAMP.write_text(recipe_hash() + "\n")
 
