@@ -47,6 +47,7 @@ from decoders.train.states import (
     answers_only,
     assistant_header,
     draft_vocabulary,
+    prepare,
     probe_states,
     target_states,
     windows,
@@ -423,6 +424,14 @@ def test_a_datastore_gives_back_the_corpus_it_was_built_from(tiny, tmp_path, cap
     given = corpus_builder.load_or_build(tiny, corpus_args("--corpus-from", str(out)))
     assert given.docs == built.docs and given.sources == built.sources
     assert given.report["from"].startswith("store.safetensors") and given.report["decontamination"]
+    with pytest.MonkeyPatch.context() as mp:  # a fresh machine: no cache folder yet
+        mp.setenv("DECODING_LAB_CACHE", str(tmp_path / "fresh"))
+        ap = argparse.ArgumentParser()
+        eagle_trainer.add_arguments(ap)
+        args = ap.parse_args([*TINY_CORPUS, "--corpus-from", str(out), "--probe-tokens", "0"])
+        prep = prepare(args, layers=(1,))
+        assert len(prep.states.starts) == len(built.docs) and 1 in prep.states.layers
+        assert list((tmp_path / "fresh" / "corpus").glob("*.states-1.pt"))  # cached for the next
     with pytest.raises(SystemExit, match=r"another corpus \(seed differ"):
         corpus_builder.load_or_build(tiny, corpus_args("--seed", "3", "--corpus-from", str(out)))
     card["tokens"]["code"] += 1  # a card that does not describe its documents

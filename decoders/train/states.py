@@ -215,7 +215,8 @@ def prepare(args, layers: tuple[int, ...] | None = None, probe: bool = True) -> 
         states = States(**torch.load(path))
     else:
         states = target_states(bundle, corpus, layers)
-        if not args.no_cache:
+        if not args.no_cache:  # (a corpus taken from a datastore made no cache folder)
+            path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(states.__dict__, path)
     train, held = corpus.split(args.held_out, args.seed)
     scored = probe_states(bundle, layers, args) if probe and args.probe_tokens else None
