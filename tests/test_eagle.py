@@ -85,10 +85,22 @@ def fitted3(tiny, tmp_path_factory):
     return fit(tiny, tmp_path_factory, "fitted3", **EAGLE3)
 
 
-@pytest.fixture(params=["eagle", "eagle3"])
+@pytest.fixture(params=["eagle", pytest.param("eagle3", marks=pytest.mark.slow)])
 def either(request):
-    """Each head in turn, for the checks that must hold for both."""
+    """Each head in turn, for the checks that must hold for both (the fitted EAGLE-3 head in the
+    full tier; the fast tier checks an untrained one below)."""
     return request.getfixturevalue("fitted" if request.param == "eagle" else "fitted3")
+
+
+@pytest.fixture(scope="module")
+def untrained3(tiny, tmp_path_factory):
+    """(head, path): an untrained EAGLE-3 head whose fusion reads every layer it is given."""
+    torch.manual_seed(4)
+    head = EagleHead(tiny.model.config, torch.arange(0, 4096), EAGLE3["fuse"])
+    torch.nn.init.normal_(head.fuse_fc.weight, std=0.05)
+    path = tmp_path_factory.mktemp("eagle3") / "untrained.safetensors"
+    save_head(head, path, {"model": tiny.model_id})
+    return head, path
 
 
 def spec(fitted) -> str:
@@ -123,6 +135,33 @@ def test_the_fitted_head_drafts_what_the_target_writes(fitted, tiny):
     assert len(head.vocab) <= 4097 and head.vocab.tolist() == sorted(head.vocab.tolist())
 
 
+@pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16])
+def test_an_eagle_3_head_drafts_what_it_computes_from_the_fused_layers(
+    untrained3, tiny, draft_dtype
+):
+    """The target hands the drafter its states after the fused layers beside its features, in
+    the order the head was trained on: every drafted probability is the head's from scratch
+    (float32); in bfloat16 the fusion runs in it too, and the output stays greedy."""
+    bundle = dataclasses.replace(tiny, draft_dtype=draft_dtype)
+    params = {"shape": "dynamic", "depth": 3, "top_k": 2, "nodes": 6, "size": "fixed"}
+    res = same_as_greedy(bundle, PROMPTS[5], "token_tree", 16, draft=spec(untrained3), **params)
+    head = load_head(bundle, untrained3[1])
+    assert head.fuse_fc.weight.dtype == draft_dtype
+    if draft_dtype == torch.bfloat16:
+        return
+    steps = contexts_by_step(res, tiny.encode(PROMPTS[5], chat=False))
+    assert len(steps) >= 3
+    for context, draft in list(steps.values())[:3]:
+        for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+            path = []
+            while parent >= 0:
+                path.insert(0, draft.tokens[parent])
+                parent = draft.parents[parent]
+            expected = float(reference_probs(head, tiny, context, path)[token])
+            assert draft.probs[i] == pytest.approx(expected, abs=1e-4), (draft.step, i)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["speculative", "token_tree"])
 def test_an_eagle_3_head_drafts_from_the_fused_layers_and_stays_greedy(fitted3, tiny, method):
     head = load_head(tiny, fitted3[1])

@@ -706,7 +706,7 @@ def test_unrolled_training_lowers_every_depth_s_loss(tiny, states, vocab, fuse, 
 
 
 def test_step_weights_and_top_k_shape_the_token_loss(tiny, states, vocab):
-    """Step k weighs decay^k (positions pooled); top-K keeps the K likeliest target tokens."""
+    """Step k weighs decay^k (positions pooled); top-K adds the K likeliest target tokens' term."""
     head = fresh("eagle", tiny, vocab, fuse=(1,))
     w = tiny.model.lm_head.weight[head.vocab].detach()
     batch = windows(states, every_doc(states), 16)[:2]
@@ -722,8 +722,13 @@ def test_step_weights_and_top_k_shape_the_token_loss(tiny, states, vocab):
         expected = (one[0]["cls"] + 0.5 * one[1]["cls"]) / 1.5
         torch.testing.assert_close(mixed["cls"], expected, rtol=1e-4, atol=1e-5)
         full = eagle_trainer.losses(w, *out, 1.0)["cls"]
-        top1 = eagle_trainer.losses(w, *out, 1.0, topk=1)["cls"]
-        assert top1 < full  # fewer (non-negative) terms
+        hass = eagle_trainer.losses(w, *out, 1.0, topk=1)["cls"]
+        # HASS adds the target's likeliest token's term once more: -p_top log q_top, averaged
+        p = torch.softmax(nexts[:, None].expand_as(pred)[valid] @ w.T, -1)
+        q = torch.log_softmax(pred[valid] @ w.T, -1)
+        top, at = p.max(-1)
+        extra = -(top * q.gather(-1, at[:, None])[:, 0]).mean()
+        torch.testing.assert_close(hass - full, extra, rtol=1e-4, atol=1e-5)
 
 
 def test_init_reads_a_committed_head_from_git(tmp_path):

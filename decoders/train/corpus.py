@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import random
 import re
+import shlex
 import sys
 import sysconfig
 import time
@@ -149,7 +150,7 @@ def load_or_build(
     """The corpus for these options, from the cache (~/.cache/decoding-lab/corpus) when built
     before: the drafters of one model share it."""
     if getattr(args, "corpus_from", None):
-        return from_datastore(Path(args.corpus_from), args)
+        return from_datastore(Path(args.corpus_from), args, bundle.model_id)
     path = cache_dir() / "corpus" / f"{corpus_key(bundle, args)}.pt"
     if path.is_file() and not args.no_cache:
         saved = torch.load(path)
@@ -178,7 +179,7 @@ def command_of(argv: list[str]) -> str:
     return "python -m decoders.train " + " ".join(given)
 
 
-def from_datastore(path: Path, args: argparse.Namespace) -> Corpus:
+def from_datastore(path: Path, args: argparse.Namespace, model_id: str) -> Corpus:
     """The corpus a datastore file holds (`python -m decoders.train datastore` keeps every
     document, in the corpus's order: chat, then task, then code). Its card's command names the
     corpus it was built from: the options asked for must name the same one, and each source's
@@ -189,10 +190,14 @@ def from_datastore(path: Path, args: argparse.Namespace) -> Corpus:
     if not path.is_file() or not card_path.is_file():
         raise SystemExit(f"error: --corpus-from {path}: no datastore file with its card there")
     card = json.loads(card_path.read_text())
+    if card.get("model") != model_id:
+        raise SystemExit(
+            f"error: --corpus-from {path}: its text is {card.get('model')}'s tokens, not {model_id}'s"
+        )
     ap = argparse.ArgumentParser()
     add_corpus_arguments(ap)
     ap.add_argument("--keep", default="chat,task,code")
-    built, _ = ap.parse_known_args(card["command"].split()[3:])
+    built, _ = ap.parse_known_args(shlex.split(card["command"])[3:])
     if set(built.keep.split(",")) != {"chat", "task", "code"}:
         raise SystemExit(
             f"error: --corpus-from {path}: it keeps only {built.keep} of its corpus, not all of it"

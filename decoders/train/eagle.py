@@ -21,8 +21,8 @@ EAGLE-3 (Li et al. 2025) is this command with its three changes:
 linear map, which a warm start from an EAGLE-1 head begins as the identity on the final features),
 `--reg-weight 0` drops the feature loss (the head predicts tokens, and is fed its own hidden state
 from the second step on), `--unroll 7 --step-decay 0.8` is the training-time test over 7 steps with
-step i's loss weighted 0.8^i. `--topk K` is HASS's distillation (Zhang et al. 2024): the token loss
-over the target's K likeliest tokens only.
+step i's loss weighted 0.8^i. `--topk K` adds HASS's distillation term (Zhang et al. 2024): the
+token loss over the target's K likeliest tokens alone, beside the full one.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--topk",
         type=int,
         default=0,
-        help="HASS: the token loss over the target's K likeliest tokens only (0: all of them)",
+        help="HASS: add the token loss over the target's K likeliest tokens alone (0: none)",
     )
     g.add_argument("--noise", type=float, default=FEATURE_NOISE, help="input feature noise")
     g.add_argument(
@@ -156,11 +156,13 @@ def run_head(head: EagleHead, embed, states: States, spans, noise: float, depth:
         embeds = embed(ids)
     positions = torch.arange(width, device=dev).expand(len(spans), -1)
     # Padding sits after each span's real positions: no valid position ever attends to it.
-    cache = DynamicCache() if depth > 1 else None
-    preds = [head(embeds, feats, positions, cache=cache)]
-    if depth > 1:
+    if depth == 1:
+        preds = [head(embeds, feats, positions)]  # causal
+    else:
         allowed = unroll_mask(width, depth, dev)
         mask = torch.zeros(allowed.shape, device=dev).masked_fill(~allowed, float("-inf"))
+        cache = DynamicCache()
+        preds = [head(embeds, feats, positions, mask[:width, :width].view(1, 1, width, -1), cache)]
         for k in range(2, depth + 1):
             # Step k's entry j reads what step k-1 predicted at j - 1 (the step before).
             fed = F.pad(preds[-1][:, :-1], (0, 0, 1, 0))
@@ -184,8 +186,8 @@ def losses(
 ) -> dict[str, torch.Tensor]:
     """`w`: the target's LM head cut to the draft vocabulary. Draft step k's positions weigh
     `step_decay`^k (1: every depth alike); `top1` is the first step's (teacher-forced)
-    agreement, `top1_d{k}` the k-th step's. `topk` > 0: the token loss over the target's `topk`
-    likeliest tokens only (HASS)."""
+    agreement, `top1_d{k}` the k-th step's. `topk` > 0 adds the token loss over the target's
+    `topk` likeliest tokens alone (HASS)."""
     depth = pred.shape[1]
     nexts = nexts[:, None].expand(-1, depth, -1, -1)
     which = torch.arange(depth, device=pred.device).view(1, -1, 1).expand_as(valid)[valid]
@@ -194,12 +196,12 @@ def losses(
     reg = (F.smooth_l1_loss(pred[valid], nexts[valid], reduction="none").mean(-1) * weight).sum()
     with torch.no_grad():
         target = torch.softmax(nexts[valid] @ w.T, -1)
-        if topk:
-            cut = target.topk(min(topk, target.shape[-1]), -1)
-            target = torch.zeros_like(target).scatter_(-1, cut.indices, cut.values)
-    logits = pred[valid] @ w.T
-    cls = (-(target * torch.log_softmax(logits, -1)).sum(-1) * weight).sum()
-    hit = (logits.argmax(-1) == target.argmax(-1)).float()
+    logp = torch.log_softmax(pred[valid] @ w.T, -1)
+    cls = (-(target * logp).sum(-1) * weight).sum()
+    if topk:  # HASS: the target's K likeliest tokens once more, on their own
+        cut = target.topk(min(topk, target.shape[-1]), -1)
+        cls = cls + (-(cut.values * logp.gather(-1, cut.indices)).sum(-1) * weight).sum()
+    hit = (logp.argmax(-1) == target.argmax(-1)).float()
     out = {"loss": reg_weight * reg + cls_weight * cls, "reg": reg, "cls": cls}
     for k in range(depth):
         at = which == k  # a depth with no valid position (a short batch) scores 0, not NaN
@@ -303,18 +305,12 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
             "train_tokens": result["train_tokens"],
             "cls_weight": args.cls_weight,
             "loss_on": getattr(args, "loss_on", "all"),
-            **(
-                {
-                    "fuse": list(head.fused_layers),
-                    "unroll": args.unroll,
-                    "reg_weight": args.reg_weight,
-                    "step_decay": args.step_decay,
-                    "topk": args.topk,
-                    "noise": args.noise,
-                }
-                if head.fused_layers
-                else {}
-            ),
+            "fuse": list(head.fused_layers),
+            "unroll": getattr(args, "unroll", 1),
+            "reg_weight": getattr(args, "reg_weight", 1.0),
+            "step_decay": getattr(args, "step_decay", 1.0),
+            "topk": getattr(args, "topk", 0),
+            "noise": getattr(args, "noise", FEATURE_NOISE),
             **run_fields(args, prep, result),
         }
         save_artifact(head, out, card(prep, "eagle", argv, **fields))

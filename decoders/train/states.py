@@ -211,8 +211,9 @@ def prepare(args, layers: tuple[int, ...] | None = None, probe: bool = True) -> 
     key = corpus_key(bundle, args)
     tail = "" if default else "-" + "-".join(map(str, layers))  # another layer set, another file
     path = cache_dir() / "corpus" / f"{key}.states{tail}.pt"
-    if path.is_file() and not args.no_cache:
-        states = States(**torch.load(path))
+    cached = States(**torch.load(path)) if path.is_file() and not args.no_cache else None
+    if cached is not None and len(cached.tokens) == sum(map(len, corpus.docs)):
+        states = cached  # (another corpus under the same options would differ in length)
     else:
         states = target_states(bundle, corpus, layers)
         if not args.no_cache:  # (a corpus taken from a datastore made no cache folder)
