@@ -492,12 +492,14 @@ def test_relaxed_verification_is_greedy_only_and_claims_nothing(tiny):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("method", "params"), [NEVER[0], NEVER[3], NEVER[4], ("free", {"threshold": 1.0})]
+    ("method", "params", "chat"),
+    [(*NEVER[0], False), (*NEVER[3], True), (*NEVER[4], False), ("free", {"threshold": 1.0}, True)],
 )
-def test_the_embedded_model_never_exiting_is_greedy(embedded, method, params):
-    for prompt, chat in ((PROMPTS[0], False), (PROMPTS[1], True)):
-        res = generate(embedded, prompt, method, 24, chat=chat, **params)
-        assert res.token_ids == embedded_greedy(embedded, prompt, chat)
+def test_the_embedded_model_never_exiting_is_greedy(embedded, method, params, chat):
+    # one prompt each: a code prompt and a chat turn in turn
+    prompt = PROMPTS[1] if chat else PROMPTS[0]
+    res = generate(embedded, prompt, method, 24, chat=chat, **params)
+    assert res.token_ids == embedded_greedy(embedded, prompt, chat)
 
 
 _greedy: dict[tuple[str, bool], list[int]] = {}

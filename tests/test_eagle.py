@@ -53,7 +53,7 @@ def fit(tiny, tmp_path_factory, name: str, **eagle3):
         vocab=4096,
         window=32,
         batch_size=4,
-        epochs=80,
+        epochs=80 if eagle3.get("init") is None else 12,
         lr=1e-2,
         seed=0,
         cls_weight=1.0,
@@ -61,8 +61,7 @@ def fit(tiny, tmp_path_factory, name: str, **eagle3):
         max_steps=0,
         minutes=0.0,
         resume=False,
-        init=None,
-        **eagle3,
+        **{"init": None, **eagle3},
     )
     head, result = fit_head(prep, args)  # no checkpoint: nothing written outside tmp
     path = tmp_path_factory.mktemp("eagle") / f"{name}.safetensors"
@@ -79,10 +78,11 @@ EAGLE3 = {"fuse": (1, 2), "unroll": 4, "reg_weight": 0.0, "step_decay": 0.8, "to
 
 
 @pytest.fixture(scope="module")
-def fitted3(tiny, tmp_path_factory):
+def fitted3(tiny, tmp_path_factory, fitted):
     """An EAGLE-3 head: tiny-random's states after layers 1 and 2 fused with its features,
-    tokens only, a training-time test over 4 steps."""
-    return fit(tiny, tmp_path_factory, "fitted3", **EAGLE3)
+    tokens only, a training-time test over 4 steps; grown from the fitted EAGLE-1 head (as the
+    recipe grows the shipped one), so a few epochs suffice."""
+    return fit(tiny, tmp_path_factory, "fitted3", **{**EAGLE3, "init": str(fitted[1])})
 
 
 @pytest.fixture(params=["eagle", pytest.param("eagle3", marks=pytest.mark.slow)])
@@ -400,17 +400,6 @@ def test_shipped_heads_exist_with_the_command_that_made_them(model_id):
         # one score per corpus source, and the probe's (outside the corpus) where it was scored
         assert {k.removeprefix("top1_") for k in top1} - {"probe"} == set(card["data"]["documents"])
         assert sum(top1.values()) / len(top1) >= good, top1
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("task", [7])  # task 0 at the defaults (the shipped head): test_lossless
-@pytest.mark.parametrize("method", ["speculative", "token_tree"])
-def test_lossless_on_the_embedded_model_with_the_shipped_head(embedded, task, method):
-    from test_prompt_lookup import humaneval
-
-    res = same_as_greedy(embedded, humaneval(task), method, 48, draft="eagle")
-    # The trained head is really drafting: well over one token per target forward.
-    assert res.stats["tokens_per_target_forward"] > 1.5, res.stats
 
 
 @pytest.mark.slow

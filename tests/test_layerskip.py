@@ -251,18 +251,17 @@ def tuned_embedded():
 @pytest.mark.slow
 def test_the_exit_tuned_embedded_model_is_lossless_against_its_own_greedy(tuned_embedded):
     """The shipped delta on the embedded model: LayerSkip at its defaults (the card's exit
-    layer) and at the paper's settings gives the tuned model's greedy tokens, never the
-    original's, on a chat and a code prompt."""
+    layer) on a chat prompt and at the paper's settings on a code prompt gives the tuned model's
+    greedy tokens, never the original's."""
     assert layerskip.resolve_exit_layer(tuned_embedded, "auto") == int(
         layerskip.read_card(exit_tuned.delta_path(models.EMBEDDED_ID))["exit_layer"]
     )
-    for prompt, chat in (
-        ("Give me three tips for writing clear emails.", True),
-        (PROMPTS[5], False),
+    for prompt, chat, params in (  # the defaults on chat, the paper's settings on code
+        ("Give me three tips for writing clear emails.", True, {}),
+        (PROMPTS[5], False, METHODS["layerskip"].preset("paper")),
     ):
         ids = tuned_embedded.encode(prompt, chat=chat)
         expected = greedy(tuned_embedded, ids, 40).token_ids
-        for params in ({}, METHODS["layerskip"].preset("paper")):
-            res = generate(tuned_embedded, ids, "layerskip", 40, **params)
-            assert_greedy(tuned_embedded, res, expected)
+        res = generate(tuned_embedded, ids, "layerskip", 40, **params)
+        assert_greedy(tuned_embedded, res, expected)
         assert res.stats["verify_steps"] > 0

@@ -94,7 +94,7 @@ def test_drafts_longer_than_the_budget_and_an_empty_pool(tiny):
     ("task", "max_ngram", "num_draft"), [(7, 1, 4)]
 )  # the defaults: test_lossless
 def test_lossless_and_useful_on_the_embedded_model(embedded, task, max_ngram, num_draft):
-    res = same_as_greedy(embedded, humaneval(task), 96, max_ngram=max_ngram, num_draft=num_draft)
+    res = same_as_greedy(embedded, humaneval(task), 48, max_ngram=max_ngram, num_draft=num_draft)
     assert res.stats["accepted_drafts"] > 0
     assert res.stats["tokens_per_target_forward"] > 1.0
 

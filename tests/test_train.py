@@ -420,7 +420,9 @@ def test_a_datastore_gives_back_the_corpus_it_was_built_from(tiny, tmp_path, cap
     assert main(["datastore", *TINY_CORPUS, "--out", str(out)]) == 0
     card = json.loads(capsys.readouterr().out)
     assert "--out" not in card["command"] and card["command"].endswith(" ".join(TINY_CORPUS))
-    built = corpus_builder.load_or_build(tiny, corpus_args())  # the same options: the same corpus
+    cached = corpus_args()
+    cached.no_cache = False  # the corpus the command built, from the (private) cache
+    built = corpus_builder.load_or_build(tiny, cached)
     given = corpus_builder.load_or_build(tiny, corpus_args("--corpus-from", str(out)))
     assert given.docs == built.docs and given.sources == built.sources
     assert given.report["from"].startswith("store.safetensors") and given.report["decontamination"]
