@@ -149,16 +149,7 @@ def test_an_eagle_3_head_drafts_what_it_computes_from_the_fused_layers(
     assert head.fuse_fc.weight.dtype == draft_dtype
     if draft_dtype == torch.bfloat16:
         return
-    steps = contexts_by_step(res, tiny.encode(PROMPTS[5], chat=False))
-    assert len(steps) >= 3
-    for context, draft in list(steps.values())[:3]:
-        for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
-            path = []
-            while parent >= 0:
-                path.insert(0, draft.tokens[parent])
-                parent = draft.parents[parent]
-            expected = float(reference_probs(head, tiny, context, path)[token])
-            assert draft.probs[i] == pytest.approx(expected, abs=1e-4), (draft.step, i)
+    check_probs_from_scratch(head, tiny, res, tiny.encode(PROMPTS[5], chat=False), steps=3)
 
 
 @pytest.mark.slow
@@ -255,6 +246,21 @@ def reference_probs(head, bundle, context, path):
     return probs
 
 
+def check_probs_from_scratch(head, bundle, res, prompt_ids, steps: int) -> None:
+    """Each drafted node's probability in the first `steps` steps (at least 3 drafted) is the
+    head's own, run from scratch on its path (`reference_probs`)."""
+    by_step = contexts_by_step(res, prompt_ids)
+    assert len(by_step) >= 3
+    for context, draft in list(by_step.values())[:steps]:
+        for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+            path = []
+            while parent >= 0:
+                path.insert(0, draft.tokens[parent])
+                parent = draft.parents[parent]
+            expected = float(reference_probs(head, bundle, context, path)[token])
+            assert draft.probs[i] == pytest.approx(expected, abs=1e-4), (draft.step, i)
+
+
 def contexts_by_step(res, prompt_ids):
     context, out = list(prompt_ids), {}
     for e in res.events:
@@ -278,16 +284,7 @@ def test_every_drafted_probability_matches_the_head_run_from_scratch(either, tin
     head = load_head(tiny, either[1])
     prompt_ids = tiny.encode(PROMPTS[5], chat=False)
     res = same_as_greedy(tiny, PROMPTS[5], method, 30, draft=spec(either), **params)
-    steps = contexts_by_step(res, prompt_ids)
-    assert len(steps) >= 3
-    for context, draft in list(steps.values())[:4]:
-        for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
-            path = []
-            while parent >= 0:
-                path.insert(0, draft.tokens[parent])
-                parent = draft.parents[parent]
-            expected = float(reference_probs(head, tiny, context, path)[token])
-            assert draft.probs[i] == pytest.approx(expected, abs=1e-4), (draft.step, i)
+    check_probs_from_scratch(head, tiny, res, prompt_ids, steps=4)
     # Draft forwards are one layer deep and cheap; the first of a step carries the catch-up.
     drafts = [e for e in res.events if isinstance(e, Forward) and e.kind == "draft"]
     assert drafts and all(e.layers == 1 for e in drafts)
