@@ -35,7 +35,7 @@ class FeatureReader(Protocol):
     """What the shared steps hand the target's final features to: a feature-level drafter
     (drafters.Drafter, EAGLE) or Medusa's heads (medusa_heads.HeadReader)."""
 
-    needs_features: bool
+    needs_features: bool  # (and optionally `feature_layers`: see `feature_layers` below)
 
     def observe(self, features: torch.Tensor) -> None: ...
 

@@ -89,9 +89,9 @@ def warm_start(module: nn.Module, spec: str | None) -> None:
     """Load `--init`'s weights into `module`, all but the buffers counted on the corpus (the
     module's `FROM_CORPUS`, by default the draft vocabulary: this run rebuilt them from its own
     corpus); the module's `GROWN` parts may be missing from it (an EAGLE-1 head grown into an
-    EAGLE-3 one: its fusion starts as the identity on the final features); an artifact of another shape or kind is refused, and so is one whose other buffers
-    (its configuration: Kangaroo's exit layer, the exits' layers, SPACE's k, rank and alpha)
-    differ from this run's."""
+    EAGLE-3 one: its fusion starts as the identity on the final features); an artifact of another
+    shape or kind is refused, and so is one whose other buffers (its configuration: Kangaroo's
+    exit layer, the exits' layers, SPACE's k, rank and alpha) differ from this run's."""
     if not spec:
         return
     rebuilt = getattr(module, "FROM_CORPUS", ("vocab",))
