@@ -1,8 +1,10 @@
 """Every method's views in a real headless Chromium, on a desktop (1440 x 1000) and a phone
-(390 x 844; the same page, resized): after a run and at a middle step, no figure title, subtitle, legend entry, caption
-(annotation), axis title or tick label may overflow its figure or overlap another text, and no title,
-legend or axis title may cover a plot. The text boxes are measured in the page, as drawn.
-Screenshots land in test-artifacts/ (views-<method>-<desktop|phone>-<end|middle>.png)."""
+(390 x 844; the same page, resized): after a run on both, and at a middle step on the phone (the
+narrower, harder fit), no figure title, subtitle, legend entry, caption (annotation), axis title or
+tick label may overflow its figure or overlap another text, and no title, legend or axis title may
+cover a plot. The text boxes are measured in the page, as drawn. Screenshots land in
+test-artifacts/ (views-<method>-desktop-end.png, -phone-end, -phone-middle; each figure's close-up
+beside the first and the last)."""
 
 from urllib.parse import quote
 
@@ -10,7 +12,7 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 
 from browser_helpers import LAYOUT_CHECK, STEP_NUMBER, go_to_step, settle
-from conftest import ARTIFACTS, DESKTOP, PHONE
+from conftest import ARTIFACTS, PHONE
 from decoders import METHODS
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -19,6 +21,7 @@ PROMPT = "def f(x):\n    return f(x) + f(x)\n"
 TOKENS = 24
 # Every method at its defaults, and lookahead with the paper's 2D window (N = 5, W = 15, G = 15).
 RUNS = [(name, "") for name in METHODS] + [("lookahead", "&preset=paper")]
+CLOSE_UPS = ("panel", "panel2", "panel3", "panel4", "panel5", "hist")
 
 
 def open_run(page, server: str, method: str, extra: str) -> None:
@@ -45,10 +48,10 @@ def open_run(page, server: str, method: str, extra: str) -> None:
     settle(page)
 
 
-def check_views(page, label: str) -> int:
+def check_views(page, label: str, close_ups: bool = True) -> int:
     result = page.evaluate(LAYOUT_CHECK, page.locator("body").element_handle())
     page.screenshot(path=str(ARTIFACTS / f"views-{label}.png"), full_page=True)
-    for panel in ("panel", "panel2", "panel3", "panel4", "panel5", "hist"):  # close-ups
+    for panel in CLOSE_UPS if close_ups else ():
         plot = page.locator(f"#{panel} .js-plotly-plot")
         path = str(ARTIFACTS / f"views-{label}-{panel}.png")
         try:
@@ -62,7 +65,7 @@ def check_views(page, label: str) -> int:
     return result["plots"]
 
 
-def fit_and_check(page, viewport: dict, label: str) -> int:
+def fit_and_check(page, viewport: dict, label: str, close_ups: bool = True) -> int:
     """Resize the page and check every view once the page has redrawn them for the new width
     (Plotly resizes each figure, and the server redraws the method's views: their labels are
     sized to the width)."""
@@ -76,13 +79,13 @@ def fit_and_check(page, viewport: dict, label: str) -> int:
         timeout=30_000,
     )
     settle(page)
-    return check_views(page, label)
+    return check_views(page, label, close_ups)
 
 
 @pytest.mark.parametrize(
     ("method", "extra"), RUNS, ids=[m + e.replace("&preset=", "-") for m, e in RUNS]
 )
-def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_at_a_middle_step(
+def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_on_a_phone_at_a_middle_step(
     server, page, method, extra
 ):
     """One run per method, checked at both widths: the figures are the same, drawn to the width."""
@@ -90,11 +93,6 @@ def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_at_a_middle_step(
     open_run(page, server, method, extra)
     plots = check_views(page, f"{name}-desktop-end")
     assert plots >= 4  # timeline, tokens per step, acceptance, the method's panel
-    fit_and_check(page, PHONE, f"{name}-phone-end")
-    last = page.evaluate(STEP_NUMBER)
-    go_to_step(page, max(1, last // 2))  # drawn for the phone's width (the step's own event)
-    check_views(page, f"{name}-phone-middle")
-    fit_and_check(page, DESKTOP, f"{name}-desktop-middle")
     if method == "lookahead":  # its extra views are shown too, each full width
         widths = page.evaluate(
             """() => Array.from(document.querySelectorAll('[id^=panel] .js-plotly-plot'))
@@ -102,3 +100,7 @@ def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_at_a_middle_step(
                 .map(p => Math.round(p.getBoundingClientRect().width))"""
         )
         assert len(widths) >= 4 and max(widths) - min(widths) <= 2, widths
+    fit_and_check(page, PHONE, f"{name}-phone-end", close_ups=False)
+    last = page.evaluate(STEP_NUMBER)
+    go_to_step(page, max(1, last // 2))  # drawn for the phone's width (the step's own event)
+    check_views(page, f"{name}-phone-middle")

@@ -159,14 +159,19 @@ def test_packed_linear_matches_torch_linear():
     if not packing.available():
         pytest.skip("this torch build has no oneDNN packed linear")
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU(), torch.nn.Linear(40, 7))
-    x = torch.randn(2, 5, 24)
+    # 256 x 300 weights are packed; 7 x 256 are too few to pay for oneDNN's call (MIN_PACKED)
+    net = torch.nn.Sequential(torch.nn.Linear(300, 256), torch.nn.ReLU(), torch.nn.Linear(256, 7))
+    x = torch.randn(2, 5, 300)
     expected = net(x)
     assert packing.pack_linears(net) == 2
     assert all(not isinstance(m, torch.nn.Linear) for m in net.modules())
+    assert net[0].packed_weight is not None and net[2].packed_weight is None
+    assert "small: not packed" in repr(net[2])
     with torch.inference_mode():
         assert close(net(x), expected)  # oneDNN's packed kernel against torch's
     assert set(net.state_dict()) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # still saveable
+    small_only = packing.PackedLinear(torch.nn.Linear(256, 7), keep_weight=False)
+    assert small_only.weight is not None  # its only copy: a small layer keeps its weight
 
 
 def test_drafting_heads_run_in_bfloat16_only_beside_float32_on_a_cpu_that_has_it(monkeypatch):
