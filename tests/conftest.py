@@ -4,8 +4,10 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
 # replayed) must size the same trees; tests/test_runtime.py tests the re-measuring on its own.
 os.environ.setdefault("DECODING_LAB_REPRICE", "0")
 
-from decoders import load_model
+from decoders import generate, load_model
 
 # Under pytest-xdist (`make test` runs two workers on a 2-core box) each worker is one process on
 # one core: a second intra-op thread per worker would only wait for its time slice (see one_thread).
@@ -52,6 +54,47 @@ KERNEL_TOL = {"rtol": 1e-4, "atol": 1e-4}
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same floats up to the kernels' order of summation (KERNEL_TOL)."""
     return torch.allclose(a, b, **KERNEL_TOL)
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """Autoregressive greedy's tokens for a prompt and budget, and why it stopped."""
+
+    token_ids: list[int]
+    finish_reason: str
+
+
+# Per model (by identity, held weakly: tests build private models), per EOS set and prompt ids:
+# the longest greedy run decoded so far in this worker, and the budget it was decoded with.
+_greedy_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def greedy(bundle, prompt, max_new_tokens: int, chat: bool | None = None) -> Greedy:
+    """Autoregressive greedy on this bundle (its EOS set included), decoded once per prompt for
+    the whole worker: greedy's tokens do not depend on its budget, so a run to N tokens answers
+    every budget up to N, and a run that stopped at an EOS answers every budget."""
+    ids = tuple(bundle.encode(prompt, chat) if isinstance(prompt, str) else prompt)
+    runs = _greedy_runs.setdefault(bundle.model, {})
+    key = (bundle.eos_ids, ids)
+    tokens, budget = runs.get(key, ([], 0))
+    stopped = bool(tokens) and tokens[-1] in bundle.eos_ids
+    if budget < max_new_tokens and not stopped:
+        tokens = generate(bundle, list(ids), "autoregressive", max_new_tokens, record=False)
+        tokens, budget = tokens.token_ids, max_new_tokens
+        runs[key] = (tokens, budget)
+    kept = tokens[:max_new_tokens]
+    return Greedy(kept, "eos" if kept and kept[-1] in bundle.eos_ids else "length")
+
+
+def matches_greedy(bundle, prompt, max_new_tokens: int, method: str, chat=None, **params):
+    """Run `method` and check it against greedy token for token (near-ties: assert_greedy), and
+    that it stopped for the same reason."""
+    res = generate(bundle, prompt, method, max_new_tokens, chat=chat, **params)
+    ref = greedy(bundle, prompt, max_new_tokens, chat)
+    assert_greedy(bundle, res, ref.token_ids)
+    if res.token_ids == ref.token_ids:
+        assert res.finish_reason == ref.finish_reason
+    return res
 
 
 def assert_greedy(bundle, result, reference: list[int]) -> None:

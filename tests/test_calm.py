@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 
 import pytest
 import torch
 
+import conftest
 from conftest import KERNEL_TOL as TOL
 from conftest import PROMPTS, close, one_thread
 from decoders import METHODS, InvalidParameter, generate
@@ -44,8 +46,7 @@ def one_torch_thread():
         yield
 
 
-def greedy(bundle, prompt, n, chat=False):
-    return generate(bundle, prompt, "autoregressive", n, chat=chat, record=False)
+greedy = partial(conftest.greedy, chat=False)  # the raw prompts, as the runs here
 
 
 def exits_of(res) -> list[LayerExit]:
@@ -502,14 +503,8 @@ def test_the_embedded_model_never_exiting_is_greedy(embedded, method, params, ch
     assert res.token_ids == embedded_greedy(embedded, prompt, chat)
 
 
-_greedy: dict[tuple[str, bool], list[int]] = {}
-
-
 def embedded_greedy(embedded, prompt: str, chat: bool) -> list[int]:
-    """Greedy's 24 tokens, once per prompt for the four cases above."""
-    if (prompt, chat) not in _greedy:
-        _greedy[prompt, chat] = greedy(embedded, prompt, 24, chat).token_ids
-    return _greedy[prompt, chat]
+    return greedy(embedded, prompt, 24, chat=chat).token_ids
 
 
 @pytest.mark.slow

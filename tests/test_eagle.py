@@ -23,8 +23,8 @@ from test_speculative import (
     uniformity_chi2,
 )
 
-from conftest import PROMPTS, assert_greedy, one_thread
-from decoders import InvalidParameter, generate, stream
+from conftest import PROMPTS, greedy, matches_greedy, one_thread
+from decoders import InvalidParameter, stream
 from decoders.core.events import Commit, Draft, Forward, Verify
 from decoders.train.corpus import Corpus
 from decoders.train.eagle import fit_head
@@ -43,7 +43,7 @@ def fit(tiny, tmp_path_factory, name: str, **eagle3):
     """(head, path): a head fitted to tiny-random's greedy continuations of the test prompts."""
     docs = []
     for prompt in PROMPTS:
-        ref = generate(tiny, prompt, "autoregressive", 60, chat=False, record=False)
+        ref = greedy(tiny, prompt, 60, chat=False)
         docs.append(tiny.encode(prompt, chat=False) + list(ref.token_ids))
     corpus = Corpus(docs, ["code"] * len(docs))
     everything = list(range(len(docs)))  # fitted to these texts, and scored on them
@@ -108,12 +108,7 @@ def spec(fitted) -> str:
 
 
 def same_as_greedy(bundle, prompt, method, max_new_tokens, **params):
-    res = generate(bundle, prompt, method, max_new_tokens, chat=False, **params)
-    ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=False, record=False)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+    return matches_greedy(bundle, prompt, max_new_tokens, method, chat=False, **params)
 
 
 def accepted(res) -> int:

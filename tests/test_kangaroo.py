@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
+from functools import partial
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import PROMPTS, assert_greedy, one_thread
+from conftest import PROMPTS, greedy, matches_greedy, one_thread
 from decoders import METHODS, InvalidParameter, generate
 from decoders.core import models
 from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Prefill, Verify
@@ -35,27 +36,7 @@ def one_torch_thread():
         yield
 
 
-_references: dict = {}
-
-
-def reference(bundle, prompt, max_new_tokens, chat=None):
-    """Autoregressive greedy on the same bundle (EOS set included), computed once per case."""
-    # The model itself in the key (by identity): private test models differ from tiny-random.
-    key = (bundle.model, bundle.eos_ids, str(prompt), max_new_tokens, chat)
-    if key not in _references:
-        _references[key] = generate(
-            bundle, prompt, "autoregressive", max_new_tokens, chat=chat, record=False
-        )
-    return _references[key]
-
-
-def same_as_greedy(bundle, prompt, max_new_tokens, chat=False, **params):
-    res = generate(bundle, prompt, "kangaroo", max_new_tokens, chat=chat, **params)
-    ref = reference(bundle, prompt, max_new_tokens, chat)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+same_as_greedy = partial(matches_greedy, method="kangaroo", chat=False)
 
 
 def by_step(events) -> dict[int, dict]:
@@ -325,7 +306,7 @@ def test_the_shallow_layers_run_once_per_token(mirrored):
     counts.clear()
     res = generate(bundle, prompt, "kangaroo", 30, exit_layer=str(exit_layer), eta=0.0, gamma=4)
     ran = [counts[i] for i in range(bundle.n_layers)]
-    assert res.token_ids == reference(bundle, prompt, 30, chat=None).token_ids
+    assert res.token_ids == greedy(bundle, prompt, 30, chat=None).token_ids
     verify_inputs = 0
     for step, ev in by_step(res.events).items():
         if step == 0:
@@ -355,7 +336,7 @@ def test_a_runner_up_the_target_takes_commits_and_the_caches_follow_it(mirrored,
     kw = dict(exit_layer=str(exit_layer), eta=0.0, gamma=gamma, siblings=1)
     res = generate(bundle, prompt, "kangaroo", 31, **kw)
     ran = [counts[i] for i in range(bundle.n_layers)]  # before the reference runs them too
-    assert res.token_ids == reference(bundle, prompt, 31).token_ids
+    assert res.token_ids == greedy(bundle, prompt, 31).token_ids
     check_steps(res, exit_layer, 0.0, gamma, 31, siblings=1)
     steps = [ev for step, ev in by_step(res.events).items() if step > 0]
     for ev in steps[:-1]:  # the last step may be cut by the budget
@@ -406,7 +387,7 @@ def test_runners_up_through_live_layers_leave_every_cache_true(tiny, monkeypatch
     layer-ℓ state of the token the output has there (its cache is what later drafts attend to)."""
     exit_layer, budget = 2, 30
     prompt = tiny.encode(PROMPTS[1], chat=False)
-    seq = [*prompt, *reference(tiny, prompt, budget).token_ids]
+    seq = [*prompt, *greedy(tiny, prompt, budget).token_ids]
     adapter = kangaroo.load_adapter(tiny, exit_layer)
     vocab = tiny.model.config.vocab_size
     reads: dict[int, torch.Tensor] = {}

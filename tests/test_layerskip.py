@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from functools import partial
 
 import pytest
 import torch
 from test_kangaroo import check_steps, transparent_target
 
-from conftest import PROMPTS, assert_greedy, close, one_thread
+from conftest import PROMPTS, assert_greedy, close, greedy, matches_greedy, one_thread
 from decoders import METHODS, InvalidParameter, ModelLoadError, generate, load_model
 from decoders.core import models
 from decoders.core.events import Commit, Draft, DraftStop, Forward, Verify
@@ -37,23 +38,7 @@ def tuned():
     return load_model(TUNED)
 
 
-_references: dict = {}
-
-
-def greedy(bundle, prompt, budget):
-    key = (bundle.model, bundle.eos_ids, str(prompt), budget)
-    if key not in _references:
-        _references[key] = generate(bundle, prompt, "autoregressive", budget, chat=False)
-    return _references[key]
-
-
-def same_as_greedy(bundle, prompt, budget, **params):
-    res = generate(bundle, prompt, "layerskip", budget, chat=False, **params)
-    ref = greedy(bundle, prompt, budget)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+same_as_greedy = partial(matches_greedy, method="layerskip", chat=False)
 
 
 # --- the tuned model ---------------------------------------------------------------------------

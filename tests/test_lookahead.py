@@ -6,27 +6,13 @@ import itertools
 
 import pytest
 
-from conftest import PROMPTS, assert_greedy, close
+from conftest import PROMPTS, close
+from conftest import matches_greedy as same_as_greedy
 from decoders import generate
 from decoders.core.events import AttentionMask, Commit, LookaheadWindow, NgramPool
 from decoders.core.runtime import forward, new_cache
 from decoders.core.tree import ancestors, tree_mask, tree_positions
 from decoders.methods.lookahead import NgramStore, trie, window_parents
-
-_REFERENCE: dict = {}
-
-
-def same_as_greedy(bundle, prompt, max_new_tokens, method, **params):
-    res = generate(bundle, prompt, method, max_new_tokens, **params)
-    key = (bundle.model_id, tuple(prompt) if isinstance(prompt, list) else prompt, max_new_tokens)
-    if key not in _REFERENCE:
-        _REFERENCE[key] = generate(bundle, prompt, "autoregressive", max_new_tokens, record=False)
-    ref = _REFERENCE[key]
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
-
 
 # --- pieces ------------------------------------------------------------------------------------------
 

@@ -8,10 +8,9 @@ import json
 
 import pytest
 import torch
-from test_speculative import reference
 
 import decoders.methods.mask_predict as mp
-from conftest import PROMPTS, one_thread, oracle_masks
+from conftest import PROMPTS, greedy, one_thread, oracle_masks
 from decoders import METHODS, InvalidParameter, generate
 from decoders.core import quality
 from decoders.core.events import AttentionMask, Commit, Forward, MaskPredictStep
@@ -75,7 +74,7 @@ def test_a_block_of_one_is_autoregressive(tiny):
     """m = 1: no mask at all, every token is the last token's own row: greedy exactly."""
     for prompt in PROMPTS[:3]:
         res = generate(tiny, prompt, "mask_predict", 20, m=1, T=3)
-        ref = reference(tiny, prompt, 20)
+        ref = greedy(tiny, prompt, 20)
         assert res.token_ids == ref.token_ids
         assert res.stats["target_forwards"] == 20
 
@@ -124,7 +123,7 @@ def oracle(monkeypatch):
 @pytest.mark.parametrize(("m", "T", "budget"), [(4, 1, 40), (4, 3, 23), (3, 2, 7), (2, 2, 9)])
 def test_perfect_masks_reproduce_greedy(tiny, oracle, m, T, budget):
     prompt_ids = tiny.encode(PROMPTS[1])
-    ref = reference(tiny, PROMPTS[1], budget)
+    ref = greedy(tiny, PROMPTS[1], budget)
     oracle.extend([*prompt_ids, *ref.token_ids])
     res = generate(tiny, PROMPTS[1], "mask_predict", budget, m=m, T=T)
     assert res.token_ids == ref.token_ids
@@ -135,7 +134,7 @@ def test_perfect_masks_reproduce_greedy(tiny, oracle, m, T, budget):
 
 
 def test_an_eos_inside_a_block_stops_there(tiny, oracle):
-    free = reference(tiny, PROMPTS[2], 40)
+    free = greedy(tiny, PROMPTS[2], 40)
     eos_at = next(i for i in range(5, 40) if i % 4 and free.token_ids[i] not in free.token_ids[:i])
     bundle = dataclasses.replace(tiny, eos_ids=frozenset({free.token_ids[eos_at]}))
     prompt_ids = tiny.encode(PROMPTS[2])
@@ -204,7 +203,7 @@ def test_rouge_l_and_agreement_on_known_cases():
 
 def test_greedy_output_is_fully_self_consistent_and_scores_the_lowest_nll(tiny):
     prompt_ids = tiny.encode(PROMPTS[1])
-    ref = reference(tiny, PROMPTS[1], 16).token_ids
+    ref = greedy(tiny, PROMPTS[1], 16).token_ids
     own = quality.under_target(tiny, prompt_ids, ref)
     assert own["consistency"] == 1.0
     lossy = generate(tiny, prompt_ids, "mask_predict", 16, m=4, T=1).token_ids
@@ -284,7 +283,7 @@ def test_the_benchmark_scores_lossy_rows_and_plots_quality(tiny, tmp_path):
 @pytest.mark.slow
 def test_the_embedded_model_fills_blocks_whose_first_token_is_greedys(embedded):
     prompt = "Give me three tips for sleeping better."
-    ref = reference(embedded, prompt, 24).token_ids
+    ref = greedy(embedded, prompt, 24).token_ids
     for params in ({"m": 5, "T": 4}, {"m": 3, "T": 1}):
         res = generate(embedded, prompt, "mask_predict", 24, **params)
         assert len(res.token_ids) == 24 and res.token_ids[0] == ref[0]

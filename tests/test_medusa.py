@@ -27,12 +27,11 @@ from test_speculative import (
     next_token_probs,
     one_torch_thread,  # noqa: F401  (autouse: torch runs on one thread here)
     pit,
-    reference,
     two_sample_chi2,
     uniformity_chi2,
 )
 
-from conftest import PROMPTS, assert_greedy
+from conftest import PROMPTS, assert_greedy, greedy
 from decoders import METHODS, InvalidParameter, generate, load_model, stream
 from decoders.core.errors import TraceError
 from decoders.core.events import (
@@ -107,7 +106,7 @@ def fitted(tiny, tmp_path_factory) -> dict[str, MedusaHeads]:
     docs = []
     for prompt in PROMPTS:
         ids = tiny.encode(prompt, chat=False)
-        docs.append(ids + reference(tiny, tuple(ids), 60).token_ids)
+        docs.append(ids + greedy(tiny, tuple(ids), 60).token_ids)
     n = load_heads(tiny).n_heads
     folder = tmp_path_factory.mktemp("medusa")
     out = {"shipped": load_heads(tiny)}
@@ -142,8 +141,7 @@ def run(bundle, prompt, method, budget, heads: MedusaHeads | None = None, **para
 
 def same_as_greedy(bundle, prompt, method, budget, heads=None, **params) -> Result:
     res = run(bundle, prompt, method, budget, heads, **params)
-    prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
-    ref = reference(bundle, tuple(prompt_ids), budget)
+    ref = greedy(bundle, prompt, budget, chat=False)
     assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
     if res.token_ids == ref.token_ids:
         assert res.finish_reason == ref.finish_reason
@@ -529,7 +527,7 @@ def test_sampling_follows_the_target_distribution(tiny, fitted, method, temperat
 def test_lossless_on_the_embedded_model(embedded, method, params):
     prompt = humaneval(0)
     res = generate(embedded, prompt, method, 48, chat=True, **params)
-    ref = reference(embedded, prompt, 48, True)
+    ref = greedy(embedded, prompt, 48, True)
     assert_greedy(embedded, res, ref.token_ids)
     result = Result(res.token_ids, res.finish_reason, res.stats, res.events)
     check_steps(result, method, params, 48, load_heads(embedded).n_heads, embedded.n_layers)

@@ -4,11 +4,12 @@ import dataclasses
 import gzip
 import json
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
 
-from conftest import PROMPTS, assert_greedy
+from conftest import PROMPTS, matches_greedy
 from decoders import METHODS, generate
 from decoders.core.events import Commit, CopySource, Draft, Prefill, Verify
 from decoders.core.sampling import Sampler
@@ -24,13 +25,7 @@ def humaneval(i: int) -> str:
         return [json.loads(line) for line in f][i]["prompt"]
 
 
-def same_as_greedy(bundle, prompt, max_new_tokens, chat=False, **params):
-    res = generate(bundle, prompt, "prompt_lookup", max_new_tokens, chat=chat, **params)
-    ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=chat, record=False)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+same_as_greedy = partial(matches_greedy, method="prompt_lookup", chat=False)
 
 
 def test_lookup_finds_the_longest_match_earliest_or_latest():

@@ -2,11 +2,12 @@
 
 import dataclasses
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
 
-from conftest import PROMPTS, assert_greedy
+from conftest import PROMPTS, matches_greedy
 from decoders import METHODS, generate
 from decoders.core.events import Commit, Draft, DraftStop, Forward, Verify
 from decoders.core.runtime import forward, new_cache
@@ -29,13 +30,7 @@ HELD_OUT = [
 ]
 
 
-def same_as_greedy(bundle, prompt, max_new_tokens, chat=False, **params):
-    res = generate(bundle, prompt, "self_speculative", max_new_tokens, chat=chat, **params)
-    ref = generate(bundle, prompt, "autoregressive", max_new_tokens, chat=chat, record=False)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+same_as_greedy = partial(matches_greedy, method="self_speculative", chat=False)
 
 
 def at(events, cls, step):

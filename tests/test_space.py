@@ -9,6 +9,7 @@ tokens) drives the accept-everything path, and a statistical test checks the sam
 import dataclasses
 import itertools
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -17,12 +18,18 @@ from test_speculative import (
     bin_counts,
     next_token_probs,
     pit,
-    reference,
     uniformity_chi2,
 )
 
 import decoders.methods.space as space
-from conftest import KERNEL_TOL, PROMPTS, assert_greedy, one_thread, oracle_masks
+from conftest import (
+    KERNEL_TOL,
+    PROMPTS,
+    greedy,
+    matches_greedy,
+    one_thread,
+    oracle_masks,
+)
 from decoders import METHODS, InvalidParameter, generate
 from decoders.core import models
 from decoders.core.events import AttentionMask, Commit, Draft, Forward, MaskGroups, Verify
@@ -38,13 +45,7 @@ def one_torch_thread():
         yield
 
 
-def same_as_greedy(bundle, prompt, budget, **params):
-    res = generate(bundle, prompt, "space", budget, **params)
-    ref = reference(bundle, prompt, budget)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+same_as_greedy = partial(matches_greedy, method="space")
 
 
 # --- the layout -----------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def oracle(monkeypatch, tiny):
 @pytest.mark.parametrize(("k", "groups", "budget"), [(3, 3, 40), (3, 2, 23), (2, 2, 7)])
 def test_perfect_guesses_are_all_accepted(tiny, oracle, k, groups, budget):
     prompt_ids = tiny.encode(PROMPTS[1])
-    ref = reference(tiny, PROMPTS[1], budget)
+    ref = greedy(tiny, PROMPTS[1], budget)
     oracle.extend([*prompt_ids, *ref.token_ids])
     res = same_as_greedy(tiny, PROMPTS[1], budget, k=k, groups=groups)
     commits = [e for e in res.events if isinstance(e, Commit)]
@@ -195,7 +196,7 @@ def test_perfect_guesses_are_all_accepted(tiny, oracle, k, groups, budget):
 
 
 def test_an_eos_inside_the_guesses_stops_like_autoregressive(tiny, oracle):
-    free = reference(tiny, PROMPTS[2], 40)
+    free = greedy(tiny, PROMPTS[2], 40)
     # Each step commits 4 guesses and a bonus (output indices 5, 10, ...): stop on a guess.
     eos_at = next(i for i in range(6, 40) if i % 5 and free.token_ids[i] not in free.token_ids[:i])
     bundle = dataclasses.replace(tiny, eos_ids=frozenset({free.token_ids[eos_at]}))
@@ -210,7 +211,7 @@ def test_an_eos_inside_the_guesses_stops_like_autoregressive(tiny, oracle):
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 5])
 def test_guesses_never_run_past_the_budget(tiny, oracle, budget):
-    ref = reference(tiny, PROMPTS[0], budget)
+    ref = greedy(tiny, PROMPTS[0], budget)
     oracle.extend([*tiny.encode(PROMPTS[0]), *ref.token_ids, *ref.token_ids])
     res = same_as_greedy(tiny, PROMPTS[0], budget, k=3, groups=3)
     for d in (e for e in res.events if isinstance(e, Draft)):
@@ -446,7 +447,7 @@ def test_the_relay_and_the_real_mask_are_drawn_for_every_step(tiny, oracle):
     from visualizer.panels import extra_panels, method_panel
     from visualizer.space_view import RELAY_STATUS, relay
 
-    ref = reference(tiny, PROMPTS[1], 20)
+    ref = greedy(tiny, PROMPTS[1], 20)
     oracle.extend([*tiny.encode(PROMPTS[1]), *ref.token_ids[:9]])  # right, then on its own
     res = same_as_greedy(tiny, PROMPTS[1], 20, k=3)
     texts = {t: tiny.tokenizer.decode([t]) for e in res.events for t in _ids(e)}
@@ -502,8 +503,6 @@ def test_a_saved_adapter_loads_back_to_the_same_guesses(tiny, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(("prompt", "chat"), [(PROMPTS[0], False)])  # raw code; chat: test_lossless
 def test_lossless_on_the_embedded_model(embedded, prompt, chat):
-    ref = generate(embedded, prompt, "autoregressive", 48, chat=chat, record=False)
     for params in ({}, {"k": 2, "groups": 1}, {"groups": 2}):
-        res = generate(embedded, prompt, "space", 48, chat=chat, **params)
-        assert_greedy(embedded, res, ref.token_ids)
+        res = same_as_greedy(embedded, prompt, 48, chat=chat, **params)
     assert res.stats["tokens_per_target_forward"] > 1.0  # the trained guesses are sometimes right

@@ -8,12 +8,13 @@ target's exact next-token distribution with a randomised probability integral tr
 
 import dataclasses
 from collections import defaultdict
+from functools import partial
 
 import pytest
 import torch
 from test_prompt_lookup import humaneval
 
-from conftest import PROMPTS, assert_greedy, one_thread
+from conftest import PROMPTS, matches_greedy, one_thread
 from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
 from decoders.core import costs
 from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Verify
@@ -31,19 +32,6 @@ BINS = 10
 def one_torch_thread():
     with one_thread():
         yield
-
-
-_references: dict = {}
-
-
-def reference(bundle, prompt, max_new_tokens, chat=None):
-    """Autoregressive greedy on the same bundle (EOS set included), computed once per case."""
-    key = (bundle.model_id, bundle.eos_ids, prompt, max_new_tokens, chat)
-    if key not in _references:
-        _references[key] = generate(
-            bundle, prompt, "autoregressive", max_new_tokens, chat=chat, record=False
-        )
-    return _references[key]
 
 
 def by_step(res) -> dict[int, dict]:
@@ -103,17 +91,11 @@ def check_steps(res, gamma, schedule, budget, self_layers=None, n_layers=4):
     assert done == len(res.token_ids) <= budget
 
 
+same_as_greedy = partial(matches_greedy, method="speculative")
+
+
 def res_eos(res):
     return {res.token_ids[-1]} if res.finish_reason == "eos" else set()
-
-
-def same_as_greedy(bundle, prompt, max_new_tokens, chat=None, **params):
-    res = generate(bundle, prompt, "speculative", max_new_tokens, chat=chat, **params)
-    ref = reference(bundle, prompt, max_new_tokens, chat)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
 
 
 # --- greedy: lossless -------------------------------------------------------------------------------

@@ -17,12 +17,11 @@ from test_speculative import (
     next_token_probs,
     one_torch_thread,  # noqa: F401  (autouse: torch runs on one thread here)
     pit,
-    reference,
     two_sample_chi2,
     uniformity_chi2,
 )
 
-from conftest import PROMPTS, assert_greedy
+from conftest import PROMPTS, matches_greedy
 from decoders import InvalidParameter, generate, load_model, stream
 from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.events import Commit, Draft, Forward, Verify
@@ -526,12 +525,7 @@ def check_tree_steps(res, budget, params, self_layers=None, n_layers=4):
 def same_as_greedy(bundle, prompt, max_new_tokens, chat=None, **params):
     # The drafter's tree alone unless a test asks for the copied branch (the defaults graft one).
     params = {"lookup": 0, "trust": 0, **params}
-    res = generate(bundle, prompt, "token_tree", max_new_tokens, chat=chat, **params)
-    ref = reference(bundle, prompt, max_new_tokens, chat)
-    assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
-    if res.token_ids == ref.token_ids:
-        assert res.finish_reason == ref.finish_reason
-    return res
+    return matches_greedy(bundle, prompt, max_new_tokens, "token_tree", chat, **params)
 
 
 CASES = [(shape, draft) for draft in DRAFTS for shape in SHAPES]
