@@ -912,14 +912,14 @@ def test_the_lookup_branch_on_the_embedded_model(embedded, task):
     prompt_ids = embedded.encode(humaneval(task), chat=True)
     # Fixed size: the whole copied chain is grafted (size=cost would cut it where it stops paying).
     kw = dict(draft="eagle", size="fixed")
-    plain = generate(embedded, prompt_ids, "token_tree", 96, lookup=0, trust=0, **kw)
-    both = generate(embedded, prompt_ids, "token_tree", 96, lookup=10, trust=0, **kw)
-    trusting = generate(embedded, prompt_ids, "token_tree", 96, lookup=10, trust=3, **kw)
-    ref = generate(embedded, prompt_ids, "autoregressive", 96)
+    plain = generate(embedded, prompt_ids, "token_tree", 64, lookup=0, trust=0, **kw)
+    both = generate(embedded, prompt_ids, "token_tree", 64, lookup=10, trust=0, **kw)
+    trusting = generate(embedded, prompt_ids, "token_tree", 64, lookup=10, trust=3, **kw)
+    ref = generate(embedded, prompt_ids, "autoregressive", 64)
     assert plain.token_ids == both.token_ids == trusting.token_ids == ref.token_ids
     # (the defaults, sized with copies cut, on code: tests/test_tour.py re-runs them)
-    copies = check_lookup_branch(both, prompt_ids, 96, 10)
-    trusted = check_lookup_branch(trusting, prompt_ids, 96, 10, trust=3)
+    copies = check_lookup_branch(both, prompt_ids, 64, 10)
+    trusted = check_lookup_branch(trusting, prompt_ids, 64, 10, trust=3)
     assert sum(trusted.values()) >= 10
     assert trusting.stats["draft_forwards"] < both.stats["draft_forwards"]
     # Code repeats its own identifiers: the copied branch is kept often, and the target needs
