@@ -200,6 +200,37 @@ def test_no_second_guess_on_too_little_evidence_or_when_asked_not_to(tiny, monke
     assert not costs.second_guess_price(tiny, far_off)
 
 
+def test_a_comparison_waits_for_a_measure_under_way(tiny, monkeypatch):
+    """Compare's timed rounds (hold_prices) start only once a re-measure that began before them
+    has finished: its forwards would slow whichever run they overlapped."""
+    from decoders.core import costs
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow_measure(bundle, again=False):
+        started.set()
+        release.wait(30)
+
+    monkeypatch.setattr(costs, "calibrate", slow_measure)
+    measure = costs.calibrate_in_background(tiny, again=True)
+    assert measure is not None and started.wait(30)
+    assert costs.calibrate_in_background(tiny, again=True) is None  # one at a time
+    timed = threading.Event()
+
+    def compare() -> None:
+        with costs.hold_prices():
+            timed.set()
+
+    rounds = threading.Thread(target=compare)
+    rounds.start()
+    assert not timed.wait(0.5)  # held while the measure runs
+    release.set()
+    assert timed.wait(30)
+    rounds.join(30)
+    measure.join(30)
+    assert costs._held == 0 and id(tiny.model) not in costs._measuring
+
+
 def test_the_page_prices_a_model_when_it_loads_not_inside_a_run(tiny, monkeypatch):
     from decoders.core import costs
     from ui import models

@@ -99,19 +99,19 @@ def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> thre
     """`calibrate` on a daemon thread, unless this model's prices are stored (and not `again`)
     or being measured already."""
     key = id(bundle.model)
-    with _cost_lock:
-        if (key in _input_costs and not again) or key in _remeasuring:
-            return None
-        _remeasuring.add(key)
 
     def run() -> None:
         try:
             calibrate(bundle, again=again)
         finally:
             with _cost_lock:
-                _remeasuring.discard(key)
+                _measuring.pop(key, None)
 
-    thread = threading.Thread(target=run, name="decoding-lab-calibrate", daemon=True)
+    with _cost_lock:
+        if (key in _input_costs and not again) or key in _measuring:
+            return None
+        thread = threading.Thread(target=run, name="decoding-lab-calibrate", daemon=True)
+        _measuring[key] = thread
     thread.start()
     return thread
 
@@ -127,7 +127,7 @@ MIN_OBSERVED = 8
 # forwards implied a price 5x too low and set off a re-measure after almost every run.
 MIN_WIDTH = 8
 MIN_TIMED_MS = 5.0
-_remeasuring: set[int] = set()
+_measuring: dict[int, threading.Thread] = {}  # per model: its measure under way (one at a time)
 # "0" keeps every price as first measured: what a process that compares runs with each other
 # needs (the test suite: a run alone and the same run among others must size the same trees).
 REPRICE_ENV = "DECODING_LAB_REPRICE"
@@ -143,17 +143,22 @@ def implied_input_cost(bundle: ModelBundle, forwards: Sequence[tuple[int, float]
 
 
 _held = 0  # comparisons in progress: while any runs, no re-measure starts (hold_prices)
+HOLD_WAIT_S = 60.0  # how long a comparison waits for a measure already under way
 
 
 @contextlib.contextmanager
 def hold_prices() -> Iterator[None]:
     """No background re-measure while this is open: a comparison's runs are timed side by side,
     and a re-measure beside them would slow whichever ran next (Compare's rounds; the
-    benchmark, a process of its own, sets DECODING_LAB_REPRICE=0 instead)."""
+    benchmark, a process of its own, sets DECODING_LAB_REPRICE=0 instead). A measure already
+    under way when it opens is waited for first (up to HOLD_WAIT_S), for the same reason."""
     global _held
     with _cost_lock:
         _held += 1
+        under_way = list(_measuring.values())
     try:
+        for thread in under_way:
+            thread.join(timeout=HOLD_WAIT_S)
         yield
     finally:
         with _cost_lock:
