@@ -213,21 +213,25 @@ def test_a_comparison_waits_for_a_measure_under_way(tiny, monkeypatch):
 
     monkeypatch.setattr(costs, "calibrate", slow_measure)
     measure = costs.calibrate_in_background(tiny, again=True)
-    assert measure is not None and started.wait(30)
-    assert costs.calibrate_in_background(tiny, again=True) is None  # one at a time
-    timed = threading.Event()
+    timed, during = threading.Event(), []
 
     def compare() -> None:
         with costs.hold_prices():
             timed.set()
+            during.append(costs.calibrate_in_background(tiny, again=True))
 
     rounds = threading.Thread(target=compare)
-    rounds.start()
-    assert not timed.wait(0.5)  # held while the measure runs
-    release.set()
+    try:
+        assert measure is not None and started.wait(30)
+        assert costs.calibrate_in_background(tiny, again=True) is None  # one at a time
+        rounds.start()
+        assert not timed.wait(0.5)  # held while the measure runs
+    finally:
+        release.set()
     assert timed.wait(30)
     rounds.join(30)
     measure.join(30)
+    assert during == [None]  # no re-measure starts while a comparison holds the prices
     assert costs._held == 0 and id(tiny.model) not in costs._measuring
 
 

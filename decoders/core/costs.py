@@ -96,8 +96,8 @@ def calibrate(bundle: ModelBundle, *, again: bool = False) -> dict[str, float]:
 
 
 def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> threading.Thread | None:
-    """`calibrate` on a daemon thread, unless this model's prices are stored (and not `again`)
-    or being measured already."""
+    """`calibrate` on a daemon thread, unless this model's prices are stored (and not `again`),
+    being measured already, or (`again`) a comparison holds the prices (hold_prices)."""
     key = id(bundle.model)
 
     def run() -> None:
@@ -107,12 +107,12 @@ def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> thre
             with _cost_lock:
                 _measuring.pop(key, None)
 
-    with _cost_lock:
-        if (key in _input_costs and not again) or key in _measuring:
+    with _cost_lock:  # one decision with hold_prices': it waits for this thread, or none starts
+        if (key in _input_costs and not again) or key in _measuring or (again and _held):
             return None
         thread = threading.Thread(target=run, name="decoding-lab-calibrate", daemon=True)
         _measuring[key] = thread
-    thread.start()
+        thread.start()  # started before anyone can join it (run takes the lock only to finish)
     return thread
 
 

@@ -127,8 +127,9 @@ class MaskAdapter(nn.Module):
         the group's first base projection (q, o, gate, down), so they cost no op of their own:
         on this repo's 2-core CPU the ops, not the arithmetic, were what a 9-input SPACE forward
         paid for its adapter. That linear is a second, packed-only copy of those weights (~0.3 GB
-        for the embedded model); a real row's outputs are the same bits as the base linear's (the
-        kernel reduces each output over the same inputs in the same order; tested). The other
+        for the embedded model); a real row's outputs are the same bits as the base linear's when
+        both are packed, as every layer of the embedded model is (the kernel reduces each output
+        over the same inputs in the same order; tested). The other
         base projections (k, v, up) stay the model's own, so a layer runs as many base linears
         as a plain forward does: the speedup over autoregressive owes nothing to stacking base
         weights (stacking q, k, v and gate, up too would make every forward ~5% cheaper, the
@@ -170,7 +171,8 @@ class MaskAdapter(nn.Module):
 
 def _stacked(base: nn.Module, a: torch.Tensor) -> PackedLinear:
     """One packed linear computing [base(x), A x]: the base's weight with A's rows under it (A
-    adds no bias). Only the packed copy is kept."""
+    adds no bias). Only the packed copy is kept (a stacked weight of at most MIN_PACKED weights,
+    a tiny test model's, is not packed and stays as it is)."""
     weight = torch.cat([base.weight, a])
     linear = nn.Linear(*weight.shape[::-1], bias=base.bias is not None, device="meta")
     linear.weight = nn.Parameter(weight, requires_grad=False)
