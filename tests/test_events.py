@@ -60,7 +60,7 @@ SAMPLES = [
     LayerExit(10, 15, 27, 30, (), (), 0.0, "hash"),
     Commit(9, (4,), ("exit",), (0.97,)),
     CatchUp(11, (14, 15), (True, False), 0.85),
-    Priced(0, 0.0391, 0.2231, 23.1, (1.0, 1.02, 1.02, 1.31)),
+    Priced(0, 0.0391, 0.2231, 23.1),
     Forward(1, "verify", 6, 30, 20.0, 2, 1),  # resumed at an exit, layer 2: one input ran 1..2
     Done("eos", {"new_tokens": 2, "acceptance_by_position": [1.0]}),
 ]

@@ -503,7 +503,7 @@ def pin_prices(trace: Trace) -> None:
     bundle = get_bundle(EMBEDDED_ID)
     for e in trace.events:
         if isinstance(e, Priced):
-            costs.set_prices(bundle, e.input_cost, e.forward_ms, e.widths)
+            costs.set_prices(bundle, e.input_cost, e.forward_ms)
             if e.draft_cost:
                 token_tree.set_draft_cost(
                     bundle, trace.meta["params"].get("draft", "auto"), e.draft_cost

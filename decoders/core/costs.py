@@ -1,9 +1,7 @@
 """What drafts cost on this machine, measured: one more verified input and one draft forward as
-fractions of a one-token target forward, and, when asked for, the whole width curve (what a
-forward of w inputs costs, for every w up to WIDTHS). Tree and chain drafts are sized by these prices (`pays`: is a
-node worth its input?; `best_size`: how many nodes make the most tokens per unit of time on the
-curve). A model is priced when it loads (`calibrate`; the app does it in the background), and
-priced again when a sized run's own forwards disagree."""
+fractions of a one-token target forward. Tree and chain drafts are sized by these prices
+(`pays`: is a node worth its input?). A model is priced when it loads (`calibrate`; the app does
+it in the background), and priced again when a sized run's own forwards disagree."""
 
 from __future__ import annotations
 
@@ -20,10 +18,6 @@ from decoders.core.runtime import crop_cache, forward, new_cache
 
 _input_costs: dict[int, float] = {}
 _forward_ms: dict[int, float] = {}
-_width_costs: dict[int, tuple[float, ...]] = {}
-# The width curve is measured for forwards of 1..WIDTHS inputs (a root and 24 nodes, the token
-# tree's default cap); wider forwards extend it at the per-input price.
-WIDTHS = 25
 _cost_lock = threading.Lock()
 
 
@@ -58,87 +52,6 @@ def _measure_input_cost(
     return max(0.0, statistics.median(rounds)), statistics.median(ones)
 
 
-def _measure_widths(bundle: ModelBundle, context: int = 64, repeats: int = 5) -> tuple[float, ...]:
-    """The width curve, measured now (see width_costs): every width from 1 to WIDTHS takes its
-    turn in each round; each width's cost is the median of its ratio to its round's one-token
-    forward."""
-    times = _timed_forwards(bundle, context, range(1, WIDTHS + 1), repeats)
-    ratios = [
-        statistics.median(m / max(o, 1e-6) for o, m in zip(times[0], many, strict=True))
-        for many in times[1:]
-    ]
-    return monotone([1.0, *ratios])
-
-
-def monotone(values: Sequence[float]) -> tuple[float, ...]:
-    """The closest non-decreasing sequence to `values` (least squares: pool adjacent violators).
-    A wider forward never costs less than a narrower one; a noisy median that says so is pooled
-    with its neighbours."""
-    blocks: list[list[float]] = []  # [sum, count] per pooled block
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return tuple(round(total / count, 4) for total, count in blocks for _ in range(int(count)))
-
-
-def width_costs(bundle: ModelBundle) -> tuple[float, ...]:
-    """What a forward of 1, 2, ..., WIDTHS inputs costs on this machine, in one-token forwards
-    (after a 64-token cache), measured once per loaded model when first asked for (token_tree's
-    size=curve), as robustly as the per-input price: the widths take turns round by round, and
-    the medians are made non-decreasing (`monotone`).
-
-    Not a straight line on a CPU: the matrix kernels take the inputs in blocks (6 rows at a time
-    on an AVX2 box: 6 inputs measured 1.16-1.32 one-token forwards, 7 1.29-1.53), so a tree of 5
-    nodes costs about what 1 does, and a sixth node what the next five do. `best_size` sizes a
-    tree on this curve; a straight line grows trees that pay for a block and leave it part empty.
-    About 150 forwards to measure (14-28 s beside the embedded model on a 2-core CPU), which is
-    why it is measured only for runs that ask for it."""
-    key = id(bundle.model)
-    with _cost_lock:
-        if key not in _width_costs:
-            _width_costs[key] = _measure_widths(bundle)
-        return _width_costs[key]
-
-
-def forward_cost(curve: Sequence[float], price: float, width: int) -> float:
-    """What a forward of `width` inputs costs, in one-token forwards: the measured `curve` where
-    it reaches, and `price` per input past its end (the straight line 1 + price·(width - 1) when
-    no curve is known)."""
-    if not curve:
-        return 1.0 + price * (width - 1)
-    if width <= len(curve):
-        return curve[max(width, 1) - 1]
-    return curve[-1] + price * (width - len(curve))
-
-
-def best_size(
-    scores: Sequence[float],
-    curve: Sequence[float],
-    price: float,
-    *,
-    spent: float = 0.0,
-    before: int = 1,
-    gained: float = 0.0,
-) -> int:
-    """How many of `scores` (descending chances of acceptance) to verify for the most tokens per
-    unit of step time on the width curve: the n maximising (1 + gained + the first n scores) /
-    (forward_cost(before + n) + spent), where `before` inputs (the root, nodes already chosen)
-    are in the forward and `gained` is what they are expected to yield. The first best (the
-    fewest nodes) on ties. On a straight line this is where `pays` stops; on a curve with steps
-    it fills a block the forward pays for anyway, or stops short of a new one."""
-    best_n, best, total = 0, -1.0, 1.0 + gained
-    for n in range(len(scores) + 1):
-        if n:
-            total += scores[n - 1]
-        rate = total / (forward_cost(curve, price, before + n) + spent)
-        if rate > best + 1e-12:
-            best_n, best = n, rate
-    return best_n
-
-
 def forward_ms(bundle: ModelBundle) -> float:
     """Wall milliseconds of a one-token forward of this model on this machine (after a 64-token
     cache), measured once per loaded model: what a draft forward's time is weighed against."""
@@ -149,38 +62,21 @@ def forward_ms(bundle: ModelBundle) -> float:
         return _forward_ms[key]
 
 
-def measured_costs(bundle: ModelBundle) -> dict[str, float | list[float]]:
-    """What this process has measured of `bundle`'s costs so far (`input_cost`, `forward_ms`,
-    `widths`: the width curve), measuring nothing: a benchmark records the prices its trees were
-    sized by."""
+def measured_costs(bundle: ModelBundle) -> dict[str, float]:
+    """What this process has measured of `bundle`'s costs so far (`input_cost`, `forward_ms`),
+    measuring nothing: a benchmark records the prices its trees were sized by."""
     key = id(bundle.model)
     with _cost_lock:
         found = {"input_cost": _input_costs.get(key), "forward_ms": _forward_ms.get(key)}
-        curve = _width_costs.get(key)
-    out: dict[str, float | list[float]] = {
-        k: round(v, 4) for k, v in found.items() if v is not None
-    }
-    if curve:
-        out["widths"] = list(curve)
-    return out
+    return {k: round(v, 4) for k, v in found.items() if v is not None}
 
 
-def set_prices(
-    bundle: ModelBundle,
-    input_cost: float,
-    forward_ms: float,
-    widths: Sequence[float] = (),
-) -> None:
+def set_prices(bundle: ModelBundle, input_cost: float, forward_ms: float) -> None:
     """Price `bundle` as given instead of measuring (a recorded run's prices: its trees then grow
-    again as they grew when it was recorded). No `widths` (a run recorded before the width curve
-    was measured, or not sized on it): the curve is measured when a run asks for it."""
+    again as they grew when it was recorded)."""
     with _cost_lock:
         _input_costs[id(bundle.model)] = input_cost
         _forward_ms[id(bundle.model)] = forward_ms
-        if widths:
-            _width_costs[id(bundle.model)] = tuple(widths)
-        else:
-            _width_costs.pop(id(bundle.model), None)
 
 
 def calibrate(bundle: ModelBundle, *, again: bool = False) -> dict[str, float]:
@@ -194,10 +90,6 @@ def calibrate(bundle: ModelBundle, *, again: bool = False) -> dict[str, float]:
         with _cost_lock:
             _input_costs[id(bundle.model)] = price
             _forward_ms[id(bundle.model)] = one
-        if _width_costs.get(id(bundle.model)):  # a curve in use is measured again too
-            curve = _measure_widths(bundle)
-            with _cost_lock:
-                _width_costs[id(bundle.model)] = curve
     input_cost(bundle)
     forward_ms(bundle)
     return measured_costs(bundle)

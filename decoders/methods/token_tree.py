@@ -36,7 +36,7 @@ from typing import ClassVar
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
-from decoders.core.costs import best_size, forward_ms, input_cost, pays, width_costs
+from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.drafter import Drafter
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Draft, Event, Forward, Priced
@@ -75,11 +75,9 @@ PARAMS = (
         "cost",
         "dynamic: cost = verify only the nodes worth their price on this machine (a node joins "
         "while its path probability beats what one more input costs a forward here, measured "
-        "once per model) and stop growing when no deeper node could; curve = as cost, but keep "
-        "as many nodes as make the most tokens per unit of time on this machine's measured cost "
-        "of a forward of each width (a CPU takes inputs in blocks: fill the block a forward "
-        "pays for); a number = assume that cost per input (a fraction of a one-token forward: "
-        "0 keeps every node, as on a GPU); fixed = always the `nodes` most confident",
+        "once per model) and stop growing when no deeper node could; a number = assume that "
+        "cost per input (a fraction of a one-token forward: 0 keeps every node, as on a GPU); "
+        "fixed = always the `nodes` most confident",
     ),
     Param(
         "choices",
@@ -209,14 +207,11 @@ def grow_dynamic(
     keep: int,
     cost: float | None = None,
     draft: float = 0.0,
-    curve: Sequence[float] = (),
 ) -> TreeDraft:
     """EAGLE-2: expand the top_k most confident frontier nodes per depth, then rerank globally.
 
     cost (size=cost): what one more verified input costs, as a fraction of a one-token forward.
-    Then only the nodes worth it are kept (at least the most probable one): as many as make the
-    most tokens per unit of time on the machine's width `curve` (costs.best_size) when it is
-    known, else while each pays for its input (`worth`). A level is
+    Then only the nodes worth it are kept (`worth`; at least the most probable one). A level is
     expanded only while it is worth its draft forward too: the children it should bring (the
     expanded nodes' path probabilities × how sure the drafter has been this step) must beat what
     that forward (`draft`, in one-token target forwards) and their inputs cost at the step's
@@ -242,9 +237,7 @@ def grow_dynamic(
     kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))[:keep]
     if cost is not None:  # the best guess is always checked: one input, and a step to show
         spent = draft * len(grower.events)
-        scores = [tree.score[n] for n in kept]
-        fit = best_size(scores, curve, cost, spent=spent) if curve else worth(scores, cost, spent)
-        kept = kept[: max(1, fit)]
+        kept = kept[: max(1, worth([tree.score[n] for n in kept], cost, spent))]
     return _subtree(tree, sorted(kept))
 
 
@@ -414,25 +407,11 @@ class CopyRates:
         (a, seen), (b, after) = self._first(n), self.then
         return a / seen * (b / after) ** k
 
-    def cut(
-        self,
-        tree: TreeDraft,
-        branch: Sequence[int],
-        n: int,
-        cost: float,
-        curve: Sequence[float] = (),
-        spent: float = 0.0,
-    ) -> list[int]:
+    def cut(self, tree: TreeDraft, branch: Sequence[int], n: int, cost: float) -> list[int]:
         """The prefix of `branch` worth grafting onto `tree`: what the tree already spells is free;
-        the further copies join as far as makes the most tokens per unit of time beside the
-        tree's nodes on the width `curve` (costs.best_size; `spent`: the drafting done this
-        step), or, with no curve, while each `pays`."""
+        each further copy joins while it `pays` beside the tree's nodes."""
         k = len(spelled(tree, branch))
         total, count = sum(tree.score), len(tree.tokens)
-        if curve:
-            scores = [self.score(n, j) for j in range(k, len(branch))]
-            fit = best_size(scores, curve, cost, spent=spent, before=1 + count, gained=total)
-            return list(branch[: k + fit])
         while k < len(branch) and pays(self.score(n, k), total, count, cost):
             total, count, k = total + self.score(n, k), count + 1, k + 1
         return list(branch[:k])
@@ -497,7 +476,7 @@ def node_cost(bundle: ModelBundle, size: str) -> float | None:
     """The per-input verification cost `size` asks for; None = fixed size. Raises on a bad value."""
     if size == "fixed":
         return None
-    if size in ("cost", "curve"):
+    if size == "cost":
         return input_cost(bundle)
     try:
         cost = float(size)
@@ -505,14 +484,14 @@ def node_cost(bundle: ModelBundle, size: str) -> float | None:
         cost = -1.0
     if not 0.0 <= cost <= 10.0:
         raise InvalidParameter(
-            f"size {size!r}: expected 'cost', 'curve', 'fixed' or a cost per input between 0 and 10"
+            f"size {size!r}: expected 'cost', 'fixed' or a cost per input between 0 and 10"
         )
     return cost
 
 
 def check(bundle: ModelBundle, params) -> None:
     check_draft(bundle, params)
-    if params["size"] not in ("cost", "curve", "fixed"):
+    if params["size"] not in ("cost", "fixed"):
         node_cost(bundle, params["size"])
     if params["shape"] == "static":
         parse_choices(params["choices"])
@@ -526,18 +505,15 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     cache = new_cache(bundle)
     drafter = make_drafter(p["draft"], bundle, cache)
     cost = node_cost(bundle, p["size"]) if p["shape"] == "dynamic" else None
-    # size=cost prices the drafting too (size=curve as well, and sizes on the measured width
-    # curve); a cost given by number prices inputs only, on a straight line
-    measured = cost is not None and p["size"] in ("cost", "curve")
-    draft = draft_cost(bundle, p["draft"]) if measured else 0.0
-    curve = width_costs(bundle) if cost is not None and p["size"] == "curve" else ()
+    # size=cost prices the drafting too; a cost given by number prices inputs only
+    draft = draft_cost(bundle, p["draft"]) if cost is not None and p["size"] == "cost" else 0.0
     rates = {source: CopyRates(source) for source in CopyRates.PRIORS}
     found = retriever(bundle, prompt_ids, "auto") if p["lookup"] and p["copy"] == "sam" else None
     recycled = adjacency(bundle) if p["recycle"] else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     if cost is not None:  # what the tree is sized by here, for the run's record
-        yield Priced(0, round(cost, 5), round(draft, 5), forward_ms(bundle), curve)
+        yield Priced(0, round(cost, 5), round(draft, 5), forward_ms(bundle))
     step = 0
     while not budget.done:
         step += 1
@@ -549,7 +525,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         name = COPY_NAMES[source] if copied else ""
         if copied and p["trust"] and n >= p["trust"] and source != "datastore":
             if cost is not None:
-                copied = rates[source].cut(tree, copied, n, cost, curve)
+                copied = rates[source].cut(tree, copied, n, cost)
             grafted = graft(tree, copied)  # a long match: the copied chain alone is the draft
             label = f"{name} (n={n}, trusted: drafter skipped)"
         elif depth_cap > 0:
@@ -560,14 +536,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
             else:
                 tree = grow_dynamic(
-                    grower,
-                    x,
-                    min(p["depth"], depth_cap),
-                    p["top_k"],
-                    p["nodes"],
-                    cost,
-                    draft,
-                    curve,
+                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost, draft
                 )
             drafter.end()
             yield from grower.events
@@ -578,8 +547,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 if more:
                     label += f" + token recycling ({more} nodes)"
             if copied and cost is not None:
-                spent = draft * len(grower.events)
-                copied = rates[source].cut(tree, copied, n, cost, curve, spent)
+                copied = rates[source].cut(tree, copied, n, cost)
             if copied:
                 grafted = graft(tree, copied)
                 label += f" + {name} (n={n}, {grafted} new nodes)"

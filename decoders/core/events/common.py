@@ -253,16 +253,13 @@ class Priced(Event):
     this machine measured it (costs.calibrate, at model load; re-measured when a run's own
     forwards disagree): `input_cost` = one more verified input, as a fraction of a one-token
     target forward; `draft_cost` = one draft forward, in one-token target forwards (0: not
-    priced); `forward_ms` = the one-token forward those are fractions of; `widths[w - 1]` = what
-    a forward of w inputs cost (costs.width_costs; empty: sized on the straight line of
-    `input_cost`, as runs were before the curve was measured)."""
+    priced); `forward_ms` = the one-token forward those are fractions of."""
 
     type: ClassVar[str] = "Priced"
     step: int
     input_cost: float
     draft_cost: float = 0.0
     forward_ms: float = 0.0
-    widths: tuple[float, ...] = ()
 
     def check(self, c: TraceCheck, where: str) -> None:
         c.need(
@@ -270,11 +267,6 @@ class Priced(Event):
             and math.isfinite(self.forward_ms)
             and self.forward_ms >= 0.0,
             f"{where}: costs must be finite, in 0..100 forwards, and forward_ms >= 0",
-        )
-        c.need(
-            all(math.isfinite(v) and 0.0 < v <= 100.0 for v in self.widths)
-            and all(a <= b for a, b in zip(self.widths, self.widths[1:], strict=False)),
-            f"{where}: widths must be costs in (0, 100] forwards that never fall as forwards widen",
         )
 
 
