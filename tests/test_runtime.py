@@ -174,6 +174,28 @@ def test_packed_linear_matches_torch_linear():
     assert small_only.weight is not None  # its only copy: a small layer keeps its weight
 
 
+@pytest.mark.parametrize("packable", [True, False])
+def test_a_bfloat16_linear_runs_where_onednn_cannot_pack_it(monkeypatch, packable):
+    """oneDNN packs bfloat16 weights only on AVX512 / AVX-NE-CONVERT CPUs and raises on AVX2 ones
+    (a 2-core AMD EPYC): there a bfloat16 head's linears run through F.linear instead."""
+    from decoders.core import packing
+
+    if not packing.available():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    if packable and not packing.bf16_packable():
+        pytest.skip("oneDNN cannot pack bfloat16 weights on this CPU")
+    monkeypatch.setattr(packing, "bf16_packable", lambda: packable)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(300, 256).bfloat16()
+    x = torch.randn(2, 5, 300).bfloat16()
+    expected = linear(x)
+    packed = packing.PackedLinear(linear)
+    assert (packed.packed_weight is not None) is packable
+    assert ("cannot pack" in repr(packed)) is not packable
+    with torch.inference_mode():
+        assert torch.allclose(packed(x).float(), expected.float(), atol=5e-2)
+
+
 def test_drafting_heads_run_in_bfloat16_only_beside_float32_on_a_cpu_that_has_it(monkeypatch):
     from decoders.core import packing
 

@@ -19,6 +19,7 @@ decides; `DECODING_LAB_DRAFT_BF16=0` keeps drafts in float32.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -70,6 +71,22 @@ def available() -> bool:
         return False
 
 
+@functools.cache
+def bf16_packable() -> bool:
+    """Whether oneDNN packs bfloat16 weights on this CPU: it needs AVX512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and raises on an AVX2-only CPU (seen on a 2-core AMD EPYC). Probed once with a
+    small weight, as `available` probes float32."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(16, 8, generator=g).bfloat16()
+        x = torch.randn(3, 8, generator=g).bfloat16()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT)
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return bool(torch.allclose(y.float(), (x @ w.T).float(), atol=1e-1))
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class PackedLinear(nn.Module):
     """A frozen `nn.Linear` whose weight lives in oneDNN's packed layout. The packed op has no
     backward, so an input that needs gradients (training an adapter that feeds this layer, e.g.
@@ -82,7 +99,10 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        small = linear.weight.numel() <= MIN_PACKED
+        # Small weights, and bfloat16 ones where oneDNN cannot pack them, run through F.linear.
+        small = linear.weight.numel() <= MIN_PACKED or (
+            linear.weight.dtype == torch.bfloat16 and not bf16_packable()
+        )
         packed = None
         if not small:
             with torch.no_grad():
@@ -106,7 +126,12 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        how = "packed" if self.packed_weight is not None else "small: not packed"
+        if self.packed_weight is not None:
+            how = "packed"
+        elif self.weight is not None and self.weight.numel() > MIN_PACKED:
+            how = "bfloat16, which oneDNN cannot pack on this CPU: not packed"
+        else:
+            how = "small: not packed"
         return f"in_features={self.in_features}, out_features={self.out_features}, {how}"
 
 
