@@ -41,6 +41,13 @@ from ui.tour import (
 from ui.traces import check_trace
 
 
+def drafting_dtype() -> str:
+    """The dtype trained drafting heads run in on this machine, beside the float32 target."""
+    from decoders.core.packing import draft_dtype
+
+    return str(draft_dtype(torch.device("cpu"), torch.float32)).removeprefix("torch.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="stop keys to record (default: all + side by side)")
@@ -71,6 +78,9 @@ def main() -> None:
         "rounds": ROUNDS,
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
         "threads": torch.get_num_threads(),
+        # trained heads draft in this dtype here (packing.draft_dtype): a machine that drafts in
+        # another makes other trees, and tests/test_tour.py then checks those stops more loosely
+        "draft_dtype": drafting_dtype(),
         "recorded": time.strftime("%Y-%m-%d"),
         "rows": last.rows,
     }

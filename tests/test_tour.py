@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
+import torch
 
 from decoders import METHODS
 from decoders.core.events import Done, Event, Forward, Prefill, Priced
 from decoders.core.models import EMBEDDED_ID
+from decoders.core.packing import draft_dtype
 from ui.compare import work_of
 from ui.live import run_to_end
 from ui.tour import (
@@ -140,14 +142,27 @@ def skeleton(events: list[Event]) -> list[tuple]:
     return out
 
 
+# The stops whose drafts come from a trained head (EAGLE, Kangaroo's adapter, Medusa's heads),
+# which runs in packing.draft_dtype: on an AVX2-only CPU (float32 drafts against the recordings'
+# bfloat16) exactly the first five re-ran to other steps, lossless all the same.
+HEAD_DRAFTED = {"token_tree", "kangaroo", "medusa", "blockwise", "relaxed", "speculative"}
+
+
 @pytest.mark.slow
 def test_every_recording_is_what_the_decoders_make_now():
-    """Re-run each stop on the embedded model: the same decisions as recorded, step by step;
+    """Re-run each stop on the embedded model: the same decisions as recorded, step by step
+    (for a head-drafted stop, where this machine drafts in the recording's dtype);
     every lossless stop identical to greedy (the autoregressive stop, re-run first); the drafting
     methods above one token per forward on this code prompt. A failure means: re-run
     `python scripts/make_tour.py`."""
     greedy: list[int] = []
-    stale = []
+    stale, other_drafts = [], []
+    # The recordings' heads drafted in the recording machine's dtype (bfloat16 where the CPU
+    # multiplies it natively). A machine that drafts in another (float32 on an AVX2-only CPU)
+    # grows other trees from slightly other draft probabilities: a stop whose steps differ there
+    # still has to be lossless and to draft, but is not called stale.
+    here = str(draft_dtype(torch.device("cpu"), torch.float32)).removeprefix("torch.")
+    same_drafts = side_by_side().get("draft_dtype", here) == here
     for stop in STOPS:
         if stop.same_run_as:
             continue
@@ -159,13 +174,16 @@ def test_every_recording_is_what_the_decoders_make_now():
         if stop.method == "autoregressive":
             greedy = now.token_ids
         if skeleton(now.events) != skeleton(was.events):
-            stale.append(stop.key)
+            drafted = not same_drafts and stop.key in HEAD_DRAFTED
+            (other_drafts if drafted else stale).append(stop.key)
         lossless = METHODS[stop.method].claims_lossless(dict(stop.params))
         if lossless:
             assert now.token_ids == greedy, stop.key
         if stop.key in DRAFTING_ON_CODE:
             assert now.stats["tokens_per_target_forward"] > 1.0, stop.key
     assert not stale, f"recordings out of date: {stale}; run python scripts/make_tour.py"
+    if other_drafts:
+        print(f"drafted in {here}, not as recorded: {other_drafts} checked lossless only")
 
 
 def test_a_stops_live_run_opens_at_the_step_its_rule_picks_once():
