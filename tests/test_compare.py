@@ -173,15 +173,21 @@ def test_an_unknown_preset_leaves_the_specs_alone():
 def test_warm_up_runs_each_distinct_spec_once_without_detail(monkeypatch):
     calls = []
 
+    from decoders.core import costs
+
     def recording(bundle, prompt, method, max_new_tokens, **kw):
         calls.append((method, max_new_tokens, dict(kw["params"]), kw.get("detail", True)))
+        held.append(costs._held)
         return prepare(bundle, prompt, method, max_new_tokens, **kw)
 
+    held = []
     monkeypatch.setattr(ui.compare, "prepare", recording)
     specs = "speculative:draft=self:2:gamma=3\nspeculative:draft=self:1:gamma=2\njacobi"
     final = list(compare_methods("tiny-random", PROMPT, specs, 6))[-1]
     warm = [c for c in calls if c[1] == 4]
     assert len(warm) == len(final.specs) == 4  # autoregressive and the three specs
+    # the warm-up runs with the prices held, as the timed rounds do: no measure beside it
+    assert [h for c, h in zip(calls, held, strict=True) if c[1] == 4] == [1] * 4
     assert [c[2] for c in warm] == [s.params for s in final.specs]
     assert not any(c[3] for c in calls)  # warm and timed runs alike skip detail
     assert all(r["caveat"] is None for r in final.rows)  # float32 on CPU is exact

@@ -329,19 +329,21 @@ def compare_methods(
             )
         except DecodingLabError as exc:
             raise InvalidInput(f"method spec {s.label!r}: {exc}") from None
-    if warm_up:
-        # A spec's first forwards in a process are slow (allocations, a drafter's first use, a
-        # draft length's first shapes): a few tokens of each spec first, so no row pays for them
-        # and the reference is not made slow by going first. parse_specs already dropped
-        # duplicate settings, so each distinct spec warms once; like the timed runs, no detail.
-        for s in parsed:
-            warm = prepare(
-                bundle, prompt, s.method, min(4, max_new_tokens), params=s.params, detail=False
-            )
-            for _ in run_events(warm):
-                pass
     total = len(parsed) * rounds
-    with hold_prices():  # no re-measure beside the timed runs
+    # No re-measure beside the warm-up or the timed runs, and one already under way (the price
+    # measured when the model loaded) ends first: a warm-up beside it would skew the price.
+    with hold_prices():
+        if warm_up:
+            # A spec's first forwards in a process are slow (allocations, a drafter's first use,
+            # a draft length's first shapes): a few tokens of each spec first, so no row pays for
+            # them and the reference is not made slow by going first. parse_specs already dropped
+            # duplicate settings, so each distinct spec warms once; like the timed runs, no detail.
+            for s in parsed:
+                warm = prepare(
+                    bundle, prompt, s.method, min(4, max_new_tokens), params=s.params, detail=False
+                )
+                for _ in run_events(warm):
+                    pass
         yield from _rounds(bundle, parsed, runs, prompt, max_new_tokens, rounds, total)
 
 

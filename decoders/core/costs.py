@@ -112,7 +112,11 @@ def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> thre
             return None
         thread = threading.Thread(target=run, name="decoding-lab-calibrate", daemon=True)
         _measuring[key] = thread
-        thread.start()  # started before anyone can join it (run takes the lock only to finish)
+        try:
+            thread.start()  # started before anyone can join it (run takes the lock only to finish)
+        except RuntimeError:  # no thread to be had: no entry left for hold_prices to join
+            _measuring.pop(key, None)
+            raise
     return thread
 
 
@@ -151,7 +155,9 @@ def hold_prices() -> Iterator[None]:
     """No background re-measure while this is open: a comparison's runs are timed side by side,
     and a re-measure beside them would slow whichever ran next (Compare's rounds; the
     benchmark, a process of its own, sets DECODING_LAB_REPRICE=0 instead). A measure already
-    under way when it opens is waited for first (up to HOLD_WAIT_S), for the same reason."""
+    under way when it opens is waited for first (up to HOLD_WAIT_S), for the same reason. A
+    model's first measure (`input_cost`, not a re-measure) holds the price lock throughout, so
+    opening waits for it to the end, however long it takes."""
     global _held
     with _cost_lock:
         _held += 1
