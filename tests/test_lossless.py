@@ -4,7 +4,8 @@ autoregressive greedy (a float near-tie excepted and said: conftest.assert_greed
 
 - On tiny-random (the fast tier): each method at its defaults on three prompts, at its paper's
   settings, with the budget ending after 1 and 5 tokens (mid-draft), and with an end token that
-  falls inside an accepted draft.
+  falls inside an accepted draft; and each method at its defaults on a private tiny-random whose
+  every linear is packed for oneDNN, as the embedded model's are.
 - On the embedded model (slow), 32 tokens: at its defaults on chat, and at its paper's settings
   on a translation that copies from its prompt. (At its defaults on code, 48 tokens, every method
   is re-run against greedy by tests/test_tour.py: the guided tour's recordings.)
@@ -15,9 +16,11 @@ their drafters)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import assert_greedy
 from decoders import METHODS, generate
+from decoders.core.packing import PackedLinear
 from decoders.engine import greedy_reference
 
 BUDGET = 32
@@ -63,6 +66,35 @@ def test_every_lossless_method_matches_greedy_on_tiny(tiny, method):
         res = generate(tiny, prompt_ids, method, budget, **m.preset(preset))
         assert res.token_ids == expected, (method, preset, prompt, budget)
         assert res.finish_reason == "length"
+
+
+@pytest.fixture(scope="module")
+def tiny_packed():
+    """A private tiny-random whose every linear runs through oneDNN's packed kernel, as the
+    embedded model's do: the shared one's decoder layers are under packing.MIN_PACKED and run
+    through F.linear, so without this the fast tier would check the packed path in the LM head
+    alone."""
+    from decoders.core import models, packing
+
+    if not packing.available():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    saved, packing.MIN_PACKED = packing.MIN_PACKED, 0
+    try:
+        bundle = models._load(
+            models.canonical_id("tiny-random"), torch.device("cpu"), torch.float32
+        )
+    finally:
+        packing.MIN_PACKED = saved
+    return bundle
+
+
+def test_every_lossless_method_matches_greedy_on_a_fully_packed_tiny_model(tiny_packed):
+    layers = [m for m in tiny_packed.model.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(m.packed_weight is not None for m in layers)
+    prompt_ids = tiny_packed.encode(TINY_PROMPTS[0], chat=False)
+    expected = greedy_reference(tiny_packed, prompt_ids, TINY_BUDGET)
+    for method in LOSSLESS:
+        assert_greedy(tiny_packed, generate(tiny_packed, prompt_ids, method, TINY_BUDGET), expected)
 
 
 @pytest.mark.parametrize("method", LOSSLESS)
