@@ -34,18 +34,12 @@ from ui.tour import (
     SIDE_BY_SIDE,
     STOPS,
     TOUR,
+    drafting_dtype,
     pin_prices,
     recorded,
     spec_of_stop,
 )
 from ui.traces import check_trace
-
-
-def drafting_dtype() -> str:
-    """The dtype trained drafting heads run in on this machine, beside the float32 target."""
-    from decoders.core.packing import draft_dtype
-
-    return str(draft_dtype(torch.device("cpu"), torch.float32)).removeprefix("torch.")
 
 
 def main() -> None:

@@ -8,12 +8,10 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
-import torch
 
 from decoders import METHODS
 from decoders.core.events import Done, Event, Forward, Prefill, Priced
 from decoders.core.models import EMBEDDED_ID
-from decoders.core.packing import draft_dtype
 from ui.compare import work_of
 from ui.live import run_to_end
 from ui.tour import (
@@ -22,6 +20,7 @@ from ui.tour import (
     SIDE_BY_SIDE,
     STOPS,
     copied_won,
+    drafting_dtype,
     most_committed,
     pin_prices,
     recorded,
@@ -161,7 +160,7 @@ def test_every_recording_is_what_the_decoders_make_now():
     # multiplies it natively). A machine that drafts in another (float32 on an AVX2-only CPU)
     # grows other trees from slightly other draft probabilities: a stop whose steps differ there
     # still has to be lossless and to draft, but is not called stale.
-    here = str(draft_dtype(torch.device("cpu"), torch.float32)).removeprefix("torch.")
+    here = drafting_dtype()
     same_drafts = side_by_side().get("draft_dtype", here) == here
     for stop in STOPS:
         if stop.same_run_as:

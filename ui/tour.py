@@ -489,6 +489,17 @@ def side_by_side() -> dict[str, Any]:
     return json.loads((TOUR / f"{SIDE_BY_SIDE}.json").read_text())
 
 
+def drafting_dtype() -> str:
+    """The dtype trained drafting heads run in on this machine beside the float32 target
+    (packing.draft_dtype), as side_by_side records it: a machine that drafts in another grows
+    other trees from the same heads."""
+    import torch
+
+    from decoders.core.packing import draft_dtype
+
+    return str(draft_dtype(torch.device("cpu"), torch.float32)).removeprefix("torch.")
+
+
 def pin_prices(trace: Trace) -> None:
     """Price the embedded model as `trace` was priced (its Priced event): a tree sized by cost
     then grows the same trees as when it was recorded (the tour's comparison, and the test that

@@ -61,28 +61,26 @@ def available() -> bool:
     """Whether this torch build has the oneDNN packed-linear ops and they agree with F.linear."""
     if os.environ.get("DECODING_LAB_PACK", "1") == "0" or not torch.backends.mkldnn.is_available():
         return False
-    try:
-        g = torch.Generator().manual_seed(0)  # leave the global RNG alone (tiny models seed it)
-        w, x = torch.randn(16, 8, generator=g), torch.randn(3, 8, generator=g)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT)
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        return bool(torch.allclose(y, x @ w.T, atol=1e-4))
-    except (AttributeError, RuntimeError):
-        return False
+    return _packs(torch.float32)
 
 
 @functools.cache
 def bf16_packable() -> bool:
     """Whether oneDNN packs bfloat16 weights on this CPU: it needs AVX512 (BW, VL, DQ) or
-    AVX-NE-CONVERT, and raises on an AVX2-only CPU (seen on a 2-core AMD EPYC). Probed once with a
-    small weight, as `available` probes float32."""
+    AVX-NE-CONVERT, and raises on an AVX2-only CPU (seen on a 2-core AMD EPYC)."""
+    return _packs(torch.bfloat16)
+
+
+def _packs(dtype: torch.dtype) -> bool:
+    """Probe with a small weight: oneDNN packs and multiplies `dtype`, and agrees with F.linear."""
     try:
-        g = torch.Generator().manual_seed(0)
-        w = torch.randn(16, 8, generator=g).bfloat16()
-        x = torch.randn(3, 8, generator=g).bfloat16()
+        g = torch.Generator().manual_seed(0)  # leave the global RNG alone (tiny models seed it)
+        w, x = torch.randn(16, 8, generator=g), torch.randn(3, 8, generator=g)
+        w, x = w.to(dtype), x.to(dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT)
         y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        return bool(torch.allclose(y.float(), (x @ w.T).float(), atol=1e-1))
+        atol = 1e-4 if dtype == torch.float32 else 1e-1
+        return bool(torch.allclose(y.float(), (x @ w.T).float(), atol=atol))
     except (AttributeError, RuntimeError):
         return False
 
@@ -100,9 +98,12 @@ class PackedLinear(nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         # Small weights, and bfloat16 ones where oneDNN cannot pack them, run through F.linear.
-        small = linear.weight.numel() <= MIN_PACKED or (
-            linear.weight.dtype == torch.bfloat16 and not bf16_packable()
-        )
+        self.unpacked = ""  # why the layer is not packed ("" when it is)
+        if linear.weight.numel() <= MIN_PACKED:
+            self.unpacked = "small"
+        elif linear.weight.dtype == torch.bfloat16 and not bf16_packable():
+            self.unpacked = "bfloat16, which oneDNN cannot pack on this CPU"
+        small = bool(self.unpacked)
         packed = None
         if not small:
             with torch.no_grad():
@@ -126,12 +127,7 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        if self.packed_weight is not None:
-            how = "packed"
-        elif self.weight is not None and self.weight.numel() > MIN_PACKED:
-            how = "bfloat16, which oneDNN cannot pack on this CPU: not packed"
-        else:
-            how = "small: not packed"
+        how = f"{self.unpacked}: not packed" if self.unpacked else "packed"
         return f"in_features={self.in_features}, out_features={self.out_features}, {how}"
 
 
