@@ -696,8 +696,29 @@ def test_a_failing_export_after_an_import_is_a_message(tiny_trace, handlers, mon
         monkeypatch.setattr(module, "_export", full_disk)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(tiny_trace))
-    last = list(handlers["on_import"](str(path), None))[-1]
+    last = list(handlers["on_import"](None, str(path), None))[-1]
     assert _said(last) and "OSError" in _said(last)[0] and "No space left" in _said(last)[0]
+
+
+def test_the_pages_opening_redraw_leaves_views_an_import_replaced(tiny_trace, handlers, tmp_path):
+    """On a busy server the page's opening redraw of its example can land after a quick import:
+    a bad file's cleared views must not show the example again."""
+    import types
+
+    from ui.run_tab import REPLACED
+    from ui.traces import load_example
+
+    example = load_example()
+    opening = types.SimpleNamespace(session_hash="opened-then-imported")
+    drawn = handlers["on_open"](opening, example, example.last_step, 700)
+    assert any(isinstance(v, str) and "dl-tok" in v for v in drawn.values())  # the example
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**tiny_trace, "n_layers": "abc"}))
+    cleared = list(handlers["on_import"](opening, str(bad), None))[-1]
+    assert any(isinstance(v, str) and "Could not import the trace" in v for v in cleared.values())
+    assert opening.session_hash in REPLACED
+    late = handlers["on_open"](opening, example, example.last_step, 700)
+    assert not any(isinstance(v, str) and "dl-tok" in v for v in late.values())
 
 
 @pytest.mark.parametrize("budget", [2.7, float("nan"), 10**9])

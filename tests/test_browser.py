@@ -579,6 +579,7 @@ BAD_TRACES = [
 def test_a_bad_trace_file_names_the_field(server, page, tmp_path, tiny_trace_file):
     page.goto(server)
     open_trace_files(page)
+    assert tokens_in(page) > 0  # the cold page's example, which a bad file must clear
     for name, fn, message in BAD_TRACES:
         data = json.loads(json.dumps(tiny_trace_file))
         fn(data)

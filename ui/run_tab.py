@@ -286,6 +286,7 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
     ) -> Iterator[dict]:
         values = rest
         session, begun = getattr(request, "session_hash", None), time.monotonic()
+        REPLACED.add(session)
         width = WIDTHS.get(session)  # the view's width the page last said (load, resize, step)
         sampling = method_name in METHODS and METHODS[method_name].sampling
         params: dict[str, Any] = {"temperature": temp, "top_p": tp, "seed": sd} if sampling else {}
@@ -381,6 +382,9 @@ STOPS: dict[str | None, float] = {}
 # The method view's width in pixels, per session, as the page last said it (at load, on a resize,
 # with each step): a run draws its views for it (the `run_stream` API keeps its inputs).
 WIDTHS: dict[str | None, int | None] = {}
+# The sessions whose views a run or an import has replaced: the page's opening redraw of its
+# example leaves them alone.
+REPLACED: set[str | None] = set()
 
 
 def _stopped_views(t: RunTab, trace: Trace | None, width: int | None) -> dict:
@@ -447,11 +451,23 @@ def _wire_stepping(t: RunTab, demo: gr.Blocks) -> None:
             return {t.tokens: gr.skip()}  # nothing to step, or a run still streaming
         return t.step_views(trace, int(s), width)
 
+    def on_open(request: gr.Request, trace: Trace | None, s: float, width: int | None) -> dict:
+        """The example drawn for the page's width, unless a run or an import already replaced
+        it: on a busy server this redraw can land after a quick import (a bad file's cleared
+        views would show the example again)."""
+        views = on_step(request, trace, s, width)
+        replaced = getattr(request, "session_hash", None) in REPLACED
+        return {t.tokens: gr.skip()} if replaced else views
+
     # A step moved, a resize (the views' new width), or the page opening on its example (drawn
     # for a phone's width until the page says its own).
-    for trigger, counted in ((t.step.change, False), (t.redraw.click, True), (demo.load, False)):
+    for trigger, fn, counted in (
+        (t.step.change, on_step, False),
+        (t.redraw.click, on_step, True),
+        (demo.load, on_open, False),
+    ):
         event = trigger(
-            on_step,
+            fn,
             [t.trace, t.step, t.width],
             step_outputs,
             js=with_plot_width(3),
@@ -497,7 +513,8 @@ def _wire_trace_files(t: RunTab) -> None:
     """Import a trace: replay it with no model, then re-check it against greedy."""
 
     @gpu
-    def on_import(path: str | None, width: int | None) -> Iterator[dict]:
+    def on_import(request: gr.Request, path: str | None, width: int | None) -> Iterator[dict]:
+        REPLACED.add(getattr(request, "session_hash", None))
         try:
             yield from import_trace(path, width)
         except Exception as exc:  # the boundary: a message, never a bare "Error"
