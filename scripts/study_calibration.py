@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from itertools import pairwise
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -19,6 +22,7 @@ from decoders.core.events import Draft, Verify
 from decoders.core.models import load_model
 from decoders.engine import generate
 
+ROOT = Path(__file__).resolve().parents[1]
 BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.01)
 TREE = {"size": "fixed", "nodes": 48, "depth": 6, "top_k": 4, "lookup": 0}
 
@@ -52,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--prompts", default="assets/tuning_prompts.jsonl")
+    ap.add_argument("--prompts", default=str(ROOT / "assets" / "tuning_prompts.jsonl"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     bundle = load_model(args.model)
