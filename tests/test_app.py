@@ -700,14 +700,17 @@ def test_a_failing_export_after_an_import_is_a_message(tiny_trace, handlers, mon
     assert _said(last) and "OSError" in _said(last)[0] and "No space left" in _said(last)[0]
 
 
-def test_the_pages_opening_redraw_leaves_views_an_import_replaced(tiny_trace, handlers, tmp_path):
-    """On a busy server the page's opening redraw of its example can land after a quick import:
-    a bad file's cleared views must not show the example again."""
+def test_the_pages_opening_redraw_leaves_views_an_import_replaced(
+    tiny_trace, handlers, tmp_path, monkeypatch
+):
+    """On a busy server the page's opening redraw of its example, and a link's form filling, can
+    land after a quick import: a bad file's cleared views and its message must stand."""
     import types
 
-    from ui.run_tab import REPLACED
+    import ui.run_tab
     from ui.traces import load_example
 
+    monkeypatch.setattr(ui.run_tab, "REPLACED", set())
     example = load_example()
     opening = types.SimpleNamespace(session_hash="opened-then-imported")
     drawn = handlers["on_open"](opening, example, example.last_step, 700)
@@ -716,9 +719,15 @@ def test_the_pages_opening_redraw_leaves_views_an_import_replaced(tiny_trace, ha
     bad.write_text(json.dumps({**tiny_trace, "n_layers": "abc"}))
     cleared = list(handlers["on_import"](opening, str(bad), None))[-1]
     assert any(isinstance(v, str) and "Could not import the trace" in v for v in cleared.values())
-    assert opening.session_hash in REPLACED
+    assert opening.session_hash in ui.run_tab.REPLACED
     late = handlers["on_open"](opening, example, example.last_step, 700)
     assert not any(isinstance(v, str) and "dl-tok" in v for v in late.values())
+    opening.query_params = {"method": "jacobi", "prompt": "hi"}  # opened from a link
+    linked = handlers["from_url"](opening)
+    assert not any(isinstance(v, str) and "link" in v for v in linked.values())
+    assert "hi" not in linked.values()
+    fresh = types.SimpleNamespace(session_hash="fresh", query_params=opening.query_params)
+    assert "hi" in handlers["from_url"](fresh).values()  # a page nothing replaced is filled in
 
 
 @pytest.mark.parametrize("budget", [2.7, float("nan"), 10**9])

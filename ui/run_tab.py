@@ -514,7 +514,8 @@ def _wire_trace_files(t: RunTab) -> None:
 
     @gpu
     def on_import(request: gr.Request, path: str | None, width: int | None) -> Iterator[dict]:
-        REPLACED.add(getattr(request, "session_hash", None))
+        if path:  # a file, good or bad, replaces the views
+            REPLACED.add(getattr(request, "session_hash", None))
         try:
             yield from import_trace(path, width)
         except Exception as exc:  # the boundary: a message, never a bare "Error"
@@ -612,8 +613,8 @@ def _wire_links(t: RunTab, demo: gr.Blocks) -> None:
     def from_url(request: gr.Request) -> dict:
         query = dict(request.query_params) if request else {}
         out: dict[Any, Any] = {t.status: gr.skip()}  # gradio reads an empty dict as one value
-        if not query:
-            return out
+        if not query or getattr(request, "session_hash", None) in REPLACED:
+            return out  # (a quick import's form and status stand: this load came late)
         link = parse_link(query, DEFAULT_METHOD)
         method = link.fields.get("method", DEFAULT_METHOD)
         fields = {
