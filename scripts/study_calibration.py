@@ -14,7 +14,7 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(ROOT := Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -22,7 +22,6 @@ from decoders.core.events import Draft, Verify
 from decoders.core.models import load_model
 from decoders.engine import generate
 
-ROOT = Path(__file__).resolve().parents[1]
 BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.01)
 TREE = {"size": "fixed", "nodes": 48, "depth": 6, "top_k": 4, "lookup": 0}
 

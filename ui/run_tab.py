@@ -455,9 +455,11 @@ def _wire_stepping(t: RunTab, demo: gr.Blocks) -> None:
         """The example drawn for the page's width, unless a run or an import already replaced
         it: on a busy server this redraw can land after a quick import (a bad file's cleared
         views would show the example again)."""
+        session = getattr(request, "session_hash", None)
+        if session in REPLACED:
+            return {t.tokens: gr.skip()}
         views = on_step(request, trace, s, width)
-        replaced = getattr(request, "session_hash", None) in REPLACED
-        return {t.tokens: gr.skip()} if replaced else views
+        return {t.tokens: gr.skip()} if session in REPLACED else views  # replaced meanwhile
 
     # A step moved, a resize (the views' new width), or the page opening on its example (drawn
     # for a phone's width until the page says its own).
