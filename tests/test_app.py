@@ -730,6 +730,28 @@ def test_the_pages_opening_redraw_leaves_views_an_import_replaced(
     assert "hi" in handlers["from_url"](fresh).values()  # a page nothing replaced is filled in
 
 
+def test_a_closed_page_leaves_nothing_of_its_session_behind(handlers, monkeypatch):
+    """The per-session entries (Stop, the views' width, replaced views, a tour stop's live run)
+    go when the page closes, and only that page's."""
+    import types
+
+    import ui.run_tab
+    import ui.tour
+
+    for name, empty in (("STOPS", {}), ("WIDTHS", {}), ("REPLACED", set())):
+        monkeypatch.setattr(ui.run_tab, name, empty)
+    monkeypatch.setattr(ui.tour, "LIVE", {})
+    closing, staying = (types.SimpleNamespace(session_hash=h) for h in ("closing", "staying"))
+    for page in (closing, staying):
+        ui.run_tab.STOPS[page.session_hash] = 1.0
+        handlers["on_step"](page, None, 0, 700)  # says its width
+        ui.run_tab.REPLACED.add(page.session_hash)
+        ui.tour.LIVE[page.session_hash] = "jacobi"
+    handlers["on_close"](closing)
+    for kept in (ui.run_tab.STOPS, ui.run_tab.WIDTHS, ui.run_tab.REPLACED, ui.tour.LIVE):
+        assert "closing" not in kept and "staying" in kept
+
+
 @pytest.mark.parametrize("budget", [2.7, float("nan"), 10**9])
 def test_the_run_api_answers_a_bad_budget_by_name(tiny, handlers, budget):
     import gradio as gr

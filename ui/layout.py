@@ -23,7 +23,9 @@ from .links import check_budget
 from .live import run_to_end
 from .models import model_choices
 from .run_tab import build_run_tab
+from .run_tab import forget as forget_run
 from .run_views import CSS
+from .tour import forget as forget_tour
 from .tour_tab import KEYS as TOUR_KEYS
 from .tour_tab import build_tour_tab, wire_live
 from .traces import EXAMPLE_PROMPTS
@@ -70,6 +72,15 @@ def build_demo() -> gr.Blocks:
                 build_translation_tab()
         wire_live(tour_tab, run_tab, compare_tab, tabs)
         take_tour.click(lambda: gr.Tabs(selected="tour"), None, tabs, api_visibility="private")
+
+        def on_close(request: gr.Request) -> None:
+            """The page's per-session entries (Stop, width, replaced views, a tour stop's live
+            run) go with it, so a long-lived server keeps nothing for pages long closed."""
+            session = getattr(request, "session_hash", None)
+            forget_run(session)
+            forget_tour(session)
+
+        demo.unload(on_close)
 
         # --- API for scripts (gradio_client) -------------------------------------------------------
 

@@ -387,6 +387,14 @@ WIDTHS: dict[str | None, int | None] = {}
 REPLACED: set[str | None] = set()
 
 
+def forget(session: str | None) -> None:
+    """A page closed (or reloaded: a new session): drop what this module kept for it. A run still
+    streaming to it has already ended: a dropped connection closes its handler (`in_background`)."""
+    STOPS.pop(session, None)
+    WIDTHS.pop(session, None)
+    REPLACED.discard(session)
+
+
 def _stopped_views(t: RunTab, trace: Trace | None, width: int | None) -> dict:
     """A run cut short by Stop: its views as they stood, to step through and export."""
     if trace is None or not trace.token_ids:

@@ -451,6 +451,11 @@ STOPS: tuple[Stop, ...] = (
 LIVE: dict[str | None, str] = {}
 
 
+def forget(session: str | None) -> None:
+    """A page closed: drop its pending live run's stop."""
+    LIVE.pop(session, None)
+
+
 def tour_step(session: str | None, trace: Trace) -> tuple[int, str] | None:
     """For the live run a tour stop asked for (once): the step its rule picks in this run and
     the rule, when the run is that stop's method; else None (the usual showcase step)."""
