@@ -78,6 +78,44 @@ def test_tree_masked_forward_matches_sequential_branches_embedded(embedded):
     check_tree_matches_sequential(embedded, atol=2e-4)
 
 
+def test_grouped_query_attention_reads_the_cache_in_place_with_the_same_bits(tiny, monkeypatch):
+    """On a CPU the models attend with `sdpa_gqa` (decoders/core/attention.py): a masked
+    multi-token forward (a tree, or a causal block after the cache) gives exactly the logits of
+    transformers' `sdpa`, which copies the cache out to every query head first, and never copies."""
+    import transformers.integrations.sdpa_attention as hf_sdpa
+
+    from decoders.core.attention import NAME
+
+    config = tiny.model.config
+    assert config.num_key_value_heads < config.num_attention_heads  # tiny-random groups its heads
+    assert config._attn_implementation == NAME
+    copy = hf_sdpa.repeat_kv
+    runs = {}
+    try:
+        for impl in ("sdpa", NAME):
+            tiny.model.set_attn_implementation(impl)
+            if impl == NAME:  # the grouped path must not copy the cache
+                monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda *a: pytest.fail("copied"))
+            cache, n = prefilled(tiny), len(PROMPT)
+            tree = forward(
+                tiny,
+                cache,
+                TREE_TOKENS,
+                step=1,
+                kind="verify",
+                positions=tree_positions(PARENTS, n),
+                mask=tree_mask(PARENTS, n),
+            ).logits
+            crop_cache(cache, n)
+            block = forward(tiny, cache, TREE_TOKENS, step=1, kind="verify").logits
+            runs[impl] = tree, block
+    finally:
+        monkeypatch.setattr(hf_sdpa, "repeat_kv", copy)
+        tiny.model.set_attn_implementation(NAME)
+    for before, now in zip(runs["sdpa"], runs[NAME], strict=True):
+        assert torch.equal(before, now)
+
+
 def test_crop_continues_like_a_fresh_cache(tiny):
     cache = prefilled(tiny)
     forward(tiny, cache, [5, 6, 7, 8, 9], step=1, kind="verify")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from decoders.core import packing
+from decoders.core import attention, packing
 from decoders.core.errors import InvalidInput, ModelLoadError
 
 EMBEDDED_ID = "SmolLM2-135M-Instruct"
@@ -274,6 +274,8 @@ def _load(
     )
     if packed:
         packing.pack_linears(model)
+    if device.type == "cpu" and plan is None:  # masked multi-token forwards read the cache's heads
+        attention.use_grouped_sdpa(model)
     eos = _eos_ids(model, tokenizer)
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     # Drafting heads may run in bfloat16 (packing.draft_dtype); the tiny test models keep their
