@@ -40,8 +40,8 @@ test-fast: setup  ## the fast tier: every rule once, every method through the re
 test-recipe: setup  ## the GPU recipe end to end here (4 min); run it when scripts/device or decoders/train change
 	RECORD_RECIPE_STAMP=1 $(PYTEST) -n 0 -m recipe
 
-test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, float32 drafts
-	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 $(PYTEST) -n $(WORKERS) -m "not slow"
+test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, float32 drafts, transformers' sdpa
+	DECODING_LAB_PACK=0 DECODING_LAB_DRAFT_BF16=0 DECODING_LAB_GQA=0 $(PYTEST) -n $(WORKERS) -m "not slow"
 
 bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
 	$(PY) -m decoders.bench

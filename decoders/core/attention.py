@@ -18,6 +18,8 @@ math kernel is slower than the copy.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -77,7 +79,9 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # the masks `sdpa` gets
 
 def use_grouped_sdpa(model: torch.nn.Module) -> bool:
     """Switch a CPU model that attends with `sdpa` over grouped key/value heads to `sdpa_gqa`;
-    returns whether it was switched."""
+    returns whether it was switched. `DECODING_LAB_GQA=0` keeps transformers' `sdpa`."""
+    if os.environ.get("DECODING_LAB_GQA", "1") == "0":
+        return False
     config = model.config
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
