@@ -96,8 +96,10 @@ def test_lossless_and_useful_on_the_embedded_model(embedded, task, max_ngram, nu
 
 @pytest.mark.slow
 def test_eos_inside_an_accepted_draft_and_budget_mid_draft(embedded):
-    prompt = humaneval(0)
-    res = generate(embedded, prompt, "prompt_lookup", 96, chat=False)
+    # HumanEval/2: the target accepts a run of three copied tokens within its first 10 tokens
+    # (HumanEval/0, used before, only at token 81: four times the decoding for the same edges).
+    prompt, budget = humaneval(2), 32
+    res = generate(embedded, prompt, "prompt_lookup", budget, chat=False)
     # A position where the target accepted a run of at least 3 drafted tokens.
     position, found = 0, None
     for e in res.events:
@@ -110,9 +112,11 @@ def test_eos_inside_an_accepted_draft_and_budget_mid_draft(embedded):
     start, commit = found
     # EOS = the second token of that accepted run: the stop lands inside a verified draft.
     eos = commit.tokens[1]
+    assert eos not in res.token_ids[: start + 1]  # the first time the output writes it
     bundle = dataclasses.replace(embedded, eos_ids=frozenset({eos}))
-    out = same_as_greedy(bundle, prompt, 96)
+    out = same_as_greedy(bundle, prompt, budget)
     assert out.finish_reason == "eos" and out.token_ids[-1] == eos
+    assert len(out.token_ids) == start + 2
     # The budget ends in the middle of that same accepted run.
     out = same_as_greedy(embedded, prompt, start + 2)
     assert len(out.token_ids) == start + 2
