@@ -748,6 +748,10 @@ def test_a_closed_page_leaves_nothing_of_its_session_behind(handlers, monkeypatc
         ui.run_tab.REPLACED.add(page.session_hash)
         ui.tour.LIVE[page.session_hash] = "jacobi"
     handlers["on_close"](closing)
+    from ui import build_demo
+
+    unload = [f for f in build_demo().fns.values() if any(t[1] == "unload" for t in f.targets)]
+    assert [f.fn.__name__ for f in unload] == ["on_close"]  # what gradio calls when a page closes
     for kept in (ui.run_tab.STOPS, ui.run_tab.WIDTHS, ui.run_tab.REPLACED, ui.tour.LIVE):
         assert "closing" not in kept and "staying" in kept
 

@@ -87,5 +87,12 @@ def use_grouped_sdpa(model: torch.nn.Module) -> bool:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if config._attn_implementation != "sdpa" or not heads or kv_heads == heads:
         return False
-    model.set_attn_implementation(NAME)
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if can_set is not None and not can_set():  # its code does not read the attention interface
+        return False
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, ImportError):  # a sub-model that cannot take sdpa: leave it all as it was
+        model.set_attn_implementation("sdpa")
+        return False
     return model.config._attn_implementation == NAME
