@@ -49,10 +49,10 @@ def test_tree_helpers():
         depths((-1, 2, 0))
 
 
-def check_tree_matches_sequential(bundle, atol):
-    cache = prefilled(bundle)
+def tree_forward(bundle, cache):
+    """The tree (PARENTS, TREE_TOKENS) verified in one forward after what `cache` holds."""
     n = cache_length(cache)
-    out = forward(
+    return forward(
         bundle,
         cache,
         TREE_TOKENS,
@@ -61,6 +61,10 @@ def check_tree_matches_sequential(bundle, atol):
         positions=tree_positions(PARENTS, n),
         mask=tree_mask(PARENTS, n),
     )
+
+
+def check_tree_matches_sequential(bundle, atol):
+    out = tree_forward(bundle, prefilled(bundle))
     assert out.logits.shape == (len(PARENTS), bundle.model.config.vocab_size)
     for node in range(len(PARENTS)):
         path = [TREE_TOKENS[i] for i in ancestors(PARENTS, node)]
@@ -99,17 +103,9 @@ def test_grouped_query_attention_reads_the_cache_in_place_with_the_same_bits(tin
             tiny.model.set_attn_implementation(impl)
             if impl == NAME:  # the grouped path must not copy the cache
                 monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda *a: pytest.fail("copied"))
-            cache, n = prefilled(tiny), len(PROMPT)
-            tree = forward(
-                tiny,
-                cache,
-                TREE_TOKENS,
-                step=1,
-                kind="verify",
-                positions=tree_positions(PARENTS, n),
-                mask=tree_mask(PARENTS, n),
-            ).logits
-            crop_cache(cache, n)
+            cache = prefilled(tiny)
+            tree = tree_forward(tiny, cache).logits
+            crop_cache(cache, len(PROMPT))
             block = forward(tiny, cache, TREE_TOKENS, step=1, kind="verify").logits
             runs[impl] = tree, block
     finally:
@@ -133,15 +129,7 @@ def test_crop_continues_like_a_fresh_cache(tiny):
 def test_keep_compacts_an_accepted_tree_path(tiny):
     cache = prefilled(tiny)
     n = cache_length(cache)
-    forward(
-        tiny,
-        cache,
-        TREE_TOKENS,
-        step=1,
-        kind="verify",
-        positions=tree_positions(PARENTS, n),
-        mask=tree_mask(PARENTS, n),
-    )
+    tree_forward(tiny, cache)
     path = ancestors(PARENTS, 7)  # nodes 0, 2, 5, 7: not contiguous in the verify input
     keep_cache(cache, n, path)
     assert cache_length(cache) == n + len(path)
