@@ -418,6 +418,8 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
 
     draft_dtype = meta.get("draft_dtype", meta["dtype"])  # results.json files from before it
     drafts = f", trained drafters in {draft_dtype}" if draft_dtype != meta["dtype"] else ""
+    if meta.get("attention") == "sdpa" and meta["device"] == "cpu":  # DECODING_LAB_GQA=0
+        drafts += ", grouped attention copying the cache (sdpa)"
     repeat = result.get("repeat", 1)  # > 1: each run's speedup beside the whole's
     repeated = f", the prompts run {repeat} times over" if repeat > 1 else ""
     runs_column = (f" in each of the {repeat} runs |", "---:|") if repeat > 1 else ("", "")
@@ -704,6 +706,8 @@ def _meta(args: argparse.Namespace, bundle: ModelBundle, result: dict) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        # sdpa_gqa (decoders/core/attention.py) or what DECODING_LAB_GQA=0 left: runs compare
+        "attention": getattr(bundle.model.config, "_attn_implementation", None),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         # The prices a cost-sized draft was built by (token_tree's size=cost), if a method measured
         # them: one noisy measurement sizes every tree of the run.

@@ -49,6 +49,10 @@ def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
     assert (tmp_path / "out" / "speedup.html").stat().st_size > 1000
     assert (tmp_path / "out" / "table.md").read_text().startswith("Model tiny-random")
     assert data["meta"]["draft_dtype"] == "float32"  # tiny models draft in their own dtype
+    from decoders.core.attention import NAME
+
+    gqa = os.environ.get("DECODING_LAB_GQA") != "0"
+    assert data["meta"]["attention"] == (NAME if gqa else "sdpa")  # what every contestant ran
 
 
 def test_repeated_runs_report_each_runs_speedup(tmp_path, capsys, monkeypatch):
@@ -96,6 +100,11 @@ def test_the_table_says_when_drafters_run_in_another_dtype():
     assert "priced" not in bench.markdown_table(result, meta)  # no size=cost tree ran
     meta["costs"] = {"input_cost": 0.0391, "forward_ms": 23.1}  # what sized the trees, said
     assert "one more input priced at 0.039 of a one-token forward." in bench.markdown_table(
+        result, meta
+    )
+    assert "copying the cache" not in bench.markdown_table(result, meta)
+    meta["attention"] = "sdpa"  # a run under DECODING_LAB_GQA=0 says so
+    assert "bfloat16, grouped attention copying the cache (sdpa))" in bench.markdown_table(
         result, meta
     )
 
