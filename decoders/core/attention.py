@@ -19,6 +19,7 @@ math kernel is slower than the copy.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from transformers import AttentionInterface
@@ -70,6 +71,17 @@ def sdpa_gqa(
         scaling=scaling,
         is_causal=is_causal,
         **kwargs,
+    )
+
+
+def kernel(config) -> Callable[..., tuple[torch.Tensor, None]]:
+    """The attention function a model loaded here attends with, for code that runs a layer's
+    attention by hand (SPACE's masked rows): `sdpa_gqa` where `use_grouped_sdpa` switched it,
+    else transformers' `sdpa`."""
+    return (
+        sdpa_gqa
+        if getattr(config, "_attn_implementation", None) == NAME
+        else sdpa_attention_forward
     )
 
 

@@ -26,11 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from decoders.core.attention import NAME as GQA_NAME
-from decoders.core.attention import sdpa_gqa
+from decoders.core.attention import kernel as attention_kernel
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Forward
 from decoders.core.models import ModelBundle
@@ -238,10 +236,7 @@ def _attention(adapter, attn, i, x, first, rope, attention, cache) -> torch.Tens
     q, k = apply_rotary_pos_emb(q, k, *rope)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
-    # the base model's own kernel: on a CPU `sdpa_gqa`, which reads the cache's heads in place
-    grouped = getattr(attn.config, "_attn_implementation", None) == GQA_NAME
-    kernel = sdpa_gqa if grouped else sdpa_attention_forward
-    out, _ = kernel(attn, q, k, v, attention, scaling=attn.scaling)
+    out, _ = attention_kernel(attn.config)(attn, q, k, v, attention, scaling=attn.scaling)
     out = out.reshape(*x.shape[:-1], -1).contiguous()
     (o,) = adapter.project(i, "o", (attn.o_proj,), out, first)
     return o
