@@ -334,8 +334,8 @@ def test_the_verdict_rests_on_medians_so_a_slow_forward_does_not_flip_it():
     low, high = cost.speedup_range
     assert low < 1.0 < high
     assert cost_sentence(cost).startswith("About as fast as plain decoding")
-    # CI's two identical runs of the embedded model: medians at 0.76x in both, the quartiles'
-    # reach 0.82x in one and 1.03x in the other; both are slower, and say so.
+    # The embedded model's runs: medians at 0.76x; on a busy box the quartiles may reach past 1x
+    # in one run and not in the next (CI saw the verdict flip so). Both are slower, and say so.
     for spread in ((1.58, 2.33), (1.9, 2.2)):
         busy = RunCost(19, 31, 26, 0.84, 50.0, 2.15, "verify passes", spread)
         assert busy.speedup == pytest.approx(0.76, abs=0.01)

@@ -108,10 +108,10 @@ def run_cost(events: Sequence[Event]) -> RunCost | None:
 
 
 def verdict(speedup: float) -> str:
-    """ "slower", "about" or "faster": the median-based speedup against a band of ±ABOUT around 1×.
-    A verdict read off the quartiles' extremes flipped between identical runs on a busy 2-core
-    box (0.70–0.82× on one, 0.72–1.03× on the next, with the medians at 0.76× in both): the
-    extremes are the noisy part of a run's times, its medians are not."""
+    """The verdict, "slower", "about" or "faster", reads the median-based speedup against a band
+    of ±ABOUT around 1×. A verdict read off the quartiles' extremes flipped between two identical
+    runs in CI (slower, then about as fast): the extremes are the noisy part of a run's times.
+    Four identical runs on one box put the medians at 0.75–0.76×, the upper quartiles at 0.82–0.84×."""
     if speedup < 1.0 / (1.0 + ABOUT):
         return "slower"
     if speedup > 1.0 + ABOUT:
