@@ -107,7 +107,9 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
         _heatmap(z, MASK_BRANCH, x=range(n), y=range(n), text=None, hover=hover, name="mask")
     )
     fig.data[0].update(xgap=1 if n <= 64 else 0, ygap=1 if n <= 64 else 0)
-    # Separators: thick between branches, thin dashed between the window's levels.
+    # Separators: thick between branches, thin dashed between the window's levels (set on the
+    # layout at once: Plotly re-validates every shape the figure holds on each add_shape).
+    separators: list[dict] = []
     for b in range(1, n):
         level_a, level_b = _LOOK.match(labels[b - 1]), _LOOK.match(labels[b])
         if branches[b] != branches[b - 1]:
@@ -116,8 +118,9 @@ def attention_mask(events: Sequence[Event], texts: Mapping[int, str], step: int)
             line = dict(color="#90a4ae", width=1, dash="dot")
         else:
             continue
-        fig.add_shape(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=n - 0.5, line=line)
-        fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=b - 0.5, y1=b - 0.5, line=line)
+        separators.append(dict(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=n - 0.5, line=line))
+        separators.append(dict(type="line", x0=-0.5, x1=n - 0.5, y0=b - 0.5, y1=b - 0.5, line=line))
+    fig.update_layout(shapes=[*fig.layout.shapes, *separators])
     # Lookahead's layout, or a mask model's (SPACE, Mask-Predict): each names its own inputs.
     masks = "mask" in branches
     for branch in (*INPUT_BRANCHES, "masked"):

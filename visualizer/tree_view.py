@@ -283,6 +283,10 @@ def token_tree(
         legend = len({r[3] for r in nodes}) + bool(draft.copied)
         height += 20 * legend + 40
     font = 10 if (height - MARGINS_PX) / n_leaves >= 20 else 8  # a huge tree hit the height cap
+    # The nodes' boxes, set on the layout at once: Plotly re-validates every annotation the
+    # figure holds on each add_annotation, so adding them one by one costs the square of their
+    # number (a 200-node tree took 10 s to draw).
+    boxes: list[dict] = []
     for st, (colour_key, label) in STATUS_STYLE.items():
         rows = [r for r in nodes if r[3] == st]
         if not rows:
@@ -322,23 +326,26 @@ def token_tree(
             )
         )
         for r, text, h in zip(rows, labels, hover, strict=True):
-            fig.add_annotation(
-                x=pos[r[0]][0],
-                y=pos[r[0]][1],
-                text=text,
-                showarrow=False,
-                bgcolor=COLOURS[colour_key],
-                bordercolor=COPY_COLOUR
-                if r[1] in copied
-                else PATH_COLOUR
-                if r[0] in on_path
-                else "#90a4ae",
-                borderwidth=3 if r[1] in copied else 2 if r[0] in on_path else 1,
-                borderpad=3,
-                font=dict(size=font, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
-                hovertext=h,
-                name=f"node {r[1]}",
+            boxes.append(
+                dict(
+                    x=pos[r[0]][0],
+                    y=pos[r[0]][1],
+                    text=text,
+                    showarrow=False,
+                    bgcolor=COLOURS[colour_key],
+                    bordercolor=COPY_COLOUR
+                    if r[1] in copied
+                    else PATH_COLOUR
+                    if r[0] in on_path
+                    else "#90a4ae",
+                    borderwidth=3 if r[1] in copied else 2 if r[0] in on_path else 1,
+                    borderpad=3,
+                    font=dict(size=font, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+                    hovertext=h,
+                    name=f"node {r[1]}",
+                )
             )
+    fig.update_layout(annotations=[*fig.layout.annotations, *boxes])
 
     if copied:  # the outline's legend entry
         fig.add_trace(
