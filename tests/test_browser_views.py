@@ -91,15 +91,20 @@ def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_on_a_phone_at_a_mi
     """One run per method, checked at both widths: the figures are the same, drawn to the width."""
     name = f"{method}{extra.replace('&preset=', '-')}"
     open_run(page, server, method, extra)
+    if method == "lookahead":  # its extra views are shown too, each full width; on a busy
+        # machine they are drawn after the main panel: wait for all four, then check them all
+        widths = page.wait_for_function(
+            """() => {
+                const w = Array.from(document.querySelectorAll('[id^=panel] .js-plotly-plot'))
+                    .filter(p => p.getBoundingClientRect().width > 0)
+                    .map(p => Math.round(p.getBoundingClientRect().width));
+                return w.length >= 4 ? w : null; }""",
+            timeout=30_000,
+        ).json_value()
+        assert max(widths) - min(widths) <= 2, widths
+        settle(page)
     plots = check_views(page, f"{name}-desktop-end")
     assert plots >= 4  # timeline, tokens per step, acceptance, the method's panel
-    if method == "lookahead":  # its extra views are shown too, each full width
-        widths = page.evaluate(
-            """() => Array.from(document.querySelectorAll('[id^=panel] .js-plotly-plot'))
-                .filter(p => p.getBoundingClientRect().width > 0)
-                .map(p => Math.round(p.getBoundingClientRect().width))"""
-        )
-        assert len(widths) >= 4 and max(widths) - min(widths) <= 2, widths
     fit_and_check(page, PHONE, f"{name}-phone-end", close_ups=False)
     last = page.evaluate(STEP_NUMBER)
     go_to_step(page, max(1, last // 2))  # drawn for the phone's width (the step's own event)

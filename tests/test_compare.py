@@ -437,7 +437,9 @@ def test_compare_endpoint_takes_specs(server, tiny):
     assert [r["method"] for r in out["rows"]] == [REFERENCE, "prompt_lookup", "lookahead:N=3:W=2"]
     text = generate(tiny, PROMPT, max_new_tokens=12).text
     assert out["texts"] == {r["method"]: text for r in out["rows"]}
-    assert out["headline"].endswith("both outputs identical to greedy.")
+    # (a busy machine may add its warning after it: a row faster than its tokens per forward
+    # allow is called a measurement problem, tested in test_a_speedup_its_work_cannot_explain...)
+    assert "; both outputs identical to greedy." in out["headline"], out["headline"]
     with pytest.raises(Exception, match=r"method spec 'lookahead:N=oops'"):
         client.predict(
             prompt=PROMPT, methods="lookahead:N=oops", model="tiny-random", api_name="/compare"
