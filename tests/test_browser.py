@@ -133,7 +133,7 @@ def test_a_link_too_long_for_the_server_gets_a_page_that_says_so(server, page):
     assert refused.value.code == 414
     assert "paste the prompt" in refused.value.read().decode()
     # A busy machine hands the server such a head in pieces: uvicorn's parser, at its defaults,
-    # answered a bare 400 then (CI saw the page below fail so); the app waits for the whole head.
+    # answered a bare 400 then (a full run here saw the page below fail so); the app waits for it.
     host, port = server.split("//")[1].strip("/").split(":")
     head = f"GET /{long_link.split('/', 3)[3]} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     with socket.create_connection((host, int(port)), timeout=30) as conn:

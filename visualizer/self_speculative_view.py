@@ -26,9 +26,8 @@ from .tokens import COLOURS
 THETA_COLOUR = "#c62828"
 BAR_EDGE = "#546e7a"
 LABELLED_BARS = 7  # up to this many drafted tokens, each bar is labelled with its text
-ABOUT = (
-    0.12  # a median speedup within 12 % of 1x is "about as fast" (identical runs differ so much)
-)
+# A median speedup within 12 % of 1x is "about as fast": identical runs differ about that much.
+ABOUT = 0.12
 
 
 @dataclass(frozen=True)
