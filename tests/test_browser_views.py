@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 
 from browser_helpers import LAYOUT_CHECK, STEP_NUMBER, go_to_step, settle
-from conftest import ARTIFACTS, PHONE
+from conftest import ARTIFACTS, DESKTOP, PHONE
 from decoders import METHODS
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -24,18 +24,57 @@ RUNS = [(name, "") for name in METHODS] + [("lookahead", "&preset=paper")]
 CLOSE_UPS = ("panel", "panel2", "panel3", "panel4", "panel5", "hist")
 
 
-def open_run(page, server: str, method: str, extra: str) -> None:
-    """Open a link that pre-fills the form, run it, and wait for the run's last views."""
-    page.goto(
-        f"{server}?model=tiny-random&method={method}&max_new_tokens={TOKENS}"
-        f"&prompt={quote(PROMPT)}{extra}"
-    )
+@pytest.fixture(scope="module")
+def views_page(browser, server):
+    """One page for every method's run, as a visitor switches methods: opened once from a link
+    (the model, the prompt and the budget), then each test picks its method and preset in the
+    form and runs it (a page opened from a link is 5-6 s of these tests' time each)."""
+    context = browser.new_context(viewport=DESKTOP)
+    page = context.new_page()
+    page.goto(f"{server}?model=tiny-random&max_new_tokens={TOKENS}&prompt={quote(PROMPT)}")
     page.locator("#run-btn").wait_for(timeout=60_000)
     page.wait_for_function(
         f"document.querySelector('#max-new-tokens input[type=number]')?.value === '{TOKENS}'",
         timeout=60_000,
     )
+    yield page
+    context.close()
+
+
+def pick(page, box: str, label: str) -> None:
+    """Choose `label` in the dropdown `box` and wait until the page shows it."""
+    page.locator(f"{box} input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+    page.wait_for_function(
+        "([box, label]) => document.querySelector(box + ' input')?.value === label",
+        arg=[box, label],
+        timeout=30_000,
+    )
+
+
+def open_run(page, method: str, preset: str) -> None:
+    """Back to a desktop's width, pick the method (and a preset), run it, and wait for the
+    run's last views."""
+    if page.viewport_size != DESKTOP:
+        fit(page, DESKTOP)
+    pick(page, "#method", METHODS[method].title)
+    if preset:  # its controls shown, then the preset sets them
+        values = METHODS[method].preset(preset)
+        page.locator(f"#{method}-{next(iter(values))}").wait_for(timeout=30_000)
+        pick(page, "#preset", preset)
+        page.wait_for_function(
+            """([method, values]) => Object.entries(values)
+                .filter(([k, v]) => typeof v === 'number')
+                .every(([k, v]) =>
+                    +document.querySelector(`#${method}-${k} input[type=number]`)?.value === v)""",
+            arg=[method, values],
+            timeout=30_000,
+        )
     page.locator("#run-btn").click()
+    # The run first clears the last run's views (its status says so), then streams this one.
+    page.wait_for_function(
+        "!document.querySelector('#status')?.innerText.includes('Done')", timeout=60_000
+    )
     page.wait_for_function(
         "document.querySelector('#status')?.innerText.includes('Done')", timeout=180_000
     )
@@ -65,10 +104,10 @@ def check_views(page, label: str, close_ups: bool = True) -> int:
     return result["plots"]
 
 
-def fit_and_check(page, viewport: dict, label: str, close_ups: bool = True) -> int:
-    """Resize the page and check every view once the page has redrawn them for the new width
-    (Plotly resizes each figure, and the server redraws the method's views: their labels are
-    sized to the width)."""
+def fit(page, viewport: dict) -> None:
+    """Resize the page and wait until it has redrawn the views for the new width (Plotly resizes
+    each figure, and the server redraws the method's views: their labels are sized to the
+    width)."""
     before = page.evaluate("window.dlRedraws || 0")
     page.set_viewport_size(viewport)
     page.wait_for_function(f"(window.dlRedraws || 0) > {before}", timeout=30_000)
@@ -79,6 +118,10 @@ def fit_and_check(page, viewport: dict, label: str, close_ups: bool = True) -> i
         timeout=30_000,
     )
     settle(page)
+
+
+def fit_and_check(page, viewport: dict, label: str, close_ups: bool = True) -> int:
+    fit(page, viewport)
     return check_views(page, label, close_ups)
 
 
@@ -86,11 +129,12 @@ def fit_and_check(page, viewport: dict, label: str, close_ups: bool = True) -> i
     ("method", "extra"), RUNS, ids=[m + e.replace("&preset=", "-") for m, e in RUNS]
 )
 def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_on_a_phone_at_a_middle_step(
-    server, page, method, extra
+    views_page, method, extra
 ):
     """One run per method, checked at both widths: the figures are the same, drawn to the width."""
+    page = views_page
     name = f"{method}{extra.replace('&preset=', '-')}"
-    open_run(page, server, method, extra)
+    open_run(page, method, extra.replace("&preset=", ""))
     if method == "lookahead":  # its extra views are shown too, each full width; on a busy
         # machine they are drawn after the main panel: wait for all four, then check them all
         widths = page.wait_for_function(

@@ -611,6 +611,7 @@ def test_the_eagle_command_writes_a_head_and_its_card(tiny, tmp_path, capsys):
     same_as_greedy(tiny, PROMPTS[1], "speculative", 20, draft=f"eagle:{out}")
 
 
+@pytest.mark.slow  # two trainings end to end (14 s); the loop and the cards are fast above
 def test_the_kangaroo_and_medusa_commands_write_their_artifacts(tiny, tmp_path, capsys):
     given = [*TINY_CORPUS, "--epochs", "1", "--vocab", "512"]
     out = tmp_path / "adapter.safetensors"
