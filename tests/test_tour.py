@@ -153,7 +153,8 @@ def test_every_recording_is_what_the_decoders_make_now():
     (for a head-drafted stop, where this machine drafts in the recording's dtype);
     every lossless stop identical to greedy (the autoregressive stop, re-run first); the drafting
     methods above one token per forward on this code prompt. A failure means: re-run
-    `python scripts/make_tour.py`."""
+    `python scripts/make_tour.py`. (This is also the lossless grid's run of every method at its
+    defaults on the embedded model: tests/test_lossless.py runs the paper's settings.)"""
     greedy: list[int] = []
     stale, other_drafts = [], []
     # The recordings' heads drafted in the recording machine's dtype (bfloat16 where the CPU
