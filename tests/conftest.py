@@ -124,30 +124,36 @@ ON_THE_SERVER = (
     "test_concurrency.py",
     "test_app.py",
 )
-# The longest first (by their time in `make test`, 2026-11-28): pytest-xdist hands out groups
+# The longest first (by their time in `make test`, 2026-11-29): pytest-xdist hands out groups
 # (whole files, or the group above) in the order they were collected (make test turns its
 # reordering by test count off), and a long file started last runs on alone while the other
-# worker idles. Files not named here take 15 s or less.
+# worker idles. Files not named here take 10 s or less (in either tier).
 HEAVY_FIRST = (
     *ON_THE_SERVER,
     "test_token_tree.py",
     "test_lossless.py",
-    "test_speculative.py",
     "test_kangaroo.py",
-    "test_eagle.py",
+    "test_speculative.py",
     "test_tour.py",
-    "test_calm.py",
-    "test_prompt_lookup.py",
+    "test_eagle.py",
     "test_medusa.py",
+    "test_calm.py",
     "test_self_speculative.py",
     "test_space.py",
-    "test_seq2seq.py",
     "test_train.py",
-    "test_cli.py",
+    "test_seq2seq.py",
+    "test_prompt_lookup.py",
     "test_lookahead.py",
     "test_layerskip.py",
     "test_device_scripts.py",
+    "test_cli.py",
     "test_autoregressive.py",
+    "test_device_map.py",
+    "test_verify.py",
+    "test_mask_predict.py",
+    "test_retrieval.py",
+    "test_imports.py",
+    "test_lookahead_views.py",
 )
 
 

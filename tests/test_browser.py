@@ -220,17 +220,6 @@ def run_to_lossless_badge(page) -> None:
     page.get_by_text("identical to greedy").wait_for(timeout=60_000)  # the lossless badge
 
 
-def test_compare_tab(server, page):
-    page.goto(server)
-    page.get_by_role("tab", name="Compare").click()
-    page.locator("#cmp-prompt textarea").fill("def add(a, b):")
-    page.locator("#cmp-btn").click()
-    page.get_by_text("✅ Done.").wait_for(timeout=120_000)
-    assert page.locator("#cmp-table").get_by_text("reference").count() >= 1
-    page.locator("#cmp-plot .js-plotly-plot").wait_for(timeout=30_000)
-    page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
-
-
 def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, page):
     code = (
         "Add a docstring to this function:\n\ndef moving_average(values, window):\n"
