@@ -230,7 +230,7 @@ def test_prompt_lookup_from_a_link_shows_drafts_and_the_lossless_badge(server, p
 
     open_link(
         page,
-        f"{server}?model=SmolLM2-135M-Instruct&method=prompt_lookup&num_draft=6&max_new_tokens=96"
+        f"{server}?model=SmolLM2-135M-Instruct&method=prompt_lookup&num_draft=6&max_new_tokens=56"
         f"&prompt={quote(code)}",
         "Prompt lookup",
         "document.querySelector('#prompt_lookup-num_draft input[type=number]')?.value === '6'",
@@ -273,9 +273,9 @@ def test_a_desktop_tree_shows_whole_tokens(server, page):
     import ast
     import html
 
-    page.goto(f"{server}?model=SmolLM2-135M-Instruct&max_new_tokens=48")
+    page.goto(f"{server}?model=SmolLM2-135M-Instruct&max_new_tokens=32")
     page.wait_for_function(
-        "document.querySelector('#max-new-tokens input[type=number]')?.value === '48'",
+        "document.querySelector('#max-new-tokens input[type=number]')?.value === '32'",
         timeout=30_000,
     )
     page.locator("#prompt textarea").fill(
