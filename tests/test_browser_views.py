@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 PROMPT = "def f(x):\n    return f(x) + f(x)\n"
 TOKENS = 24
 # Every method at its defaults, and lookahead with the paper's 2D window (N = 5, W = 15, G = 15).
-RUNS = [(name, "") for name in METHODS] + [("lookahead", "&preset=paper")]
+RUNS = [(name, "") for name in METHODS] + [("lookahead", "paper")]
 CLOSE_UPS = ("panel", "panel2", "panel3", "panel4", "panel5", "hist")
 
 
@@ -125,16 +125,14 @@ def fit_and_check(page, viewport: dict, label: str, close_ups: bool = True) -> i
     return check_views(page, label, close_ups)
 
 
-@pytest.mark.parametrize(
-    ("method", "extra"), RUNS, ids=[m + e.replace("&preset=", "-") for m, e in RUNS]
-)
+@pytest.mark.parametrize(("method", "preset"), RUNS, ids=[f"{m}-{p}" if p else m for m, p in RUNS])
 def test_views_fit_on_a_desktop_and_a_phone_after_the_run_and_on_a_phone_at_a_middle_step(
-    views_page, method, extra
+    views_page, method, preset
 ):
     """One run per method, checked at both widths: the figures are the same, drawn to the width."""
     page = views_page
-    name = f"{method}{extra.replace('&preset=', '-')}"
-    open_run(page, method, extra.replace("&preset=", ""))
+    name = f"{method}-{preset}" if preset else method
+    open_run(page, method, preset)
     if method == "lookahead":  # its extra views are shown too, each full width; on a busy
         # machine they are drawn after the main panel: wait for all four, then check them all
         widths = page.wait_for_function(
