@@ -307,3 +307,49 @@ def compare_tokens(
     if len(reference) != len(tokens):
         return LosslessCheck(False, min(len(reference), len(tokens)), len(tokens), exact)
     return LosslessCheck(True, None, len(tokens), exact)
+
+
+# The trained drafting heads, each read by a short run on a fixed probe whose drafts follow only
+# the head's probabilities (no price sizes them: the token tree keeps its `nodes` most confident).
+FINGERPRINT_PROBE = "def mean(values):\n    return sum(values) / len(values)\n"
+FINGERPRINT_RUNS = (
+    ("token_tree", {"size": "fixed"}),  # the EAGLE head
+    ("kangaroo", {}),  # the early-exit adapter
+    ("medusa", {}),  # the Medusa heads
+)
+
+
+def has_float(v: object) -> bool:
+    """A float, or a tuple holding one at any depth (an event's probabilities)."""
+    return isinstance(v, float) or (isinstance(v, tuple) and any(has_float(x) for x in v))
+
+
+def float_fields(events: Sequence[Event]) -> list[tuple[str, Any]]:
+    """Every float a run's events carry but its clock and its prices (draft and target
+    probabilities, confidences, exit scores): what a machine's kernels round."""
+    from dataclasses import fields
+
+    from decoders.core.events import Priced
+
+    return [
+        (f"{e.type}.{f.name}", getattr(e, f.name))
+        for e in events
+        if not isinstance(e, (Done, Priced, Forward))
+        for f in fields(e)
+        if has_float(getattr(e, f.name))
+    ]
+
+
+def draft_fingerprint(bundle: ModelBundle, max_new_tokens: int = 16) -> str:
+    """What this machine's kernels make of the trained drafting heads (they may draft in
+    bfloat16, whose products round differently on AMX tiles, AVX-512 BF16 and other kernels):
+    a digest of every probability the heads' short runs on a fixed probe carry. Two machines
+    (or thread counts) with the same fingerprint draft the same bits, so a recorded run replays
+    step by step; with another, a tree sized by those probabilities may keep other nodes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for method, params in FINGERPRINT_RUNS:
+        run = generate(bundle, FINGERPRINT_PROBE, method, max_new_tokens, chat=False, **params)
+        digest.update(repr((method, run.token_ids, float_fields(run.events))).encode())
+    return digest.hexdigest()[:12]

@@ -34,6 +34,7 @@ from ui.tour import (
     SIDE_BY_SIDE,
     STOPS,
     TOUR,
+    draft_fingerprint,
     drafting_dtype,
     pin_prices,
     recorded,
@@ -72,9 +73,11 @@ def main() -> None:
         "rounds": ROUNDS,
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
         "threads": torch.get_num_threads(),
-        # trained heads draft in this dtype here (packing.draft_dtype): a machine that drafts in
-        # another makes other trees, and tests/test_tour.py then checks those stops more loosely
+        # trained heads draft in this dtype here (packing.draft_dtype), and this machine's
+        # kernels round them to this fingerprint: a machine with another grows other trees from
+        # the same heads, and tests/test_tour.py then checks the head-drafted stops more loosely
         "draft_dtype": drafting_dtype(),
+        "draft_fingerprint": draft_fingerprint(),
         "recorded": time.strftime("%Y-%m-%d"),
         "rows": last.rows,
     }

@@ -250,10 +250,9 @@ def test_rows_grow_one_run_at_a_time_and_all_are_identical_to_greedy(compared, t
     assert f"all {n} outputs identical to greedy" in final.headline()
     quick = max(lossy, key=lambda r: r["speedup"])  # more than two lossy rows: the fastest
     assert f"4 lossy rows: the fastest, {quick['method']}, at " in final.headline()
-    fastest = max((r for r in final.rows[1:] if not r["lossy"]), key=lambda r: r["speedup"])
-    if final.headline().startswith("Fastest: "):  # named only when its work differs and its lead
-        assert final.headline().startswith(f"Fastest: {fastest['method']} at ")  # beats noise
-        assert fastest["work"] != final.rows[0]["work"]
+    # Who is fastest is the rule's, on these rows' timings (tested on given numbers in
+    # test_the_headline_names_no_winner_...): here only that the comparison says what it says.
+    assert final.headline() == headline(final.rows)
     # A spec that did the reference's work (prompt lookup finds no match on tiny-random's text)
     # is never called faster than it, whatever its clock said.
     for r in final.rows[1:]:

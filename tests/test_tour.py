@@ -5,12 +5,9 @@ walked in tests/test_browser.py."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 
 from decoders import METHODS
-from decoders.core.events import Done, Event, Forward, Prefill, Priced
 from decoders.core.models import EMBEDDED_ID
 from ui.compare import work_of
 from ui.live import run_to_end
@@ -20,10 +17,12 @@ from ui.tour import (
     SIDE_BY_SIDE,
     STOPS,
     copied_won,
-    drafting_dtype,
+    decisions,
+    draft_fingerprint,
     most_committed,
     pin_prices,
     recorded,
+    replay_note,
     side_by_side,
     spec_of_stop,
 )
@@ -117,52 +116,18 @@ def test_the_translation_stop_shows_the_lab_on_the_shipped_models():
 # --- the recordings against the current decoders (slow) ---------------------------------------
 
 
-def has_float(v: object) -> bool:
-    return isinstance(v, float) or (isinstance(v, tuple) and any(has_float(x) for x in v))
-
-
-def skeleton(events: list[Event]) -> list[tuple]:
-    """What a run decided, without its clock or its floats: every event's whole-number and
-    text fields (tokens, tree shapes, accepted paths, origins, exits), Forward's kind, inputs
-    and layers included; timings, probabilities and prices left out."""
-    out = []
-    for e in events:
-        if isinstance(e, (Done, Priced, Prefill)):
-            continue
-        kept = []
-        for f in fields(e):
-            v = getattr(e, f.name)
-            if isinstance(e, Forward) and f.name == "wall_ms":
-                continue
-            if has_float(v):
-                continue
-            kept.append((f.name, v))
-        out.append((e.type, tuple(kept)))
-    return out
-
-
-# The stops whose drafts come from a trained head (EAGLE, Kangaroo's adapter, Medusa's heads),
-# which runs in packing.draft_dtype: on an AVX2-only CPU (float32 drafts against the recordings'
-# bfloat16) exactly the first five re-ran to other steps, lossless all the same.
-HEAD_DRAFTED = {"token_tree", "kangaroo", "medusa", "blockwise", "relaxed", "speculative"}
-
-
 @pytest.mark.slow
 def test_every_recording_is_what_the_decoders_make_now():
-    """Re-run each stop on the embedded model: the same decisions as recorded, step by step
-    (for a head-drafted stop, where this machine drafts in the recording's dtype);
-    every lossless stop identical to greedy (the autoregressive stop, re-run first); the drafting
-    methods above one token per forward on this code prompt. A failure means: re-run
+    """Re-run each stop on the embedded model. Everywhere: every lossless stop identical to
+    greedy (the autoregressive stop, re-run first), the drafting methods above one token per
+    forward on this code prompt, each stop's rule finding its step in the new run. Step for step
+    the same decisions as recorded, for a head-drafted stop only where this machine's kernels
+    draft the recording machine's bits (the same draft_fingerprint). A failure means: re-run
     `python scripts/make_tour.py`. (This is also the lossless grid's run of every method at its
     defaults on the embedded model: tests/test_lossless.py runs the paper's settings.)"""
     greedy: list[int] = []
     stale, other_drafts = [], []
-    # The recordings' heads drafted in the recording machine's dtype (bfloat16 where the CPU
-    # multiplies it natively). A machine that drafts in another (float32 on an AVX2-only CPU)
-    # grows other trees from slightly other draft probabilities: a stop whose steps differ there
-    # still has to be lossless and to draft, but is not called stale.
-    here = drafting_dtype()
-    same_drafts = side_by_side().get("draft_dtype", here) == here
+    same_drafts = side_by_side().get("draft_fingerprint") == draft_fingerprint()
     for stop in STOPS:
         if stop.same_run_as:
             continue
@@ -173,17 +138,36 @@ def test_every_recording_is_what_the_decoders_make_now():
         )
         if stop.method == "autoregressive":
             greedy = now.token_ids
-        if skeleton(now.events) != skeleton(was.events):
-            drafted = not same_drafts and stop.key in HEAD_DRAFTED
+        if decisions(now.events) != decisions(was.events):
+            drafted = not same_drafts and stop.head_drafted
             (other_drafts if drafted else stale).append(stop.key)
         lossless = METHODS[stop.method].claims_lossless(dict(stop.params))
         if lossless:
             assert now.token_ids == greedy, stop.key
         if stop.key in DRAFTING_ON_CODE:
             assert now.stats["tokens_per_target_forward"] > 1.0, stop.key
+        committed = {e.step for e in now.events if type(e).__name__ == "Commit" and e.step}
+        for rule in {s.pick for s in STOPS if s.recording == stop.key}:
+            assert rule(now) in committed, stop.key  # its rule finds a step of this run
     assert not stale, f"recordings out of date: {stale}; run python scripts/make_tour.py"
     if other_drafts:
-        print(f"drafted in {here}, not as recorded: {other_drafts} checked lossless only")
+        print(f"another draft fingerprint here: {other_drafts} checked without their steps")
+
+
+def test_a_live_run_says_whether_it_replayed_its_recording(monkeypatch):
+    """The note a tour stop's live run gets: the same steps, or why not, by what differs
+    (checked on the recordings themselves: no model runs)."""
+    import ui.tour as tour
+
+    stop = next(s for s in STOPS if s.key == "token_tree")
+    trace = recorded(stop.key)
+    assert replay_note(stop, trace).startswith("It took the same steps")
+    other = recorded("speculative")  # another run's decisions, and no Priced event
+    monkeypatch.setattr(tour, "draft_fingerprint", lambda: "elsewhere")
+    note = replay_note(stop, other)
+    assert "other steps" in note and "prices" in note and "rounds bfloat16 differently" in note
+    monkeypatch.setattr(tour, "draft_fingerprint", lambda: side_by_side()["draft_fingerprint"])
+    assert "bfloat16" not in replay_note(stop, other)
 
 
 def test_a_stops_live_run_opens_at_the_step_its_rule_picks_once():
@@ -192,7 +176,7 @@ def test_a_stops_live_run_opens_at_the_step_its_rule_picks_once():
     trace = recorded("speculative")
     LIVE["s1"] = "speculative"
     rule = "the tour stop's rule, the step that committed the most tokens"
-    assert tour_step("s1", trace) == (most_committed(trace), rule)
+    assert tour_step("s1", trace) == (most_committed(trace), rule, replay_note(STOPS[3], trace))
     assert tour_step("s1", trace) is None  # once: the session's next run opens as usual
     LIVE["s1"] = "jacobi"
     assert tour_step("s1", trace) is None  # another method's run: not this stop's

@@ -15,7 +15,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -479,16 +478,19 @@ def test_a_deadline_keeps_what_was_generated_by_then_and_says_what_it_cut(tiny):
         corpus_builder.build(bundle, corpus_args(*extra, "--deadline", "-5"))
 
 
-def test_the_deadline_gives_each_part_its_share_of_the_work_left():
+def test_the_deadline_gives_each_part_its_share_of_the_work_left(monkeypatch):
     """Chat is most of a default GPU corpus (72% on an H200): the shares follow the sizes asked
-    for, and a part that starts late gets the time left, split over the parts still to run."""
+    for, and a part that starts late gets the time left, split over the parts still to run (on
+    a clock the test sets, so a busy machine cannot move it)."""
+    now = 1000.0
+    monkeypatch.setattr(corpus_builder.time, "perf_counter", lambda: now)
     sizes = ("--chat", "3200", "--tasks", "960", "--code", "1024", "--code-tokens", "128")
     args = corpus_args(*sizes, "--deadline", "100")
-    clock = corpus_builder.Clock(args, start=time.perf_counter())
-    turns = clock.until("user turns") - time.perf_counter()
+    clock = corpus_builder.Clock(args, start=now)
+    turns = clock.until("user turns") - now
     assert 38 < turns < 40  # 2·3200·80 = 512k of 1.31M units of work: 39 s
-    clock.end = time.perf_counter() + 20  # 20 s left when the code starts: all of it
-    assert clock.until("code") == pytest.approx(clock.end, abs=0.01)
+    now = 1080.0  # 20 s left when the code starts: all of it
+    assert clock.until("code") == pytest.approx(clock.end)
 
 
 def test_the_held_out_split_is_per_source_and_seeded():

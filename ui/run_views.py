@@ -275,15 +275,15 @@ class RunTab:
         trace: Trace,
         status: str,
         width: int | None = None,
-        opened: tuple[int, str] | None = None,
+        opened: tuple[int, str, str] | None = None,
     ) -> dict:
         """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
         its example: at the showcase step (the last one with drafts accepted, whose method panel
         has something to show; the tokens after it stay on screen, pending), else the last; or
-        at `opened` = (step, the rule that chose it: a tour stop's, for its live run)."""
+        at `opened` = (step, the rule that chose it, a note: a tour stop's, for its live run)."""
         if opened is not None:
             at = opened[0]
-            status += f" Opened at step {at}: {opened[1]}."
+            status += f" Opened at step {at}: {opened[1]}. {opened[2]}"
         else:
             at, shown = showcase(trace)
             if at < trace.last_step:

@@ -1,8 +1,10 @@
 """The guided tour: an ordered set of stops for a class, each a recorded run of the embedded model
 opened at its most telling step, with a short narration and the one thing to look at marked on
-the figure. No gradio here (ui/tour_tab.py draws it), and no model compute: the runs are recorded
-by `python scripts/make_tour.py` into assets/tour/, and `tests/test_tour.py` re-runs every stop
-against the current decoders, so a recording cannot go stale.
+the figure. No gradio here (ui/tour_tab.py draws it), and no model compute but the trained
+heads' fingerprint (`draft_fingerprint`, asked for when a live run differs from its recording):
+the runs are recorded by `python scripts/make_tour.py` into assets/tour/, and
+`tests/test_tour.py` re-runs every stop against the current decoders, so a recording cannot go
+stale.
 
 How a stop's step is chosen is a rule, said on the page beside the figure (`Stop.rule`) and
 computed from the trace's events (`Stop.pick`).
@@ -13,14 +15,25 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 
-from decoders.core.events import Commit, Draft, LayerExit, MaskPredictStep, Verify
+from decoders.core.events import (
+    Commit,
+    Done,
+    Draft,
+    Event,
+    LayerExit,
+    MaskPredictStep,
+    Prefill,
+    Priced,
+    Verify,
+)
+from decoders.engine import has_float
 
 from .live import Trace
 from .traces import EXAMPLE_PROMPTS
@@ -127,6 +140,10 @@ class Stop:
     same_run_as: str = ""
     # The method's view the stop draws (by name, one of its declared views); "": its first.
     view: str = ""
+    # Its drafts come from a trained head (EAGLE, Kangaroo's adapter, Medusa's heads), which may
+    # draft in bfloat16: a machine whose kernels round it otherwise (another draft_fingerprint)
+    # grows other trees from the same heads, lossless all the same.
+    head_drafted: bool = False
 
     @property
     def recording(self) -> str:
@@ -206,6 +223,7 @@ STOPS: tuple[Stop, ...] = (
         "the drafted tokens the target accepted (green) and the one it corrected.",
         most_committed,
         "the step that committed the most tokens",
+        head_drafted=True,
     ),
     Stop(
         "token_tree",
@@ -222,6 +240,7 @@ STOPS: tuple[Stop, ...] = (
         most_committed,
         "the step that committed the most tokens",
         focus=("accepted", "bonus", "correction", "root"),
+        head_drafted=True,
     ),
     Stop(
         "token_tree_copy",
@@ -299,6 +318,7 @@ STOPS: tuple[Stop, ...] = (
         "each draft token's confidence against η, and where drafting stopped.",
         most_committed,
         "the step that committed the most tokens",
+        head_drafted=True,
     ),
     Stop(
         "self_speculative",
@@ -343,6 +363,7 @@ STOPS: tuple[Stop, ...] = (
         "each head's candidates and which ones the target accepted.",
         most_committed,
         "the step that committed the most tokens",
+        head_drafted=True,
     ),
     Stop(
         "blockwise",
@@ -357,6 +378,7 @@ STOPS: tuple[Stop, ...] = (
         "the chain of head guesses and where the target first disagreed.",
         most_committed,
         "the step that committed the most tokens",
+        head_drafted=True,
     ),
     Stop(
         "space",
@@ -429,6 +451,7 @@ STOPS: tuple[Stop, ...] = (
         most_relaxed,
         "the step where the relaxed rule accepted the most drafts the exact rule would reject",
         params={"draft": "eagle", "beta": 4, "tolerance": 2},
+        head_drafted=True,
     ),
     Stop(
         "mask_predict",
@@ -456,14 +479,58 @@ def forget(session: str | None) -> None:
     LIVE.pop(session, None)
 
 
-def tour_step(session: str | None, trace: Trace) -> tuple[int, str] | None:
-    """For the live run a tour stop asked for (once): the step its rule picks in this run and
-    the rule, when the run is that stop's method; else None (the usual showcase step)."""
+def tour_step(session: str | None, trace: Trace) -> tuple[int, str, str] | None:
+    """For the live run a tour stop asked for (once): the step its rule picks in this run, the
+    rule, and how the run compares with the stop's recording (`replay_note`), when the run is
+    that stop's method; else None (the usual showcase step)."""
     key = LIVE.pop(session, None)
     stop = next((s for s in STOPS if s.key == key), None)
     if stop is None or trace.meta.get("method") != stop.method or not trace.token_ids:
         return None
-    return stop.pick(trace), f"the tour stop's rule, {stop.rule}"
+    return stop.pick(trace), f"the tour stop's rule, {stop.rule}", replay_note(stop, trace)
+
+
+def decisions(events: Sequence[Event]) -> list[tuple]:
+    """What a run decided, without its clock or its floats: every event's whole-number and
+    text fields (tokens, tree shapes, accepted paths, origins, exits), Forward's kind, inputs
+    and layers included; timings, probabilities and prices left out. Two runs that decided the
+    same replay step for step."""
+    out = []
+    for e in events:
+        if isinstance(e, (Done, Priced, Prefill)):
+            continue
+        kept = tuple(
+            (f.name, getattr(e, f.name))
+            for f in fields(e)
+            if not has_float(getattr(e, f.name))  # a Forward's wall_ms too
+        )
+        out.append((e.type, kept))
+    return out
+
+
+def replay_note(stop: Stop, trace: Trace) -> str:
+    """A live run of a stop against its recording: the same steps, or why not (this machine's
+    prices size the tree otherwise; its kernels round the heads' bfloat16 otherwise)."""
+    was = recorded(stop.recording)
+    if decisions(trace.events) == decisions(was.events):
+        return "It took the same steps as the tour's recording."
+    why = []
+    if [e for e in trace.events if isinstance(e, Priced)] != [
+        e for e in was.events if isinstance(e, Priced)
+    ]:
+        why.append(
+            "this machine prices a forward's inputs otherwise, so drafts are sized otherwise"
+        )
+    if stop.head_drafted and draft_fingerprint() != side_by_side().get("draft_fingerprint"):
+        why.append(
+            "this machine rounds bfloat16 differently, so the trained head's draft "
+            "probabilities move in their last bits and the tree keeps other nodes"
+        )
+    because = f": {'; and '.join(why)}" if why else ""
+    return (
+        f"It took other steps than the tour's recording{because}. Its output is checked "
+        "against greedy all the same."
+    )
 
 
 @cache
@@ -496,13 +563,26 @@ def side_by_side() -> dict[str, Any]:
 
 def drafting_dtype() -> str:
     """The dtype trained drafting heads run in on this machine beside the float32 target
-    (packing.draft_dtype), as side_by_side records it: a machine that drafts in another grows
-    other trees from the same heads."""
+    (packing.draft_dtype), as side_by_side records it (for the reader: what decides whether a
+    recording replays is `draft_fingerprint`, not the dtype's name)."""
     import torch
 
     from decoders.core.packing import draft_dtype
 
     return str(draft_dtype(torch.device("cpu"), torch.float32)).removeprefix("torch.")
+
+
+@cache
+def draft_fingerprint() -> str:
+    """This process's fingerprint of the embedded model's trained heads (engine.draft_fingerprint,
+    a few short runs, once): side_by_side records the recording machine's, and a head-drafted stop
+    replays step by step only where the two agree."""
+    from decoders.core.models import EMBEDDED_ID
+    from decoders.engine import draft_fingerprint as fingerprint
+
+    from .models import get_bundle
+
+    return fingerprint(get_bundle(EMBEDDED_ID))
 
 
 def pin_prices(trace: Trace) -> None:
