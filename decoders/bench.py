@@ -33,6 +33,7 @@ from decoders.core.costs import REPRICE_ENV, measured_costs
 from decoders.core.errors import DecodingLabError, InvalidInput
 from decoders.core.models import ModelBundle, load_model
 from decoders.core.params import validate_params
+from decoders.core.stats import pooled_acceptance
 from decoders.engine import generate, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -386,11 +387,7 @@ def summarize(
             round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3) if ratios else None
         )
     if c.ours:
-        forwards = sum(o.stats["target_forwards"] for o in c.outcomes)
-        verify = sum(o.stats["verify_steps"] for o in c.outcomes)
-        accepted = sum(o.stats["accepted_drafts"] for o in c.outcomes)
-        row["tokens_per_target_forward"] = round(tokens / forwards, 3) if forwards else None
-        row["mean_acceptance_length"] = round(1 + accepted / verify, 3) if verify else None
+        row |= pooled_acceptance(o.stats for o in c.outcomes)  # the prompts as one run
         weighed = [
             (o.stats["layers_per_token"], len(o.tokens) - 1)
             for o in c.outcomes

@@ -99,7 +99,7 @@ def score(
         "tokens_per_target_forward": round(tokens / forwards, 4) if forwards else 1.0,
         "draft_share": round(drafting / steps, 4) if steps else 0.0,
         "drafts_per_step": round(drafted / steps, 4) if steps else 0.0,
-        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         "kept_fraction": round(kept, 4),
     }
 
@@ -111,7 +111,7 @@ def shortfall(
 ) -> float:
     """How far a set is from the constraints (0 = feasible). A set that never drafts misses both."""
     return max(0.0, min_draft_share - result["draft_share"]) + max(
-        0.0, min_acceptance - result["acceptance_rate"]
+        0.0, min_acceptance - result["draft_acceptance_rate"]
     )
 
 
@@ -161,7 +161,7 @@ def search(
         log(
             f"trial {trial.number:3d}: {value:+.3f}  {result['modelled_speedup']:.3f}x  "
             f"drafts on {result['draft_share']:.0%} of steps, {result['drafts_per_step']:.2f}/step,"
-            f" {result['acceptance_rate']:.0%} accepted  kept {result['kept_fraction']:.2f}  "
+            f" {result['draft_acceptance_rate']:.0%} accepted  kept {result['kept_fraction']:.2f}  "
             f"{format_skip(skip)}"
         )
         return value

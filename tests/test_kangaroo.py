@@ -499,7 +499,7 @@ def test_sampling_with_the_mirror_accepts_nearly_everything(mirrored):
             seed=1,
         )
         assert {e.rule for e in res.events if isinstance(e, Verify)} == {"speculative-sampling"}
-        assert res.stats["acceptance_rate"] >= 0.95, res.stats
+        assert res.stats["draft_acceptance_rate"] >= 0.95, res.stats
 
 
 # --- sampling: the exact rejection rule with q = the adapter's distribution -----------------------

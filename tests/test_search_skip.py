@@ -19,7 +19,7 @@ def test_modelled_cost_counts_draft_and_verify_forwards():
 
 
 def result(speedup, share, acceptance):
-    return {"modelled_speedup": speedup, "draft_share": share, "acceptance_rate": acceptance}
+    return {"modelled_speedup": speedup, "draft_share": share, "draft_acceptance_rate": acceptance}
 
 
 def test_the_objective_rejects_a_set_that_never_drafts():

@@ -131,9 +131,9 @@ def test_lossless_on_tiny(tiny, case, draft, gamma, schedule):
         if schedule == "fixed":
             lengths = [1 + len(v.accepted) for v in verifies[:-1]]  # the last may be cut short
             assert sum(lengths) / len(lengths) == gamma + 1
-        assert res.stats["acceptance_rate"] == 1.0
+        assert res.stats["draft_acceptance_rate"] == 1.0
     if draft == "tiny-random-2":  # an unrelated model: (almost) nothing is kept
-        assert res.stats["acceptance_rate"] <= 0.1
+        assert res.stats["draft_acceptance_rate"] <= 0.1
         assert res.stats["mean_acceptance_length"] <= 1.2
     if draft == "self:1" and gamma == 1:
         assert drafts[0].source.startswith("self:1 ")
@@ -299,7 +299,7 @@ def test_sampling_with_the_target_as_draft_accepts_everything(tiny, temperature,
         top_p=top_p,
         seed=1,
     )
-    assert res.stats["acceptance_rate"] >= 0.95, res.stats
+    assert res.stats["draft_acceptance_rate"] >= 0.95, res.stats
     check_steps(res, 4, "fixed", 40)
 
 

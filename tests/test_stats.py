@@ -28,7 +28,7 @@ def test_acceptance_metrics_follow_the_serving_definitions():
         Verify(1, (0, 1), 9, "greedy-chain"),
         Commit(1, (1, 2, 9), ("draft", "draft", "correction"), (1.0, 1.0, 1.0)),
         # step 2: a tree of depth 2 (4 nodes), nothing accepted
-        Draft(2, "self:8", (4, 5, 6, 7), (-1, -1, 0, 1), (0.5, 0.4, 0.3, 0.2)),
+        Draft(2, "self:8", (4, 5, 6, 7), (-1, -1, 0, 1), (0.5, 0.4, 0.3, 0.2), copied=(1, 3)),
         Forward(2, "verify", 5, 30, 1.0),
         Verify(2, (), 8, "greedy-tree"),
         Commit(2, (8,), ("correction",), (1.0,)),
@@ -40,10 +40,17 @@ def test_acceptance_metrics_follow_the_serving_definitions():
     assert s["verify_steps"] == 2
     assert s["accepted_drafts"] == 2
     assert s["mean_acceptance_length"] == 2.0  # 1 + 2 accepted / 2 verify steps
-    assert s["acceptance_rate"] == round(2 / 7, 4)
+    assert s["draft_acceptance_rate"] == round(2 / 7, 4)
     # position 0 drafted in both steps, accepted once; 1 drafted twice, accepted once; 2 once, never
     assert s["acceptance_by_position"] == [0.5, 0.5, 0.0]
     assert s["acceptance_histogram"] == [1, 0, 1]
+    # vLLM's per-position acceptance: steps that accepted at least i + 1 drafts, of all steps
+    assert s["acceptance_per_position"] == [0.5, 0.5]
+    assert s["acceptance_histogram_by_draft_length"] == {"3": [0, 0, 1], "4": [1]}
+    assert s["draft_sources"] == {
+        "copied": {"drafted": 2, "accepted": 0, "draft_acceptance_rate": 0.0, "draft_ms": 0.0},
+        "self:8": {"drafted": 5, "accepted": 2, "draft_acceptance_rate": 0.4, "draft_ms": 1.0},
+    }
     assert s["origins"] == {"target": 1, "draft": 2, "correction": 2}
 
 

@@ -611,7 +611,7 @@ def test_the_target_as_draft_accepts_every_node_of_a_chain(tiny):
     # The prefill's token, 7 steps of 3 drafts + a bonus (29 tokens), then a plain target step.
     assert [len(v.accepted) for v in verifies] == [3] * 7
     assert [len(d.tokens) for d in drafts] == [3] * 7
-    assert res.stats["acceptance_rate"] == 1.0
+    assert res.stats["draft_acceptance_rate"] == 1.0
     assert res.stats["target_forwards"] == 1 + 8
     check_tree_steps(res, 30, {"shape": "static", "choices": CHAIN3})
 

@@ -120,9 +120,17 @@ def test_metrics_and_badges():
         {"status": "differs", "first_divergence": 3}
     )
     assert lossless_badge_html(None) == ""
-    rare = metrics_html({"acceptance_rate": 0.003, "mean_acceptance_length": 1.05})
+    rare = metrics_html({"draft_acceptance_rate": 0.003, "mean_acceptance_length": 1.05})
     assert ">&lt;1%<" in rare  # above zero never reads as 0 %
-    assert ">0%<" in metrics_html({"acceptance_rate": 0.0})
+    assert ">0%<" in metrics_html({"draft_acceptance_rate": 0.0})
+    # a tree's low rate beside a long acceptance is explained with the run's own numbers
+    tree = {"draft_acceptance_rate": 0.09, "mean_acceptance_length": 2.4}
+    tree |= {"verify_steps": 10, "drafted_tokens": 155}
+    assert "Only 9% of drafted tokens were accepted, yet each verify step wrote 2.40" in (
+        metrics_html(tree)
+    )
+    assert "15.5 tokens each" in metrics_html(tree)
+    assert "Only" not in metrics_html({**tree, "draft_acceptance_rate": 0.7})
 
 
 def test_draft_panel_colours_accepted_rejected_and_the_correction():

@@ -211,22 +211,40 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
         card(
             "mean acceptance length",
             num("mean_acceptance_length"),
-            "1 + accepted drafts / verify steps",
+            "mean_acceptance_length (vLLM's): 1 + accepted drafts / verify steps, the tokens a "
+            "verify step writes, the target's own included",
         ),
         card(
-            "acceptance rate",
-            _percent(stats.get("acceptance_rate")),
-            "accepted drafts / drafted tokens",
+            "draft acceptance rate",
+            _percent(stats.get("draft_acceptance_rate")),
+            "draft_acceptance_rate (vLLM's): accepted drafts / drafted tokens",
         ),
         card("new tokens", num("new_tokens", "{}"), ""),
     ]
     badge = lossless_badge_html(lossless)
+    why = acceptance_sentence(stats)
     return (
         "<style>.dl-cards{display:flex;flex-wrap:wrap;gap:8px;align-items:stretch}"
         ".dl-card{background:#f7f9fa;border:1px solid #e0e6ea;border-radius:8px;padding:6px 12px;min-width:110px}"
         ".dl-v{font-size:20px;font-weight:600;color:#1f2937}.dl-l{font-size:11px;color:#607d8b}"
         ".dl-badge{border-radius:8px;padding:6px 12px;font-weight:600;display:flex;align-items:center}</style>"
         f'<div class="dl-cards">{"".join(cards)}{badge}</div>'
+        + (f'<div class="dl-l" style="margin-top:4px">{html.escape(why)}</div>' if why else "")
+    )
+
+
+def acceptance_sentence(stats: Mapping[str, Any]) -> str:
+    """Why a low draft acceptance rate can sit beside a long acceptance length, said with this
+    run's numbers, where they look contradictory (a tree, or a long draft); else ""."""
+    rate, length = stats.get("draft_acceptance_rate"), stats.get("mean_acceptance_length")
+    steps, drafted = stats.get("verify_steps") or 0, stats.get("drafted_tokens") or 0
+    if rate is None or length is None or not steps or rate >= 0.5 or length < 1.5:
+        return ""
+    return (
+        f"Only {_percent(rate)} of drafted tokens were accepted, yet each verify step wrote "
+        f"{length:.2f} tokens: the steps drafted {drafted / steps:.1f} tokens each on average "
+        "(a tree's branches, or a long chain), and the target keeps one path and adds a token "
+        "of its own."
     )
 
 

@@ -2,9 +2,17 @@
 
 - tokens per target forward = new tokens / target forward passes (prefill, target, verify and sync passes; FREE's shallow passes are
   counted as layers, not as forwards: its sync pass completes them)
-- mean acceptance length = 1 + accepted drafts / verify steps
-- acceptance rate per draft position j = steps that accepted a draft at depth j / steps that drafted one
-- acceptance histogram[j] = verify steps that accepted exactly j drafts
+- `mean_acceptance_length` = 1 + accepted drafts / verify steps: the tokens a verify step writes,
+  the target's own (correction or bonus) included (vLLM's; EAGLE's τ)
+- `draft_acceptance_rate` = accepted drafts / drafted tokens (vLLM's): a tree drafts many nodes
+  and accepts one path, so a long acceptance can come with a low rate
+- `acceptance_per_position[i]` = verify steps that accepted at least i + 1 drafts / verify steps
+  (vLLM's per-position acceptance); `acceptance_by_position[j]` = the same count / the steps
+  whose draft reached depth j (how often depth j holds when it is tried)
+- `acceptance_histogram[j]` = verify steps that accepted exactly j drafts;
+  `acceptance_histogram_by_draft_length[n]` = the same over the steps that drafted n tokens
+- `draft_sources[source]` = drafted, accepted and draft ms per draft source (the drafter named
+  by the Draft event; a tree's copied branch as "copied"), as llama.cpp reports per source
 - layers per token = target decoder layers run per input after the prefill (target, verify and
   FREE's shallow and sync passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
   prefill's): 1 for autoregressive decoding, below 1 where tokens exit early (a draft's own
@@ -21,7 +29,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decoders.core.events import Commit, Draft, Event, Forward, LayerExit, Priced, Verify
@@ -40,6 +48,11 @@ class StatsAccumulator:
         self.verify_steps = 0
         self.accepted = 0
         self.histogram: Counter[int] = Counter()
+        self.by_length: defaultdict[int, Counter[int]] = defaultdict(Counter)
+        self.drafts: dict[int, Draft] = {}  # step -> its draft, until its verdict
+        self.draft_ms: defaultdict[int, float] = defaultdict(float)  # step -> its draft forwards
+        self.sources: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.source_ms: defaultdict[str, float] = defaultdict(float)
         self.proposed_at: Counter[int] = Counter()
         self.accepted_at: Counter[int] = Counter()
         self.origins: Counter[str] = Counter()
@@ -52,6 +65,8 @@ class StatsAccumulator:
         if isinstance(event, Forward):
             self.forwards[event.kind] += 1
             self.ms[event.kind] += event.wall_ms
+            if event.kind == "draft":
+                self.draft_ms[event.step] += event.wall_ms
             if event.kind == "prefill":
                 self.depth = max(self.depth, event.layers)
             elif event.kind in ("target", "verify", "shallow", "sync"):
@@ -61,6 +76,11 @@ class StatsAccumulator:
             self.origins.update(event.origins)
         elif isinstance(event, Draft):
             self.drafted += len(event.tokens)
+            self.drafts[event.step] = event
+            copied = set(event.copied)
+            for i in range(len(event.tokens)):
+                self.sources[_source(event, i, copied)]["drafted"] += 1
+            self.source_ms[_source(event, -1, copied)] += self.draft_ms.pop(event.step, 0.0)
             if event.tokens:
                 deepest = max(depths(event.parents)) + 1
                 self.draft_depth[event.step] = max(self.draft_depth.get(event.step, 0), deepest)
@@ -74,6 +94,12 @@ class StatsAccumulator:
             self.verify_steps += 1
             self.accepted += n
             self.histogram[n] += 1
+            draft = self.drafts.pop(event.step, None)
+            if draft is not None:
+                self.by_length[len(draft.tokens)][n] += 1
+                copied = set(draft.copied)
+                for i in event.accepted:
+                    self.sources[_source(draft, i, copied)]["accepted"] += 1
             for j in range(self.draft_depth.get(event.step, n)):
                 self.proposed_at[j] += 1
                 self.accepted_at[j] += j < n
@@ -88,20 +114,24 @@ class StatsAccumulator:
             "new_tokens": self.new_tokens,
             "target_forwards": target_forwards,
             "draft_forwards": self.forwards["draft"],
-            "tokens_per_target_forward": _ratio(self.new_tokens, target_forwards),
+            **acceptance_readings(
+                self.new_tokens,
+                target_forwards,
+                self.accepted,
+                self.drafted,
+                self.histogram,
+                self.sources,
+                self.source_ms,
+            ),
             "verify_steps": self.verify_steps,
             "drafted_tokens": self.drafted,
             "accepted_drafts": self.accepted,
-            "mean_acceptance_length": (
-                round(1 + self.accepted / self.verify_steps, 4) if self.verify_steps else None
-            ),
-            "acceptance_rate": _ratio(self.accepted, self.drafted) if self.drafted else None,
             "acceptance_by_position": [
                 _ratio(self.accepted_at[j], self.proposed_at[j]) for j in range(depth)
             ],
-            "acceptance_histogram": [
-                self.histogram[j] for j in range(max(self.histogram, default=-1) + 1)
-            ],
+            "acceptance_histogram_by_draft_length": {
+                str(n): _histogram(h) for n, h in sorted(self.by_length.items())
+            },
             "origins": dict(self.origins),
             "layers_per_token": (
                 round(self.layer_inputs / (self.new_tokens - 1) / self.depth, 4)
@@ -124,8 +154,80 @@ class StatsAccumulator:
         }
 
 
+def _histogram(counts: Counter[int]) -> list[int]:
+    return [counts[j] for j in range(max(counts, default=-1) + 1)]
+
+
+def _source(draft: Draft, node: int, copied: set[int]) -> str:
+    """Who drafted node `node` (-1: the draft's forwards): a tree's copied branch, or the drafter
+    the event names (its label up to the first parenthesis: "eagle (1 trained layer …)" -> "eagle")."""
+    if node in copied:
+        return "copied"
+    return draft.source.split(" (", 1)[0].strip() or "draft"
+
+
 def _ratio(a: float, b: float) -> float:
     return round(a / b, 4) if b else 0.0
+
+
+def pooled_acceptance(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The acceptance readings of several runs' stats taken as one run (a benchmark's prompts):
+    counts summed, then every reading under the same definitions as one run's."""
+    runs = list(runs)
+    total = Counter()
+    hist: Counter[int] = Counter()
+    sources: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    source_ms: defaultdict[str, float] = defaultdict(float)
+    for r in runs:
+        for k in ("new_tokens", "target_forwards", "verify_steps", "accepted_drafts"):
+            total[k] += r.get(k) or 0
+        total["drafted_tokens"] += r.get("drafted_tokens") or 0
+        hist.update(dict(enumerate(r.get("acceptance_histogram") or [])))
+        for name, row in (r.get("draft_sources") or {}).items():
+            sources[name].update({"drafted": row["drafted"], "accepted": row["accepted"]})
+            source_ms[name] += row["draft_ms"]
+    return acceptance_readings(
+        total["new_tokens"],
+        total["target_forwards"],
+        total["accepted_drafts"],
+        total["drafted_tokens"],
+        hist,
+        sources,
+        source_ms,
+    ) | {"verify_steps": total["verify_steps"]}
+
+
+def acceptance_readings(
+    new_tokens: int,
+    target_forwards: int,
+    accepted: int,
+    drafted: int,
+    histogram: Counter[int],
+    sources: Mapping[str, Counter[str]],
+    source_ms: Mapping[str, float],
+) -> dict[str, Any]:
+    """The serving engines' readings from a run's counts (the module's docstring defines them):
+    the one place they are computed, for a run and for runs pooled."""
+    steps = sum(histogram.values())
+    return {
+        "tokens_per_target_forward": _ratio(new_tokens, target_forwards),
+        "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else None,
+        "draft_acceptance_rate": _ratio(accepted, drafted) if drafted else None,
+        "acceptance_per_position": [
+            _ratio(sum(c for j, c in histogram.items() if j > i), steps)
+            for i in range(max((j for j, c in histogram.items() if c), default=0))
+        ],
+        "acceptance_histogram": _histogram(+histogram),
+        "draft_sources": {
+            name: {
+                "drafted": c["drafted"],
+                "accepted": c["accepted"],
+                "draft_acceptance_rate": _ratio(c["accepted"], c["drafted"]),
+                "draft_ms": round(source_ms.get(name, 0.0), 2),
+            }
+            for name, c in sorted(sources.items())
+        },
+    }
 
 
 def compute_stats(events: Iterable[Event], wall_s: float | None = None) -> dict[str, Any]:
