@@ -1,5 +1,7 @@
 """Command line: python -m decoders --method autoregressive --prompt "..." [--json] [--check-lossless]
 
+    python -m decoders --prices [--remeasure] [--model ID]   # this machine's price table (JSON)
+
 Errors print one line to stderr and exit 2; a failed lossless check exits 1 (a lossy method
 makes no claim: --check-lossless prints how close it came and exits 0).
 """
@@ -16,6 +18,7 @@ from decoders.core.errors import DecodingLabError, InvalidParameter
 from decoders.core.models import load_model
 from decoders.engine import (
     MAX_NEW_TOKENS_CAP,
+    calibrate,
     check_lossless,
     check_request,
     generate,
@@ -44,7 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--method", default="autoregressive", help="decoding method (see below)")
-    parser.add_argument("--prompt", required=True, help="prompt text")
+    parser.add_argument("--prompt", help="prompt text (required unless --prices)")
+    parser.add_argument(
+        "--prices",
+        action="store_true",
+        help="print the model's price table on this machine as JSON (measured and stored the "
+        "first time): what every run's drafts are sized by and its work priced by",
+    )
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="with --prices: measure the table again now and store it for every later run",
+    )
     parser.add_argument(
         "--max-new-tokens", type=int, default=64, help=f"generation budget, 1..{MAX_NEW_TOKENS_CAP}"
     )
@@ -89,7 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.prices:
+        try:
+            bundle = load_model(args.model, device_map=args.device_map, max_memory=args.max_memory)
+            table = calibrate(bundle, again=args.remeasure)
+        except DecodingLabError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(table.to_dict(), indent=1))
+        return 0
+    if args.prompt is None:
+        parser.error("--prompt is required (or --prices)")
     try:
         params: dict[str, Any] = dict(parse_param(p) for p in args.param)
         # Fail on bad input before the (slow) model load.

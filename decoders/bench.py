@@ -29,12 +29,13 @@ from typing import Any
 import torch
 
 from decoders.core import quality
-from decoders.core.costs import REPRICE_ENV, measured_costs
+from decoders.core.costs import price_table
 from decoders.core.errors import DecodingLabError, InvalidInput
 from decoders.core.models import ModelBundle, load_model
 from decoders.core.params import validate_params
+from decoders.core.prices import recorded_prices
 from decoders.core.stats import pooled_acceptance
-from decoders.engine import generate, get_method
+from decoders.engine import calibrate, generate, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -402,8 +403,17 @@ def summarize(
     return row
 
 
-def _costs_note(costs: dict[str, float] | None) -> str:
-    """The measured prices, said beside the table (results.json files from before them have none)."""
+def _costs_note(meta: dict[str, Any]) -> str:
+    """The price table the work was priced by, said beside the table (results.json files from
+    before tables have `costs`, or nothing)."""
+    table = recorded_prices(meta)
+    if table is not None:
+        return (
+            f", work priced by this machine's table (one more input {table.input_cost:.3f} of a "
+            f"one-token forward, a 17-input forward {table.inputs(17):.2f}, the non-layer share "
+            f"{table.fixed_share:.2f}, stated error ±{table.spread:.0%})"
+        )
+    costs = meta.get("costs")
     if not costs or "input_cost" not in costs:
         return ""
     return f", one more input priced at {costs['input_cost']:.3f} of a one-token forward"
@@ -424,18 +434,21 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
         f"Model {meta['model']} ({meta['device']}, {meta['dtype']}{drafts}), {meta['dataset']}"
         f"{' / ' + meta['category'] if meta.get('category') else ''}, {meta['n_prompts']} prompts, "
         f"max {meta['max_new_tokens']} new tokens, torch {meta['torch']}, {meta['threads']} threads"
-        f"{_costs_note(meta.get('costs'))}{repeated}.",
+        f"{_costs_note(meta)}{repeated}.",
         "",
-        f"| method | tokens/s | speedup vs our AR |{runs_column[0]} tokens / target forward "
-        "| mean acceptance length | identical to greedy |",
-        f"|---|---:|---:|{runs_column[1]}---:|---:|---:|",
+        f"| method | tokens/s | speedup vs our AR |{runs_column[0]} modelled speedup "
+        "| tokens / target forward | mean acceptance length | draft acceptance rate "
+        "| identical to greedy |",
+        f"|---|---:|---:|{runs_column[1]}---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         runs = r.get("speedup_runs")
         each = " / ".join(f"{x:.2f}" for x in runs) + " | " if runs else ""
         lines.append(
             f"| {r['contestant']} | {r['tokens_per_s']:.2f} | {fmt(r.get('speedup'))}× | {each}"
+            f"{fmt(r.get('modelled_speedup'))}{'×' if r.get('modelled_speedup') else ''} | "
             f"{fmt(r.get('tokens_per_target_forward'))} | {fmt(r.get('mean_acceptance_length'))} | "
+            f"{fmt(r.get('draft_acceptance_rate'), '.0%')} | "
             # A lossy method makes no claim: say so, not "0/20" as if it had failed one.
             f"{'lossy, ' if r.get('lossy') else ''}{r['lossless']}/{r['n']} |"
         )
@@ -706,9 +719,8 @@ def _meta(args: argparse.Namespace, bundle: ModelBundle, result: dict) -> dict:
         # sdpa_gqa (decoders/core/attention.py) or what DECODING_LAB_GQA=0 left: runs compare
         "attention": getattr(bundle.model.config, "_attn_implementation", None),
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        # The prices a cost-sized draft was built by (token_tree's size=cost), if a method measured
-        # them: one noisy measurement sizes every tree of the run.
-        "costs": measured_costs(bundle),
+        # The price table every tree was sized by and every run's work priced by
+        "prices": price_table(bundle).to_dict(),
     }
 
 
@@ -716,16 +728,15 @@ def main(argv: list[str] | None = None) -> int:
     from decoders import METHODS
 
     args = _parser(list(METHODS)).parse_args(argv)
-    # One price for the whole run, measured once before the first prompt (meta.costs): a
-    # re-measure in the background (costs.second_guess_price) would run beside the contestants
-    # and slow whichever ran next.
-    os.environ[REPRICE_ENV] = "0"
     started = time.perf_counter()
     try:
         bundle, prompts, contestants, reference = _contestants(args)
     except DecodingLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The stored price table, or measured now before the first prompt (meta.prices): every
+    # contestant's trees are sized by it and its work priced by it.
+    calibrate(bundle)
 
     result = run_benchmark(
         bundle,

@@ -11,12 +11,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from decoders.core import costs
 from decoders.core.base import DecodeConfig, Method
-from decoders.core.costs import second_guess_price
 from decoders.core.errors import InvalidInput, InvalidParameter, UnknownMethod
 from decoders.core.events import Commit, Done, Event, Forward
 from decoders.core.models import ModelBundle
 from decoders.core.params import validate_params
+from decoders.core.prices import drafter_key
 from decoders.core.stats import StatsAccumulator
 from decoders.core.tracefile import trace_to_dict
 from decoders.registry import METHODS
@@ -38,6 +39,7 @@ class GenerationResult:
     finish_reason: str
     stats: dict[str, Any]
     events: list[Event] = field(default_factory=list)
+    prices: dict[str, Any] = field(default_factory=dict)  # the price table its work was priced by
 
     def trace(self) -> dict[str, Any]:
         """The versioned, self-contained JSON trace of this run."""
@@ -52,6 +54,7 @@ class GenerationResult:
             "text": self.text,
             "finish_reason": self.finish_reason,
             "stats": self.stats,
+            "prices": self.prices,
         }
         return trace_to_dict(meta, self.events)
 
@@ -139,21 +142,16 @@ def prepare(
 
 def run_events(run: Run) -> Iterator[Event]:
     """Decode, passing every event through, and end with Done(stats)."""
-    acc = StatsAccumulator()
+    acc = StatsAccumulator(costs.price_table(run.bundle))  # its work priced by this table
     tokens: list[int] = []
-    verified: list[tuple[int, float]] = []  # (inputs, wall ms) of the verify forwards
     start = time.perf_counter()
     for event in run.method.decode(run.bundle, run.prompt_ids, run.cfg):
         acc.add(event)
         if isinstance(event, Commit):
             tokens.extend(event.tokens)
-        elif isinstance(event, Forward) and event.kind == "verify":
-            verified.append((event.n_input_tokens, event.wall_ms))
         yield event
     wall = time.perf_counter() - start
     reason = "eos" if tokens and tokens[-1] in run.bundle.eos_ids else "length"
-    if acc.priced is not None:  # a sized run: do its own forwards agree with the price it used?
-        second_guess_price(run.bundle, verified)
     yield Done(reason, acc.result(wall))
 
 
@@ -208,6 +206,7 @@ def generate(
         finish_reason=done.finish_reason,
         stats=done.stats,
         events=events,
+        prices=costs.price_table(bundle).to_dict(),
     )
 
 
@@ -353,3 +352,44 @@ def draft_fingerprint(bundle: ModelBundle, max_new_tokens: int = 16) -> str:
         run = generate(bundle, FINGERPRINT_PROBE, method, max_new_tokens, chat=False, **params)
         digest.update(repr((method, run.token_ids, float_fields(run.events))).encode())
     return digest.hexdigest()[:12]
+
+
+def calibrate(bundle: ModelBundle, *, again: bool = False) -> costs.PriceTable:
+    """This model's price table: stored, or measured now with every drafter's price (`again`:
+    measured now whatever is stored, replacing it). The app calls it in the background when a
+    model loads, the benchmark before its first prompt."""
+    if again or not costs.table_path(bundle).is_file():
+        return costs.measure(bundle, measure_drafters)
+    return costs.price_table(bundle)
+
+
+def measure_drafters(bundle: ModelBundle, table: costs.PriceTable) -> dict[str, float]:
+    """What one forward of each drafter costs that is not the target's own layers (a trained
+    head, another model): every method at its defaults on a short probe, the median of its draft
+    forwards per drafter, each over what the target's forward of as many inputs costs. Drafters
+    that run the target's own first layers (self:k, an early exit) are priced by the table's
+    depth rule instead."""
+    import statistics
+
+    from decoders.core.errors import DecodingLabError
+    from decoders.core.events import Draft
+
+    seen: dict[str, list[float]] = {}
+    for name in METHODS:
+        try:
+            run = generate(bundle, FINGERPRINT_PROBE, name, 16, chat=False)
+        except DecodingLabError:  # a method this model cannot run (no trained part for it)
+            continue
+        pending: list[Forward] = []
+        for e in run.events:
+            if isinstance(e, Forward) and e.kind == "draft" and not e.split:
+                pending.append(e)
+            elif isinstance(e, Draft):
+                key = drafter_key(e.source)
+                if not key.startswith("self:") and e.step > 1:  # past the first step's shapes
+                    seen.setdefault(key, []).extend(
+                        f.wall_ms / table.forward_ms / table.inputs(f.n_input_tokens)
+                        for f in pending
+                    )
+                pending = []
+    return {k: round(statistics.median(v), 5) for k, v in sorted(seen.items()) if v}

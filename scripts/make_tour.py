@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# One price for every run here: the stops and the comparison must size the same trees.
-os.environ["DECODING_LAB_REPRICE"] = "0"
 
 import torch
 

@@ -14,9 +14,6 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
-# Prices stay as first measured: runs compared with each other (alone and among others, live and
-# replayed) must size the same trees; tests/test_runtime.py tests the re-measuring on its own.
-os.environ.setdefault("DECODING_LAB_REPRICE", "0")
 
 from decoders import generate, load_model
 

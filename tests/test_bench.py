@@ -7,6 +7,7 @@ import pytest
 
 from decoders import METHODS, bench
 from decoders.core.errors import InvalidInput
+from decoders.core.prices import PriceTable
 
 
 def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
@@ -56,17 +57,16 @@ def test_bench_end_to_end_on_tiny_model(tmp_path, capsys):
 
 
 def test_repeated_runs_report_each_runs_speedup(tmp_path, capsys, monkeypatch):
-    from decoders.core.costs import REPRICE_ENV
-
-    monkeypatch.setenv(REPRICE_ENV, "1")  # as outside the suite
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\nWrite a limerick about tea.\nName three rivers.\n")
     out = tmp_path / "out"
     argv = ["--model", "tiny-random", "--dataset", str(prompts), "--max-new-tokens", "5"]
     argv += ["--methods", "autoregressive,prompt_lookup,jacobi", "--peers", "", "--no-overhead"]
     assert bench.main([*argv, "--repeat", "3", "--out", str(out)]) == 0
-    # one price for the whole run: no re-measure in the background beside the contestants
-    assert os.environ[REPRICE_ENV] == "0"
+    # one price table for the whole run, recorded with it
+    assert (
+        json.loads((out / "results.json").read_text())["meta"]["prices"]["model"] == "tiny-random"
+    )
     table = capsys.readouterr().out
     assert "the prompts run 3 times over" in table and "in each of the 3 runs" in table
     data = json.loads((out / "results.json").read_text())
@@ -98,9 +98,13 @@ def test_the_table_says_when_drafters_run_in_another_dtype():
     meta["draft_dtype"] = "bfloat16"
     assert "(cpu, float32, trained drafters in bfloat16)" in bench.markdown_table(result, meta)
     assert "priced" not in bench.markdown_table(result, meta)  # no size=cost tree ran
-    meta["costs"] = {"input_cost": 0.0391, "forward_ms": 23.1}  # what sized the trees, said
+    meta["costs"] = {"input_cost": 0.0391, "forward_ms": 23.1}  # an older run's prices, said
     assert "one more input priced at 0.039 of a one-token forward." in bench.markdown_table(
         result, meta
+    )
+    meta["prices"] = PriceTable.linear("m", 0.035).to_dict()  # the table the work was priced by
+    assert "work priced by this machine's table (one more input 0.035 of a" in (
+        bench.markdown_table(result, meta)
     )
     assert "copying the cache" not in bench.markdown_table(result, meta)
     meta["attention"] = "sdpa"  # a run under DECODING_LAB_GQA=0 says so

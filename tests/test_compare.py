@@ -21,6 +21,8 @@ from ui.compare import (
     PRESETS,
     REFERENCE,
     compare_methods,
+    contradicts,
+    decision_margin,
     headline,
     paper_spec,
     parse_spec,
@@ -197,15 +199,18 @@ def test_the_table_uses_one_number_format():
     rows = [row(REFERENCE, 1.0, tps=12.0), row("prompt_lookup", 1.5, tps=18.04)]
     rows[1]["tokens_per_target_forward"] = 2
     rows[1]["mean_acceptance_length"] = 3.14159
+    rows[0]["modelled_speedup"], rows[1]["modelled_speedup"] = 1.0, 1.6
     table = table_rows(rows)
-    assert [table[0][i] for i in (0, 1, 3, 4, 6)] == [
+    assert table[0][1] == "1.00×" and table[1][1] == "1.60×"  # modelled, then measured
+    assert table_rows([row("jacobi", 0.9)])[0][1] == "—"  # no priced work: no modelled speedup
+    assert [table[0][i] for i in (0, 2, 4, 5, 7)] == [
         "autoregressive",
         "1.00×",
         "12.0",
         "1.00",
         "—",
     ]
-    assert [table[1][i] for i in (0, 1, 3, 4, 6)] == [
+    assert [table[1][i] for i in (0, 2, 4, 5, 7)] == [
         "prompt_lookup",
         "1.50×",
         "18.0",
@@ -379,13 +384,48 @@ def test_a_speedup_its_work_cannot_explain_is_flagged_and_names_no_winner():
     assert [r["explained"] for r in rows] == [True, False, True]  # jacobi: 1 token a forward
     text = headline(rows)
     assert text.startswith("Fastest: token_tree at 1.80×")
-    assert "⚠ jacobi (2.40×): faster than its tokens per forward allow" in text
-    assert table_rows(rows)[1][1].startswith("⚠ 2.40×")
+    assert "⚠ jacobi (measured 2.40×): a round faster than its tokens per forward allow" in text
+    assert table_rows(rows)[1][2].startswith("⚠ 2.40×")
     # early exit: fewer layers a token explain a speedup at one token a forward; a tree's
     # verified inputs (layers per token above 1) lower no bound
     assert explained({**row("calm", 1.5), "layers_per_token": 0.6})
     tree = {**row("token_tree", 2.8), "tokens_per_target_forward": 2.9, "layers_per_token": 3.2}
     assert explained(tree)
+
+
+def test_the_winner_is_decided_on_modelled_speedups_whatever_the_clock_said():
+    """The same work priced by the same table gives the same decision, however the machine's
+    load moved the measured speedups; a lead inside the table's error names no winner; a clock
+    that says the opposite of the work is pointed out."""
+
+    def rows(measured: list[float], modelled: list[float], error: float = 0.02):
+        out = [row(REFERENCE, 1.0)]
+        for name, m, mod in zip(("sam", "token_tree", "jacobi"), measured, modelled, strict=True):
+            out.append(row(name, m) | {"modelled_speedup": mod})
+        for r in out:
+            r["price_error"] = error
+            r["modelled_speedup"] = r.get("modelled_speedup", 1.0)
+        return out
+
+    quiet = rows([2.9, 2.5, 0.9], [2.95, 2.6, 0.92])
+    busy = rows([2.1, 3.4, 1.2], [2.95, 2.6, 0.92])  # the clock crowned token_tree this time
+    for r in (quiet, busy):
+        assert headline(r).startswith("Fastest: sam at 2.95× modelled (measured ")
+    assert "measured 2.10×" in headline(busy)
+    close = rows([2.9, 2.5, 0.9], [2.95, 2.85, 0.92])  # 3.5 % apart, inside 2 x 2 % of error
+    assert headline(close).startswith("No clear winner: sam (2.95× modelled) and token_tree")
+    assert headline(rows([2.9, 2.5, 0.9], [2.95, 2.85, 0.92], 0.01)).startswith("Fastest: sam")
+    assert decision_margin(close) == 0.04 and decision_margin(rows([1, 1, 1], [1, 1, 1], 0)) == 0.03
+    slower = rows([0.9, 0.8, 0.7], [0.9, 0.8, 0.7])
+    assert headline(slower).startswith(
+        "Nothing beat autoregressive here; the closest: sam at 0.90×"
+    )
+    against = rows([2.9, 2.5, 1.3], [2.95, 2.6, 0.92])
+    against[3]["speedup_range"] = (1.2, 1.4)  # every round faster than the work allows it to be
+    assert contradicts(against[3], 0.04) and not contradicts(against[1], 0.04)
+    assert "⚠ jacobi (measured 1.30×, 1.20×–1.40× against 0.92× modelled): the clock says" in (
+        headline(against)
+    )
 
 
 def test_a_speedup_is_the_median_of_its_rounds_with_their_range():

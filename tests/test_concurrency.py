@@ -20,10 +20,8 @@ from conftest import PROMPTS
 from decoders import METHODS, stream
 from decoders.core.events import Done, Event, Forward
 from decoders.core.runtime import forward, new_cache
+from decoders.core.stats import untimed
 from decoders.trained.eagle import load_head
-
-# Stats that measure time, not decoding: they differ between any two runs.
-TIMING_KEYS = {"wall_s", "ttft_s", "tokens_per_s", "time_ms", "model_ms"}
 
 # Every method with its defaults, plus variants that exercise each drafter and rule.
 TINY_RUNS: list[tuple[str, dict[str, Any]]] = [
@@ -55,10 +53,6 @@ def comparable(events: list[Event]) -> list[Event]:
             e = dataclasses.replace(e, stats=untimed(e.stats))
         out.append(e)
     return out
-
-
-def untimed(stats: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in stats.items() if k not in TIMING_KEYS}
 
 
 def run_once(bundle, prompt, method, params, budget, barrier=None) -> list[Event]:

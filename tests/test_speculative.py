@@ -18,6 +18,7 @@ from conftest import PROMPTS, matches_greedy, one_thread
 from decoders import METHODS, DecodingLabError, InvalidParameter, generate, load_model, stream
 from decoders.core import costs
 from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Verify
+from decoders.core.prices import PriceTable
 from decoders.core.tree import chain
 from decoders.methods.speculative import MAX_GAMMA
 from decoders.trained.drafters import auto_draft
@@ -435,7 +436,7 @@ def test_the_confidence_stop_is_lossless_and_stops_where_it_says(tiny, draft, st
 @pytest.mark.parametrize("cost", [0.0, 0.05, 0.3, 10.0])
 def test_the_cost_schedule_is_lossless_and_keeps_only_paying_tokens(tiny, monkeypatch, draft, cost):
     # The measured per-input cost, pinned for this model so each case is deterministic.
-    monkeypatch.setitem(costs._input_costs, id(tiny.model), cost)
+    monkeypatch.setitem(costs._tables, id(tiny.model), PriceTable.linear(tiny.model_id, cost))
     gamma, budget = 6, 30
     for prompt in PROMPTS[:3]:
         res = same_as_greedy(tiny, prompt, budget, draft=draft, gamma=gamma, schedule="cost")

@@ -1,5 +1,10 @@
+import dataclasses
+
+import pytest
+
 from decoders.core.events import Commit, Draft, Forward, Verify
-from decoders.core.stats import compute_stats
+from decoders.core.prices import PriceTable
+from decoders.core.stats import compute_stats, pooled_acceptance
 
 
 def test_autoregressive_stats():
@@ -15,6 +20,43 @@ def test_autoregressive_stats():
     assert s["tokens_per_s"] == round(4 / 0.15, 4)
     assert s["ttft_s"] == 0.05
     assert s["time_ms"] == {"prefill": 50.0, "target": 60.0}
+    assert s["work"] is None  # no price table: the work is not priced
+    priced = compute_stats(events, 0.2, PriceTable.linear("m", 0.05))
+    assert priced["work"] == 3.0 and priced["modelled_speedup"] == 1.0  # one forward a token
+
+
+def test_work_is_priced_by_the_table_whatever_the_clock_said():
+    """A verify forward by its inputs and layers, a trained drafter's forward by its measured
+    price, the target's first layers by the depth rule; the prefill not at all; the forwards'
+    wall times change nothing."""
+    table = dataclasses.replace(
+        PriceTable.linear("m", 0.05, fixed_share=0.2), drafters={"eagle": 0.1}
+    )
+    events = [
+        Forward(0, "prefill", 10, 30, 1.0),
+        Commit(0, (7,), ("target",), (1.0,)),
+        Forward(1, "draft", 1, 1, 1.0),
+        Forward(1, "draft", 2, 1, 1.0),
+        Draft(1, "eagle (1 trained layer)", (1, 2, 3), (-1, 0, 0), (0.9, 0.8, 0.7)),
+        Forward(1, "verify", 4, 30, 1.0),
+        Verify(1, (0,), 9, "greedy-tree"),
+        Commit(1, (1, 9), ("draft", "correction"), (1.0, 1.0)),
+        Forward(2, "draft", 1, 15, 1.0),
+        Draft(2, "self:15 (first 15 of 30 layers)", (4,), (-1,), (0.5,)),
+        Forward(2, "verify", 2, 30, 1.0),
+        Verify(2, (0,), 8, "greedy-chain"),
+        Commit(2, (4, 8), ("draft", "correction"), (1.0, 1.0)),
+    ]
+    s = compute_stats(events, prices=table)
+    eagle = 0.1 * 1.0 + 0.1 * 1.05  # its price, times what a forward of that many inputs costs
+    verify = 1.15 + 1.05  # 4 inputs, then 2
+    self_draft = 0.2 + 0.8 * 15 / 30  # half the layers, and the part outside them
+    assert s["work"] == round(eagle + verify + self_draft, 3)
+    assert s["modelled_speedup"] == round(4 / (eagle + verify + self_draft), 4)
+    slow = [dataclasses.replace(e, wall_ms=99.0) if isinstance(e, Forward) else e for e in events]
+    assert compute_stats(slow, prices=table)["work"] == s["work"]
+    pooled = pooled_acceptance([s, s])
+    assert pooled["modelled_speedup"] == pytest.approx(8 / (2 * s["work"]), abs=1e-4)
 
 
 def test_acceptance_metrics_follow_the_serving_definitions():
@@ -70,8 +112,6 @@ def _accepted_then_end(bundle, method, params):
             return generate(ended, prompt, method, 24, chat=False, **params), drafted[0]
     raise AssertionError(f"{method}: no step committed two drafts")
 
-
-import pytest  # noqa: E402
 
 from decoders import METHODS  # noqa: E402
 

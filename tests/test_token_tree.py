@@ -104,120 +104,88 @@ def test_a_level_is_drafted_only_while_it_pays_for_its_draft_forward():
     assert 1 < levels[0.1] < 6  # the sure chain goes on a while, then its mass runs too thin
 
 
-def test_the_draft_cost_is_calibrated_once_per_model_and_drafter(tiny):
-    cost = draft_cost(tiny, "self:1")
-    assert 0.0 < cost < 10.0
-    assert draft_cost(tiny, "self:1") == cost  # cached: every later run grows the same trees
-    assert draft_cost(tiny, "auto") == draft_cost(tiny, auto_draft(tiny))  # resolved first
-
-
-def test_the_input_cost_is_measured_once_per_model(tiny):
-    cost = input_cost(tiny)
-    assert 0.0 <= cost < 10.0
-    assert input_cost(tiny) == cost  # cached: the same value for every later run
-    one = forward_ms(tiny)  # measured with it: what draft forwards are priced against
-    assert one > 0 and forward_ms(tiny) == one
-
-
-def test_the_price_is_in_the_runs_stats_and_trace(tiny, monkeypatch):
-    """A sized run says what it was sized by: a Priced event, and input and draft cost in its
-    stats, and its verify forwards are weighed against that price when it ends; a run at a fixed
-    size prices nothing."""
-    from decoders import engine
+def test_the_draft_cost_comes_from_the_price_table(tiny, monkeypatch):
+    """A self:k drafter is the target's first k layers: the table's depth rule prices it; a
+    drafter that is not (another model) is measured once, kept in the table and stored."""
     from decoders.core import costs
 
-    weighed = []
-    monkeypatch.setattr(engine, "second_guess_price", lambda b, f: weighed.append(list(f)))
+    table = costs.price_table(tiny)
+    assert draft_cost(tiny, "self:1") == table.forward(1, 1, tiny.n_layers)
+    assert draft_cost(tiny, "auto") == draft_cost(tiny, auto_draft(tiny))  # resolved first
+    monkeypatch.setitem(costs._tables, id(tiny.model), table)  # restored after the test
+    monkeypatch.setattr(costs, "_save", lambda bundle, t: t)  # the stored table stays as it was
+    cost = draft_cost(tiny, "tiny-random-2")
+    assert 0.0 < cost < 10.0
+    assert costs.price_table(tiny).drafters["tiny-random-2"] == cost
+    monkeypatch.setattr(costs, "_measure", lambda b: pytest.fail("measured again"))
+    assert draft_cost(tiny, "tiny-random-2") == cost  # kept: every later run grows the same trees
+
+
+def test_the_table_is_measured_once_then_read_unchanged(tiny, monkeypatch, tmp_path):
+    """The first time on a machine the table is measured and stored; a later process reads it
+    back unchanged (no clock), and only `measure` replaces it."""
+    from decoders.core import costs
+
+    monkeypatch.setenv("DECODING_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(costs, "_tables", {})
+    table = costs.price_table(tiny)
+    assert costs.table_path(tiny).is_file() and table.machine == costs.machine(tiny)
+    assert 0.0 <= table.input_cost < 10.0 and table.forward_ms > 0
+    assert table.curve[0] == 1.0 and len(table.curve) == len(table.widths)
+    monkeypatch.setattr(costs, "_tables", {})  # a new process
+    monkeypatch.setattr(costs, "_measure", lambda b: pytest.fail("measured again"))
+    assert costs.price_table(tiny) == table
+    assert input_cost(tiny) == table.input_cost and forward_ms(tiny) == table.forward_ms
+    fresh = dataclasses.replace(table, curve=(1.0, *(c * 2 for c in table.curve[1:])))
+    monkeypatch.setattr(costs, "_measure", lambda b: fresh)
+    assert costs.measure(tiny) == fresh == costs.price_table(tiny)
+    monkeypatch.setattr(costs, "_tables", {})
+    assert costs.price_table(tiny) == fresh  # stored
+
+
+def test_the_price_is_in_the_runs_stats_and_trace(tiny):
+    """A sized run says what it was sized by: a Priced event, and input and draft cost in its
+    stats, from the price table, which its trace carries whole; a run at a fixed size prices
+    nothing."""
+    from decoders.core import costs
+
     res = generate(tiny, PROMPTS[0], "token_tree", 12, draft="self:1")
     (priced,) = [e for e in res.events if e.type == "Priced"]
-    assert priced.input_cost == round(costs.input_cost(tiny), 5)
+    table = costs.price_table(tiny)
+    assert priced.input_cost == table.input_cost
     assert priced.draft_cost == round(draft_cost(tiny, "self:1"), 5) > 0
     assert (res.stats["input_cost"], res.stats["draft_cost"]) == (
         priced.input_cost,
         priced.draft_cost,
     )
-    assert len(weighed) == 1 and weighed[0] == [
-        (e.n_input_tokens, e.wall_ms)
-        for e in res.events
-        if e.type == "Forward" and e.kind == "verify"
-    ]
+    assert res.trace()["prices"] == table.to_dict()
     fixed = generate(tiny, PROMPTS[0], "token_tree", 12, draft="self:1", size="fixed")
     assert fixed.stats["input_cost"] is None and not any(e.type == "Priced" for e in fixed.events)
-    assert len(weighed) == 1  # nothing was priced: nothing to second-guess
 
 
-@pytest.mark.parametrize(
-    ("implied", "repriced"),
-    [(0.04, False), (0.07, False), (0.10, True), (0.01, True)],
-)
-def test_a_run_whose_forwards_disagree_with_the_price_has_it_measured_again(
-    tiny, monkeypatch, implied, repriced
-):
-    """The stored price is 0.04 of a 10 ms forward. A run's verify forwards imply their own
-    price; off by more than a factor of 2 either way, the model is measured again in the
-    background, and later runs use the new price (the run itself kept its own)."""
-    from decoders.core import costs
-
-    monkeypatch.setenv(costs.REPRICE_ENV, "1")
-    key = id(tiny.model)
-    monkeypatch.setitem(costs._input_costs, key, 0.04)
-    monkeypatch.setitem(costs._forward_ms, key, 10.0)
-    measured = []
-
-    def measure(bundle, *a, **kw):
-        measured.append(bundle)
-        return 0.123, 11.0
-
-    monkeypatch.setattr(costs, "_measure_input_cost", measure)
-    forwards = [(9, 10.0 * (1 + implied * 8))] * 8  # 9 inputs: 1 + 8 x the implied price
-    assert costs.implied_input_cost(tiny, forwards) == pytest.approx(implied)
-    assert costs.second_guess_price(tiny, forwards) is repriced
-    for thread in threading.enumerate():
-        if thread.name == "decoding-lab-calibrate":
-            thread.join(timeout=30)
-    assert costs._input_costs[key] == (0.123 if repriced else 0.04)
-    assert len(measured) == repriced
-
-
-def test_no_second_guess_on_too_little_evidence_or_when_asked_not_to(tiny, monkeypatch):
-    from decoders.core import costs
-
-    key = id(tiny.model)
-    monkeypatch.setitem(costs._input_costs, key, 0.04)
-    monkeypatch.setitem(costs._forward_ms, key, 10.0)
-    monkeypatch.setattr(costs, "calibrate_in_background", lambda *a, **kw: pytest.fail())
-    far_off = [(9, 50.0)] * 8
-    monkeypatch.setenv(costs.REPRICE_ENV, "0")  # the suite's own setting: prices stay put
-    assert not costs.second_guess_price(tiny, far_off)
-    monkeypatch.setenv(costs.REPRICE_ENV, "1")
-    assert not costs.second_guess_price(tiny, far_off[:7])  # fewer than MIN_OBSERVED
-    assert not costs.second_guess_price(tiny, [(3, 50.0)] * 8)  # too few inputs to say
-    # Narrow forwards say nothing either: their first inputs are nearly free on a CPU, so
-    # 5 inputs at 1.01 one-token forwards would imply a price 16x too low.
-    assert not costs.second_guess_price(tiny, [(5, 10.1)] * 8)
-    monkeypatch.setitem(costs._forward_ms, key, 2.0)  # a forward under MIN_TIMED_MS: noise
-    assert not costs.second_guess_price(tiny, far_off)
-
-
-def test_a_comparison_waits_for_a_measure_under_way(tiny, monkeypatch):
-    """Compare's timed rounds (hold_prices) start only once a re-measure that began before them
-    has finished: its forwards would slow whichever run they overlapped."""
+def test_a_comparison_and_a_re_measure_wait_for_each_other(tiny, monkeypatch):
+    """Compare's timed rounds (hold_prices) start only once a measure under way has finished,
+    and a re-measure asked for during a comparison waits for its rounds to end: either's
+    forwards would slow the other's."""
     from decoders.core import costs
 
     started, release = threading.Event(), threading.Event()
+    real = costs._measure
 
-    def slow_measure(bundle, again=False):
+    def slow_measure(bundle):
         started.set()
         release.wait(30)
+        return real(bundle)
 
-    monkeypatch.setattr(costs, "calibrate", slow_measure)
+    monkeypatch.setattr(costs, "_save", lambda bundle, t: t)
+    monkeypatch.setitem(costs._tables, id(tiny.model), costs.price_table(tiny))
+    monkeypatch.setattr(costs, "_measure", slow_measure)
     measure = costs.calibrate_in_background(tiny, again=True)
-    timed, during = threading.Event(), []
+    timed = threading.Event()
 
     def compare() -> None:
         with costs.hold_prices():
             timed.set()
-            during.append(costs.calibrate_in_background(tiny, again=True))
 
     rounds = threading.Thread(target=compare)
     try:
@@ -230,7 +198,12 @@ def test_a_comparison_waits_for_a_measure_under_way(tiny, monkeypatch):
     assert timed.wait(30)
     rounds.join(30)
     measure.join(30)
-    assert during == [None]  # no re-measure starts while a comparison holds the prices
+    started.clear()
+    with costs.hold_prices():  # a comparison under way: a re-measure waits for it
+        again = costs.calibrate_in_background(tiny, again=True)
+        assert again is not None and not started.wait(0.5)
+    assert started.wait(30)
+    again.join(30)
     assert costs._held == 0 and id(tiny.model) not in costs._measuring
 
 
@@ -238,40 +211,43 @@ def test_the_page_prices_a_model_when_it_loads_not_inside_a_run(tiny, monkeypatc
     from decoders.core import costs
     from ui import models
 
-    monkeypatch.setattr(costs, "_input_costs", {})
-    monkeypatch.setattr(costs, "_forward_ms", {})
+    monkeypatch.setattr(costs, "_tables", {})
     monkeypatch.setattr(models, "resolve_model", lambda model: "tiny-random")
     assert models.get_bundle(None) is tiny
     for thread in threading.enumerate():
         if thread.name == "decoding-lab-calibrate":
             thread.join(timeout=60)
-    assert set(costs.measured_costs(tiny)) == {"input_cost", "forward_ms"}
+    assert id(tiny.model) in costs._tables
 
 
 def test_a_burst_of_noise_does_not_misprice_an_input(tiny, monkeypatch):
-    """The machine slows 3x for six forwards in a row (another job, a throttled core). Measured a
-    size at a time, the burst lands on one size's forwards only and the price is off by far; with
-    the sizes taking turns it lands on both sides of its rounds and the median holds."""
+    """The machine slows 3x for a dozen forwards in a row (another job, a throttled core).
+    Measured a shape at a time, the burst lands on one shape's forwards only and the price is off
+    by far; with the shapes taking turns it lands on every shape of its rounds and the medians
+    hold."""
     from types import SimpleNamespace
 
     from decoders.core import costs
 
     calls = []
 
-    def fake_forward(bundle, cache, tokens, *, step, kind):
-        calls.append(len(tokens))
-        burst = 3.0 if 7 <= len(calls) < 13 else 1.0  # splitting rounds: the median must hold
-        ms = 10.0 * (1 + 0.05 * (len(tokens) - 1)) * burst
+    def fake_forward(bundle, cache, tokens, *, step, kind, layers=None):
+        calls.append((len(tokens), layers))
+        burst = 3.0 if 20 <= len(calls) < 34 else 1.0  # two whole rounds: the medians must hold
+        depth = 1.0 if layers is None else 0.2 + 0.8 * layers / bundle.n_layers
+        ms = 10.0 * (1 + 0.05 * (len(tokens) - 1)) * depth * burst
         return SimpleNamespace(event=SimpleNamespace(wall_ms=ms))
 
     monkeypatch.setattr(costs, "forward", fake_forward)
     monkeypatch.setattr(costs, "crop_cache", lambda cache, n: None)
-    monkeypatch.delitem(costs._input_costs, id(tiny.model), raising=False)
-    monkeypatch.delitem(costs._forward_ms, id(tiny.model), raising=False)
-    assert input_cost(tiny) == pytest.approx(0.05)
-    assert forward_ms(tiny) == pytest.approx(10.0)
-    assert costs.measured_costs(tiny) == {"input_cost": 0.05, "forward_ms": 10.0}
-    assert calls[5:9] == [1, 17, 1, 17]  # the sizes take turns (after prefill + 2 warm-ups each)
+    table = costs._measure(tiny)
+    assert table.input_cost == pytest.approx(0.05)
+    assert table.forward_ms == pytest.approx(10.0)
+    assert table.fixed_share == pytest.approx(0.2)
+    assert table.inputs(8) == pytest.approx(1.35)
+    half = tiny.n_layers // 2
+    shapes = [(n, None) for n in costs.WIDTHS] + [(1, half)]
+    assert calls[1 + 2 * len(shapes) :][: len(shapes)] == shapes  # the shapes take turns
 
 
 @pytest.mark.parametrize("size", ["big", "-0.1", "11", ""])

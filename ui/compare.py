@@ -13,17 +13,18 @@ import hashlib
 import re
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.bench import parse_method
 from decoders.core import quality
-from decoders.core.costs import hold_prices
+from decoders.core.costs import hold_prices, price_table
 from decoders.core.errors import DecodingLabError
 from decoders.core.events import Commit, Done, Forward, token_ids
 from decoders.core.params import SAMPLING_PARAMS, validate_params
+from decoders.core.prices import PriceTable, recorded_prices
 from decoders.engine import check_request, run_events, with_near_tie
 from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
 
@@ -45,6 +46,8 @@ NOISE = 0.10
 # method verifying a few inputs a forward can beat its tokens per forward by some percent; the
 # issue's 6.52x at 2.91 tokens per forward is far past this.
 UNEXPLAINED = 0.25
+# The least lead, as a share, that names a winner on modelled speedups (decision_margin).
+MIN_MARGIN = 0.03
 
 
 # --- specs and presets ----------------------------------------------------------------------------
@@ -167,6 +170,12 @@ class Comparison:
     def progress(self) -> str:
         return f"{self.runs_done} of {self.runs_total} runs done"
 
+    @property
+    def prices(self) -> PriceTable | None:
+        """The price table every run's work here was priced by (the reference's, as recorded)."""
+        reference = self.traces.get(self.specs[0].label) if self.specs else None
+        return recorded_prices(reference.meta) if reference is not None else None
+
     def headline(self) -> str:
         if self.done:
             return headline(self.rows)
@@ -185,9 +194,7 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
     tail = _lossy_sentence(lossy) + _unexplained_sentence(rows)
     if not others:
         return tail.strip()
-    # a speedup the row's own work cannot explain is a measurement problem: it names no winner
-    racing = [r for r in others if r.get("explained", True)] or others
-    speed = _speed_sentence(rows[0], racing)
+    speed = _speed_sentence(rows[0], others, decision_margin(rows))
     differ = [r for r in others if not r["identical"] and not r.get("near_tie")]
     tied = [r for r in others if r.get("near_tie")]
     ties = "".join(
@@ -222,10 +229,64 @@ def speedup_range(r: Mapping[str, Any]) -> tuple[float, float]:
     return r["speedup"] * (1 - NOISE), r["speedup"] * (1 + NOISE)
 
 
-def _speed_sentence(reference: Mapping[str, Any], others: list[Mapping[str, Any]]) -> str:
-    """Who is fastest, said only when the lead is more than noise: two rows that did the same
-    work (the same tokens from the same forwards) tie whatever their clocks say; rows whose
-    ranges overlap tie within noise."""
+def decision_margin(rows: Sequence[Mapping[str, Any]]) -> float:
+    """How far apart two modelled speedups must be to call one faster: twice the price table's
+    stated error (its rounds' spread), at least MIN_MARGIN."""
+    error = max((float(r.get("price_error") or 0.0) for r in rows), default=0.0)
+    return max(MIN_MARGIN, 2 * error)
+
+
+def _measured(r: Mapping[str, Any]) -> str:
+    low, high = r.get("speedup_range") or (None, None)
+    spread = f", {fmt_speedup(low)}–{fmt_speedup(high)}" if low is not None else ""
+    return f"measured {fmt_speedup(r['speedup'])}{spread}"
+
+
+def _speed_sentence(
+    reference: Mapping[str, Any], others: list[Mapping[str, Any]], margin: float
+) -> str:
+    """Who is fastest, decided on the modelled speedups (each run's work priced by the price
+    table: the same on a busy machine), and said only when the lead beats the table's own error;
+    the measured speedups stand beside it. Rows whose work has no modelled price (traces from
+    before tables) are ranked by their clock, as measured."""
+    modelled = [r for r in others if r.get("modelled_speedup") is not None]
+    if len(modelled) < len(others):  # a speedup its own work cannot explain names no winner
+        return _clock_sentence(reference, [r for r in others if r.get("explained", True)] or others)
+    ranked = sorted(modelled, key=lambda r: r["modelled_speedup"], reverse=True)
+    best = ranked[0]
+    m = best["modelled_speedup"]
+    fast = f"{best['method']} at {fmt_speedup(m)} modelled ({_measured(best)})"
+    work = best.get("work")
+    if work and reference.get("work") == work:
+        return (
+            f"Nothing beat autoregressive: {best['method']} did the same work (the same tokens "
+            f"from the same forwards), so its {_measured(best)} is noise"
+        )
+    if m < 1.0 - margin:
+        return f"Nothing beat autoregressive here; the closest: {fast}"
+    twins = [r["method"] for r in ranked[1:] if work and r.get("work") == work]
+    if twins:
+        names = " and ".join([best["method"], *twins])
+        return (
+            f"A tie: {names} did the same work (the same tokens from the same forwards), at "
+            f"{fmt_speedup(m)} modelled over autoregressive; their clocks differ by noise"
+        )
+    rivals = [r["method"] for r in ranked[1:] if r["modelled_speedup"] * (1 + margin) >= m]
+    if rivals:
+        return (
+            f"No clear winner: {best['method']} ({fmt_speedup(m)} modelled) and "
+            f"{', '.join(rivals)} are within the price table's error (±{margin / 2:.0%}) of it"
+        )
+    if m > 1.0 + margin:
+        return f"Fastest: {fast} over autoregressive"
+    return (
+        f"Nothing clearly beat autoregressive; the closest: {fast}, within the table's error of 1×"
+    )
+
+
+def _clock_sentence(reference: Mapping[str, Any], others: list[Mapping[str, Any]]) -> str:
+    """Who is fastest by the clock alone (rows without a priced work): said only when the lead is
+    more than noise; two rows that did the same work tie whatever their clocks say."""
     ranked = sorted(others, key=lambda r: r["speedup"], reverse=True)
     best = ranked[0]
     fast = f"{best['method']} at {fmt_speedup(best['speedup'])}"
@@ -257,14 +318,28 @@ def _speed_sentence(reference: Mapping[str, Any], others: list[Mapping[str, Any]
 
 
 def _unexplained_sentence(rows: list[Mapping[str, Any]]) -> str:
+    """The measurements the work does not bear out: a round faster than the row's tokens per
+    forward allow, or a measured range against its modelled verdict."""
     odd = [r for r in rows if not r.get("explained", True)]
-    if not odd:
-        return ""
-    names = ", ".join(f"{r['method']} ({fmt_speedup(r['speedup'])})" for r in odd)
-    return (
-        f" ⚠ {names}: faster than its tokens per forward allow, a measurement problem (the "
-        "machine slowed another run), not a result; more rounds steady it."
-    )
+    margin = decision_margin(rows)
+    against = [r for r in rows if contradicts(r, margin)]
+    out = ""
+    if odd:
+        names = ", ".join(f"{r['method']} ({_measured(r)})" for r in odd)
+        out += (
+            f" ⚠ {names}: a round faster than its tokens per forward allow, a measurement "
+            "problem (the machine slowed another run), not a result; more rounds steady it."
+        )
+    if against:
+        names = ", ".join(
+            f"{r['method']} ({_measured(r)} against {fmt_speedup(r['modelled_speedup'])} modelled)"
+            for r in against
+        )
+        out += (
+            f" ⚠ {names}: the clock says the opposite of the work: the machine was busy, or "
+            "the price table is stale: re-measure it."
+        )
+    return out
 
 
 def _lossy_sentence(lossy: list[Mapping[str, Any]]) -> str:
@@ -415,7 +490,28 @@ def explained(r: Mapping[str, Any]) -> bool:
     # token skipped run later, batched (fill=compute), where it left bounds its sequential cost
     layers = min(float(r.get("layers_per_token") or 1.0), float(r.get("exit_depth") or 1.0), 1.0)
     bound = float(r["tokens_per_target_forward"]) / max(layers, 0.05)
-    return float(r["speedup"]) <= bound * (1 + UNEXPLAINED)
+    fastest = max(
+        [float(r["speedup"]), *(r.get("speedup_range") or ())]
+    )  # any round, not the median
+    return fastest <= bound * (1 + UNEXPLAINED)
+
+
+def verdict(speedup: float, margin: float) -> str:
+    """faster / slower / about the same as autoregressive, for a modelled speedup."""
+    if speedup > 1 + margin:
+        return "faster"
+    return "slower" if speedup < 1 - margin else "about the same"
+
+
+def contradicts(r: Mapping[str, Any], margin: float) -> bool:
+    """Whether a row's measured range says the opposite of its modelled verdict: modelled faster
+    and every round slower than autoregressive, or the other way round."""
+    modelled = r.get("modelled_speedup")
+    if modelled is None or r.get("name") == REFERENCE:
+        return False
+    low, high = speedup_range(r)
+    said = verdict(float(modelled), margin)
+    return (said == "faster" and high < 1.0) or (said == "slower" and low > 1.0)
 
 
 def work_of(trace: Trace) -> str:
@@ -521,6 +617,9 @@ def _row(
         "rouge_l": q.rouge_l if q is not None else float(identical),
         "layers_per_token": s.get("layers_per_token"),
         "exit_depth": s.get("exit_depth"),
+        # the work priced by the price table, against the reference's: what verdicts decide on
+        "modelled_speedup": 1.0 if is_ref else s.get("modelled_speedup"),
+        "price_error": price_table(bundle).spread,
     }
 
 
@@ -529,7 +628,8 @@ def _row(
 # The verdict beside the speed, so both read without scrolling on a narrow table.
 TABLE_HEADERS = [
     "method spec",
-    "speedup",
+    "modelled",  # the work priced by the price table: what the headline decides on
+    "measured",
     "lossless",
     "tokens / s",
     "tokens / forward",
@@ -544,6 +644,7 @@ def table_rows(rows: list[Mapping[str, Any]]) -> list[list[str]]:
     return [
         [
             str(r["method"]).replace(":", ":" + BREAK),
+            "—" if r.get("modelled_speedup") is None else fmt_speedup(r["modelled_speedup"]),
             ("⚠ " if not r.get("explained", True) else "")
             + fmt_speedup(r["speedup"])
             + (
@@ -564,3 +665,25 @@ def table_rows(rows: list[Mapping[str, Any]]) -> list[list[str]]:
         ]
         for r in rows
     ]
+
+
+def prices_line(table: PriceTable | None) -> str:
+    """The price table in a sentence, beside the results it priced."""
+    if table is None:
+        return ""
+    heads = ", ".join(f"a {k} draft forward {v:.3f}" for k, v in table.drafters.items())
+    return (
+        f"Work is priced by this machine's table (measured {table.measured}, ±{table.spread:.0%}): "
+        f"one more verified input costs {table.input_cost:.3f} of a one-token forward "
+        f"({table.forward_ms:.1f} ms), a 17-input forward {table.inputs(17):.2f}"
+        + (f", {heads}" if heads else "")
+        + ". Modelled speedups decide; measured ones stand beside them."
+    )
+
+
+def remeasure_prices(model: str | None) -> PriceTable:
+    """Measure the model's price table again now (after any comparison timing its rounds) and
+    keep it for every later run."""
+    from decoders.engine import calibrate
+
+    return calibrate(get_bundle(model), again=True)

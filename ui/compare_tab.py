@@ -29,6 +29,8 @@ from .compare import (
     Comparison,
     compare_methods,
     fmt_speedup,
+    prices_line,
+    remeasure_prices,
     table_rows,
 )
 from .traces import EXAMPLE_PROMPTS
@@ -57,6 +59,7 @@ class CompareTab:
     race: Any
     texts: Any
     quality: Any
+    prices: Any
 
     @property
     def views(self) -> list[Any]:
@@ -68,6 +71,7 @@ class CompareTab:
             self.quality,
             self.race,
             self.texts,
+            self.prices,
         ]
 
     def cleared(self, status: str) -> dict:
@@ -79,12 +83,14 @@ class CompareTab:
             self.race: None,
             self.texts: "",
             self.quality: gr.Plot(value=None, visible=False),
+            self.prices: "",
         }
 
     def shown(self, result: Comparison, status: str) -> dict:
         return {
             self.status: status,
             self.headline: f"**{html.escape(result.headline())}**",
+            self.prices: prices_line(result.prices),
             self.table: gr.Dataframe(value=table_rows(result.rows), headers=TABLE_HEADERS),
             self.chart: speedup_chart(result.rows),
             self.race: race_chart(race_runs(result)),
@@ -166,6 +172,15 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
             status = gr.Markdown(elem_id="cmp-status")
         with gr.Column(scale=3, min_width=320):
             headline = gr.Markdown(elem_id="cmp-headline")
+            with gr.Row(equal_height=True):
+                prices = gr.Markdown(elem_id="cmp-prices")
+                remeasure = gr.Button(
+                    "Re-measure this machine's prices",
+                    size="sm",
+                    scale=0,
+                    min_width=120,
+                    elem_id="cmp-remeasure",
+                )
             table = gr.Dataframe(
                 headers=TABLE_HEADERS,
                 label="Results: greedy, autoregressive first as the speed and lossless reference "
@@ -176,7 +191,17 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 # squeeze a phone's cells to a letter a line); on a phone the numbers scroll
                 # beside the pinned spec. Tall enough for the presets' 15 rows.
                 wrap=True,
-                column_widths=["140px", "84px", "110px", "70px", "80px", "70px", "70px", "64px"],
+                column_widths=[
+                    "140px",
+                    "70px",
+                    "100px",
+                    "100px",
+                    "64px",
+                    "74px",
+                    "64px",
+                    "64px",
+                    "56px",
+                ],
                 pinned_columns=1,
                 max_height=1000,
                 elem_id="cmp-table",
@@ -206,7 +231,17 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
         race,
         texts,
         quality,
+        prices,
     )
+
+    def on_remeasure(model_id: str) -> Iterator[str]:
+        yield "⏳ measuring this machine's prices (a few seconds; runs wait for it)…"
+        try:
+            yield f"Re-measured. {prices_line(remeasure_prices(model_id))}"
+        except DecodingLabError as exc:
+            yield message(str(exc))
+
+    remeasure.click(on_remeasure, model, prices, api_visibility="private", concurrency_id="decode")
 
     def on_preset(name: str) -> dict:
         return {tab.specs: preset_value(name)}
@@ -262,6 +297,7 @@ def compare(
         "rows": result.rows,
         "texts": {label: t.meta["text"] for label, t in result.traces.items()},
         "headline": result.headline(),
+        "prices": result.prices.to_dict() if result.prices else None,
     }
 
 

@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 
 from decoders import METHODS, InvalidInput, compare_tokens, prepare
 from decoders.core import quality
+from decoders.core.costs import price_table
 from decoders.core.events import Commit, Done, Event, token_ids
 from decoders.core.models import ModelBundle
+from decoders.core.prices import recorded_prices
 from decoders.core.stats import compute_stats
 from decoders.core.tracefile import trace_from_json, trace_to_dict
 from decoders.engine import (
@@ -171,6 +173,8 @@ def run_meta(bundle: ModelBundle, run: Run, prompt: str) -> dict[str, Any]:
         "max_new_tokens": run.cfg.max_new_tokens,
         "n_layers": bundle.n_layers,
         "vocab_size": vocab_size(bundle),
+        # what its work is priced by (the same table every run of this model here reads)
+        "prices": price_table(bundle).to_dict(),
     }
 
 
@@ -300,7 +304,7 @@ def stopped(trace: Trace, elapsed_s: float | None = None) -> Trace:
     done = next((e for e in events if isinstance(e, Done)), None)
     body = [e for e in events if not isinstance(e, Done)]
     if done is None:
-        done = Done("cancelled", compute_stats(body, elapsed_s))
+        done = Done("cancelled", compute_stats(body, elapsed_s, recorded_prices(trace.meta)))
     tokens = [t for e in body if isinstance(e, Commit) for t in e.tokens]
     meta = {
         **trace.meta,

@@ -17,6 +17,7 @@ from decoders.core.models import (
     ModelBundle,
     hub_reachable,
 )
+from decoders.engine import measure_drafters
 from decoders.trained.exit_tuned import delta_path
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
@@ -70,10 +71,11 @@ def check_draft(params: Mapping[str, Any]) -> None:
 
 
 def get_bundle(model: str | None) -> ModelBundle:
-    """The model, loaded once per process; its draft prices are measured when it first loads, in
-    the background (costs.calibrate), not inside a visitor's run."""
+    """The model, loaded once per process; its price table is read (or, the first time on this
+    machine, measured with its drafters' prices) when it first loads, in the background, not
+    inside a visitor's run."""
     bundle = load_model(resolve_model(model))
-    calibrate_in_background(bundle)
+    calibrate_in_background(bundle, drafters=measure_drafters)
     return bundle
 
 

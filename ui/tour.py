@@ -561,6 +561,13 @@ def side_by_side() -> dict[str, Any]:
     return json.loads((TOUR / f"{SIDE_BY_SIDE}.json").read_text())
 
 
+def side_by_side_row(stop: Stop) -> dict[str, Any] | None:
+    """The side-by-side recording's row of a stop's run: its speed against the one reference
+    every stop shares (a stop's own recording was timed alone)."""
+    spec = spec_of_stop(next(s for s in STOPS if s.key == stop.recording))
+    return next((r for r in side_by_side()["rows"] if r["method"] == spec), None)
+
+
 def drafting_dtype() -> str:
     """The dtype trained drafting heads run in on this machine beside the float32 target
     (packing.draft_dtype), as side_by_side records it (for the reader: what decides whether a
@@ -586,24 +593,18 @@ def draft_fingerprint() -> str:
 
 
 def pin_prices(trace: Trace) -> None:
-    """Price the embedded model as `trace` was priced (its Priced event): a tree sized by cost
-    then grows the same trees as when it was recorded (the tour's comparison, and the test that
-    re-runs each stop)."""
+    """Price the embedded model by the table `trace` was priced by (in this process only): a
+    tree sized by cost then grows the same trees as when it was recorded (the tour's comparison,
+    and the test that re-runs each stop)."""
     from decoders.core import costs
-    from decoders.core.events import Priced
     from decoders.core.models import EMBEDDED_ID
-    from decoders.methods import token_tree
+    from decoders.core.prices import recorded_prices
 
     from .models import get_bundle
 
-    bundle = get_bundle(EMBEDDED_ID)
-    for e in trace.events:
-        if isinstance(e, Priced):
-            costs.set_prices(bundle, e.input_cost, e.forward_ms)
-            if e.draft_cost:
-                token_tree.set_draft_cost(
-                    bundle, trace.meta["params"].get("draft", "auto"), e.draft_cost
-                )
+    table = recorded_prices(trace.meta)
+    if table is not None:
+        costs.set_table(get_bundle(EMBEDDED_ID), table)
 
 
 def spec_of_stop(stop: Stop) -> str:

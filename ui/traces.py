@@ -14,6 +14,7 @@ from decoders.core.errors import DecodingLabError, TraceError
 from decoders.core.events import MAX_LAYERS, MAX_VOCAB, Commit, Done, whole
 from decoders.core.models import loaded
 from decoders.core.params import validate_params
+from decoders.core.prices import recorded_prices
 from decoders.core.stats import compute_stats
 from decoders.core.tracefile import TraceCheck
 from decoders.engine import MAX_PROMPT_CHARS
@@ -168,7 +169,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     wall = recorded if isinstance(recorded, int | float) and 0 < recorded < 1e6 else None
     body = [e for e in events if not isinstance(e, Done)]
     reason = done.finish_reason if done and done.finish_reason in ("eos", "length") else "cancelled"
-    stats = compute_stats(body, wall)
+    stats = compute_stats(body, wall, recorded_prices(meta))
     meta.pop("lossless", None)
     meta |= {"stats": stats, "finish_reason": reason, "token_ids": committed}
     return Trace(meta, [*body, Done(reason, stats)], dict(trace.texts))

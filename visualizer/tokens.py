@@ -178,8 +178,14 @@ def token_spans_html(
     return f'{STYLE}{head}<div class="dl-tokens">{prompt}{body}</div>'
 
 
-def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = None) -> str:
-    """The headline numbers as cards, with the lossless badge."""
+def metrics_html(
+    stats: Mapping[str, Any],
+    lossless: Mapping[str, Any] | None = None,
+    measured: Mapping[str, Any] | None = None,
+) -> str:
+    """The headline numbers as cards, with the lossless badge. The speedup card gives the
+    modelled speedup (the run's work priced by the machine's price table) and, where a
+    comparison timed it (`measured`: a Compare row's speedup and range), the clock's beside it."""
 
     def card(label: str, value: str, hint: str = "") -> str:
         return (
@@ -191,7 +197,20 @@ def metrics_html(stats: Mapping[str, Any], lossless: Mapping[str, Any] | None = 
         v = stats.get(key)
         return "—" if v is None else fmt.format(v)
 
+    modelled = stats.get("modelled_speedup")
+    clock = ""
+    if measured and measured.get("speedup") is not None:
+        low, high = measured.get("speedup_range") or (None, None)
+        span = f" ({low:.2f}–{high:.2f}×)" if low is not None else ""
+        clock = f"; measured {measured['speedup']:.2f}×{span}"
     cards = [
+        card(
+            f"speedup, modelled{clock}",
+            "—" if modelled is None else f"{modelled:.2f}×",
+            "autoregressive decoding's work over this run's: its forwards priced by this "
+            "machine's price table (deterministic: the same settings give the same number on a "
+            "busy machine); measured = the clock against an autoregressive run of the same prompt",
+        ),
         card(
             "tokens / s",
             num("tokens_per_s", "{:.1f}"),

@@ -1,216 +1,278 @@
-"""What drafts cost on this machine, measured: one more verified input and one draft forward as
-fractions of a one-token target forward. Tree and chain drafts are sized by these prices
-(`pays`: is a node worth its input?). A model is priced when it loads (`calibrate`; the app does
-it in the background), and priced again when a sized run's own forwards disagree."""
+"""What work costs on this machine: one price table per model, measured once, stored, used unchanged.
+
+A run's work (its forwards, the inputs of each, the layers each ran, the tokens) depends only on
+the model, the method, its parameters and the prompt. What that work costs here is this module's
+`PriceTable`, in one-token target forwards:
+
+- `curve`: a target forward of `widths[i]` inputs after a 64-token cache costs `curve[i]`
+  (1.0 at one input; linear between widths, the last slope past the widest);
+- `input_cost`: one more verified input, the slope from 1 to 17 inputs: what token trees and
+  cost-scheduled chains are sized by (`pays`);
+- `fixed_share`: the part of a one-token forward outside its decoder layers (embedding, final
+  norm, LM head): a forward through k of L layers costs fixed + (1 - fixed) * k / L;
+- `drafters[label]`: one draft forward of a drafter that is not the target's own layers (a
+  trained head), as measured when the table was (`engine.calibrate`) or first sized by;
+- `forward_ms`: the wall time of the one-token forward all of them are fractions of.
+
+The procedure: the process's torch threads (the app's own setting), every shape warmed up twice,
+then ROUNDS rounds in which the shapes take turns (a burst of load falls on every shape of a round,
+not on all the rounds of one), the median per shape; `spread` is the table's own stated error (the
+largest half inter-quartile range of a shape's rounds, relative to its median). The table is kept
+in ~/.cache/decoding-lab/prices/ per model and machine (CPU, threads, torch, device) and every
+later run, in this process or the next, reads it unchanged: a decision never follows a live clock.
+Only `measure(bundle)` (`python -m decoders --prices --remeasure`, or the button beside Compare's
+results) replaces it, and never while a comparison is timing its rounds (`hold_prices`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
+import platform
 import statistics
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
-from decoders.core.models import ModelBundle
-from decoders.core.runtime import crop_cache, forward, new_cache
+from decoders.core.errors import InvalidParameter
+from decoders.core.models import ModelBundle, cache_dir, slug
+from decoders.core.prices import CONTEXT, ROUNDS, WIDTHS, PriceTable
+from decoders.core.runtime import crop_cache, forward, new_cache, require_layers
 
-_input_costs: dict[int, float] = {}
-_forward_ms: dict[int, float] = {}
-_cost_lock = threading.Lock()
+_tables: dict[int, PriceTable] = {}  # per loaded model (id of its module)
+_cost_lock = threading.RLock()
 
 
-def input_cost(
-    bundle: ModelBundle, *, context: int = 64, extra: int = 16, repeats: int = 7
-) -> float:
-    """What one more input costs a forward on this machine, as a fraction of a one-token forward.
+def machine(bundle: ModelBundle) -> str:
+    """What a table is valid for: this CPU (or device), the torch threads, torch's version."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    device = str(bundle.device)
+    if bundle.device.type == "cuda":
+        device = torch.cuda.get_device_name(bundle.device)
+    return f"{cpu}; {device}; {torch.get_num_threads()} threads; torch {torch.__version__}"
 
-    Measured once per loaded model, after a `context`-token cache, each shape warmed up first: the
-    median over `repeats` rounds of one forward of 1 token and one of 1 + `extra`, taken in turns
-    (a burst of noise on a shared machine then falls on both sides of a round, not on all of one
-    size: measured a size at a time, one burst once priced inputs at half their cost and grew a
-    whole benchmark's trees to 8 layers a token). About 0.035 on a 2-core Intel CPU and 0.045 on a
-    2-core AMD one, where compute grows with every input, and near 0 on a GPU, where a forward of
-    a few dozen tokens costs what one does. Tree drafts use it to verify only the nodes worth
-    their price here (`token_tree`'s size=cost).
-    """
+
+def table_path(bundle: ModelBundle) -> Path:
+    here = hashlib.sha1(f"{machine(bundle)}|{bundle.dtype}".encode()).hexdigest()[:10]
+    return cache_dir() / "prices" / f"{slug(bundle.model_id)}-{here}.json"
+
+
+def price_table(bundle: ModelBundle) -> PriceTable:
+    """This model's table on this machine: in memory, else stored, else measured now (once) and
+    stored."""
     key = id(bundle.model)
     with _cost_lock:
-        if key not in _input_costs:
-            _input_costs[key], one = _measure_input_cost(bundle, context, extra, repeats)
-            _forward_ms.setdefault(key, one)
-        return _input_costs[key]
+        if key not in _tables:
+            _tables[key] = _load(bundle) or _save(bundle, _measure(bundle))
+        return _tables[key]
 
 
-def _measure_input_cost(
-    bundle: ModelBundle, context: int = 64, extra: int = 16, repeats: int = 7
-) -> tuple[float, float]:
-    """(input cost, one-token forward ms), measured now (see input_cost)."""
-    ones, manys = _timed_forwards(bundle, context, (1, 1 + extra), repeats)
-    rounds = [(m - o) / extra / max(o, 1e-6) for o, m in zip(ones, manys, strict=True)]
-    return max(0.0, statistics.median(rounds)), statistics.median(ones)
+def _load(bundle: ModelBundle) -> PriceTable | None:
+    path = table_path(bundle)
+    try:
+        table = PriceTable.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return table if table.machine == machine(bundle) and table.model == bundle.model_id else None
+
+
+def _save(bundle: ModelBundle, table: PriceTable) -> PriceTable:
+    path = table_path(bundle)
+    with contextlib.suppress(OSError):  # a read-only cache: the table still serves this process
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table.to_dict(), indent=1))
+        tmp.replace(path)
+    return table
+
+
+def input_cost(bundle: ModelBundle) -> float:
+    """What one more verified input costs a forward here, as a fraction of a one-token forward
+    (about 0.035 on a 2-core Intel CPU and 0.045 on an AMD one; near 0 on a GPU)."""
+    return price_table(bundle).input_cost
 
 
 def forward_ms(bundle: ModelBundle) -> float:
-    """Wall milliseconds of a one-token forward of this model on this machine (after a 64-token
-    cache), measured once per loaded model: what a draft forward's time is weighed against."""
-    key = id(bundle.model)
+    """Wall milliseconds of a one-token forward of this model here (after a 64-token cache)."""
+    return price_table(bundle).forward_ms
+
+
+def set_table(bundle: ModelBundle, table: PriceTable) -> None:
+    """Price `bundle` by `table` in this process (a recorded run's table: its trees then grow as
+    they grew when it was recorded). Not stored."""
     with _cost_lock:
-        if key not in _forward_ms:
-            _forward_ms[key] = statistics.median(_timed_forwards(bundle, 64, (1,), 3)[0])
-        return _forward_ms[key]
+        _tables[id(bundle.model)] = table
 
 
-def measured_costs(bundle: ModelBundle) -> dict[str, float]:
-    """What this process has measured of `bundle`'s costs so far (`input_cost`, `forward_ms`),
-    measuring nothing: a benchmark records the prices its trees were sized by."""
-    key = id(bundle.model)
-    with _cost_lock:
-        found = {"input_cost": _input_costs.get(key), "forward_ms": _forward_ms.get(key)}
-    return {k: round(v, 4) for k, v in found.items() if v is not None}
-
-
-def set_prices(bundle: ModelBundle, input_cost: float, forward_ms: float) -> None:
-    """Price `bundle` as given instead of measuring (a recorded run's prices: its trees then grow
-    again as they grew when it was recorded)."""
-    with _cost_lock:
-        _input_costs[id(bundle.model)] = input_cost
-        _forward_ms[id(bundle.model)] = forward_ms
-
-
-def calibrate(bundle: ModelBundle, *, again: bool = False) -> dict[str, float]:
-    """Measure what draft sizes are priced by (`input_cost`, `forward_ms`): the app calls it when
-    a model loads, in the background, so no visitor's run pays for it or waits behind it (a run
-    that starts before it finishes waits on the lock, as it would have measured itself).
-    `again`: measure even when prices are stored, and replace them when done (runs go on with
-    the old ones meanwhile)."""
-    if again:
-        price, one = _measure_input_cost(bundle)
+def drafter_price(bundle: ModelBundle, label: str, measure: Callable[[], float]) -> float:
+    """One forward of drafter `label` in one-token target forwards: the table's, else
+    `measure()` once, added to the table and stored."""
+    table = price_table(bundle)
+    if label not in table.drafters:
         with _cost_lock:
-            _input_costs[id(bundle.model)] = price
-            _forward_ms[id(bundle.model)] = one
-    input_cost(bundle)
-    forward_ms(bundle)
-    return measured_costs(bundle)
+            table = price_table(bundle)
+            if label not in table.drafters:
+                price = round(max(0.0, measure()), 5)
+                table = replace(table, drafters={**table.drafters, label: price})
+                _tables[id(bundle.model)] = _save(bundle, table)
+    return table.drafters[label]
 
 
-def calibrate_in_background(bundle: ModelBundle, *, again: bool = False) -> threading.Thread | None:
-    """`calibrate` on a daemon thread, unless this model's prices are stored (and not `again`),
-    being measured already, or (`again`) a comparison holds the prices (hold_prices)."""
+def measure(
+    bundle: ModelBundle,
+    drafters: Callable[[ModelBundle, PriceTable], Mapping[str, float]] | None = None,
+) -> PriceTable:
+    """Measure this model's table now and replace the stored one. `drafters` prices the trained
+    drafters given the new table (engine.measure_drafters: short runs, which read the new table
+    as they go). Waits for a comparison timing its rounds to end first; other runs wait for the
+    whole table (they would otherwise size drafts by half of it)."""
+    with _measure_gate(), _cost_lock:
+        table = _measure(bundle)
+        _tables[id(bundle.model)] = table
+        if drafters is not None:
+            table = replace(table, drafters=dict(drafters(bundle, table)))
+        _tables[id(bundle.model)] = _save(bundle, table)
+        return table
+
+
+def _measure(bundle: ModelBundle) -> PriceTable:
+    depth = bundle.n_layers
+    half = max(1, depth // 2)
+    try:  # a model whose layers cannot run alone is never asked for part of its depth
+        require_layers(bundle, "a half-depth forward")
+        partial = half < depth
+    except InvalidParameter:
+        partial = False
+    shapes = [(n, None) for n in WIDTHS] + ([(1, half)] if partial else [])
+    times = _timed_forwards(bundle, CONTEXT, shapes, ROUNDS)
+    ones = times[0]
+    ratios = [[t / max(o, 1e-6) for t, o in zip(ts, ones, strict=True)] for ts in times]
+    curve = tuple(round(statistics.median(r), 5) for r in ratios[: len(WIDTHS)])
+    spreads = [
+        (q[2] - q[0]) / 2 / statistics.median(r)
+        for r in ratios[1:]
+        for q in [statistics.quantiles(r, n=4)]
+    ]
+    share = half / depth
+    fixed = (statistics.median(ratios[-1]) - share) / (1 - share) if partial else 0.0
+    return PriceTable(
+        model=bundle.model_id,
+        machine=machine(bundle),
+        forward_ms=round(statistics.median(ones), 4),
+        widths=WIDTHS,
+        curve=(1.0, *curve[1:]),
+        fixed_share=round(min(max(fixed, 0.0), 0.9), 5),
+        spread=round(max(0.01, statistics.median(spreads)), 5),
+        measured=time.strftime("%Y-%m-%d %H:%M"),
+    )
+
+
+def calibrate_in_background(
+    bundle: ModelBundle,
+    again: bool = False,
+    drafters: Callable[[ModelBundle, PriceTable], Mapping[str, float]] | None = None,
+) -> threading.Thread | None:
+    """The table on a daemon thread: loaded, or measured with its drafters (`drafters`) when none
+    is stored, when a model loads (a run that starts meanwhile waits on the lock, as it would
+    have measured itself); re-measured when asked (`again`). None when there is nothing to do:
+    the table is in memory (and not `again`), or a measure is under way."""
     key = id(bundle.model)
 
     def run() -> None:
         try:
-            calibrate(bundle, again=again)
+            if again or (drafters is not None and _load(bundle) is None):
+                measure(bundle, drafters)
+            else:
+                price_table(bundle)
         finally:
-            with _cost_lock:
+            with _state_lock:
                 _measuring.pop(key, None)
 
-    with _cost_lock:  # one decision with hold_prices': it waits for this thread, or none starts
-        if (key in _input_costs and not again) or key in _measuring or (again and _held):
+    with _state_lock:  # not the table's lock, which a measure under way holds throughout
+        if (key in _tables and not again) or key in _measuring:
             return None
         thread = threading.Thread(target=run, name="decoding-lab-calibrate", daemon=True)
         _measuring[key] = thread
         try:
-            thread.start()  # started before anyone can join it (run takes the lock only to finish)
+            thread.start()
         except RuntimeError:  # no thread to be had: no entry left for hold_prices to join
             _measuring.pop(key, None)
             raise
     return thread
 
 
-# A run's own verify forwards second-guess the price: when the price they imply is off by more
-# than this factor (either way) over at least MIN_OBSERVED forwards of MIN_WIDTH+ inputs, the
-# model is re-measured in the background for later runs. Not below MIN_TIMED_MS a one-token forward: there
-# the timer and the scheduler, not the inputs, make the differences (the tiny test models).
-REPRICE_FACTOR = 2.0
-MIN_OBSERVED = 8
-# A forward of fewer inputs says little about the price: on a CPU the first few extra inputs are
-# nearly free (4 inputs measured 1.01 one-token forwards here, 8 1.13, 16 1.49), so narrow
-# forwards implied a price 5x too low and set off a re-measure after almost every run.
-MIN_WIDTH = 8
-MIN_TIMED_MS = 5.0
 _measuring: dict[int, threading.Thread] = {}  # per model: its measure under way (one at a time)
-# "0" keeps every price as first measured: what a process that compares runs with each other
-# needs (the test suite: a run alone and the same run among others must size the same trees).
-REPRICE_ENV = "DECODING_LAB_REPRICE"
-
-
-def implied_input_cost(bundle: ModelBundle, forwards: Sequence[tuple[int, float]]) -> float | None:
-    """The per-input price a run's own verify forwards (inputs, wall ms) imply against the
-    measured one-token forward: the median of (ms / one - 1) / (n - 1) over forwards of
-    MIN_WIDTH+ inputs; None when there are too few of them or no measured one-token forward."""
-    one = _forward_ms.get(id(bundle.model))
-    seen = [(ms / one - 1.0) / (n - 1) for n, ms in forwards if n >= MIN_WIDTH] if one else []
-    return statistics.median(seen) if len(seen) >= MIN_OBSERVED else None
-
-
-_held = 0  # comparisons in progress: while any runs, no re-measure starts (hold_prices)
+_state_lock = threading.Lock()  # guards _measuring
+_held = 0  # comparisons in progress: while any runs, no re-measure starts
+_held_cv = threading.Condition()
 HOLD_WAIT_S = 60.0  # how long a comparison waits for a measure already under way
 
 
 @contextlib.contextmanager
 def hold_prices() -> Iterator[None]:
-    """No background re-measure while this is open: a comparison's runs are timed side by side,
-    and a re-measure beside them would slow whichever ran next (Compare's rounds; the
-    benchmark, a process of its own, sets DECODING_LAB_REPRICE=0 instead). A measure already
-    under way when it opens is waited for first (up to HOLD_WAIT_S), for the same reason. A
-    model's first measure (`input_cost`, not a re-measure) holds the price lock throughout, so
-    opening waits for it to the end, however long it takes."""
+    """No re-measure while this is open: a comparison's runs are timed side by side, and a
+    measure beside them would slow whichever ran next. A measure already under way when it
+    opens is waited for first (up to HOLD_WAIT_S)."""
     global _held
-    with _cost_lock:
-        _held += 1
+    with _state_lock:
         under_way = list(_measuring.values())
+    for thread in under_way:
+        thread.join(timeout=HOLD_WAIT_S)
+    with _held_cv:
+        _held += 1
     try:
-        for thread in under_way:
-            thread.join(timeout=HOLD_WAIT_S)
         yield
     finally:
-        with _cost_lock:
+        with _held_cv:
             _held -= 1
+            _held_cv.notify_all()
 
 
-def second_guess_price(bundle: ModelBundle, forwards: Sequence[tuple[int, float]]) -> bool:
-    """After a sized run: when its verify forwards imply a per-input price off by more than
-    REPRICE_FACTOR from the stored one, re-measure them in the background (later runs use the new
-    ones; this one kept its own). True when it started that."""
-    if os.environ.get(REPRICE_ENV, "1") == "0" or _held:
-        return False
-    key = id(bundle.model)
-    price, one = _input_costs.get(key), _forward_ms.get(key)
-    if price is None or one is None or one < MIN_TIMED_MS:
-        return False
-    implied = implied_input_cost(bundle, forwards)
-    if implied is None:
-        return False
-    floor = 0.005  # near 0 (a GPU) a ratio says nothing
-    if max(implied, floor) <= REPRICE_FACTOR * max(price, floor) and max(
-        price, floor
-    ) <= REPRICE_FACTOR * max(implied, floor):
-        return False
-    return calibrate_in_background(bundle, again=True) is not None
+@contextlib.contextmanager
+def _measure_gate() -> Iterator[None]:
+    """A re-measure starts once no comparison holds the prices."""
+    with _held_cv:
+        _held_cv.wait_for(lambda: _held == 0)
+        yield
 
 
 def _timed_forwards(
-    bundle: ModelBundle, context: int, sizes: Sequence[int], repeats: int
+    bundle: ModelBundle,
+    context: int,
+    shapes: Sequence[tuple[int, int | None]],
+    repeats: int,
 ) -> list[list[float]]:
-    """Wall ms of `repeats` forwards of each size after a `context`-token cache, per size; the
-    sizes take turns, round by round."""
+    """Wall ms of `repeats` forwards of each (inputs, layers) shape after a `context`-token cache,
+    per shape; the shapes take turns, round by round."""
     vocab = bundle.model.config.vocab_size
-    ids = torch.arange(context + max(sizes)) % vocab
+    widest = max(n for n, _ in shapes)
+    ids = torch.arange(context + widest) % vocab
     cache = new_cache(bundle)
     forward(bundle, cache, ids[:context], step=0, kind="prefill")
 
-    def timed(n: int) -> float:
-        out = forward(bundle, cache, ids[context : context + n], step=0, kind="verify")
+    def timed(shape: tuple[int, int | None]) -> float:
+        n, layers = shape
+        out = forward(
+            bundle, cache, ids[context : context + n], step=0, kind="verify", layers=layers
+        )
         crop_cache(cache, context)
         return out.event.wall_ms
 
-    for n in sizes:  # warm-up: the first forwards of a shape pay for its kernels (oneDNN's
-        timed(n), timed(n)  # primitives); a cold 17-token forward once priced inputs 1.6x too dear
-    rounds = [[timed(n) for n in sizes] for _ in range(repeats)]
-    return [list(times) for times in zip(*rounds, strict=True)]
+    for shape in shapes:  # warm-up: the first forwards of a shape pay for its kernels (oneDNN's
+        timed(shape), timed(shape)  # primitives); a cold 17-token forward priced inputs 1.6x dear
+    rounds = [[timed(shape) for shape in shapes] for _ in range(repeats)]
+    return [list(t) for t in zip(*rounds, strict=True)]
 
 
 def pays(score: float, total: float, n: int, cost: float, spent: float = 0.0) -> bool:

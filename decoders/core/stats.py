@@ -24,6 +24,11 @@
   the prefill's time, reported on its own
 - exit depth (early exit) = where tokens were written from, as a share of the depth (LayerExit
   events), whatever their skipped layers cost afterwards
+- `work` = the run's forwards after the prefill priced by the price table (costs.PriceTable), in
+  one-token target forwards: a target forward by its inputs and layers, a trained drafter's by
+  its measured price; autoregressive decoding's is one per token after the first, so
+  `modelled_speedup` = (new tokens - 1) / work, deterministic for a model, method, parameters,
+  prompt and table (what verdicts are decided on); `speedup` beside it is the clock's
 """
 
 from __future__ import annotations
@@ -33,13 +38,31 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decoders.core.events import Commit, Draft, Event, Forward, LayerExit, Priced, Verify
+from decoders.core.prices import PriceTable, drafter_key
 from decoders.core.tree import depths
 
 TARGET_KINDS = ("prefill", "target", "verify", "sync")
+# The readings that measure time, not decoding: the only ones two runs of the same work may differ
+# in (a draft source's `draft_ms` too).
+TIMING_KEYS = frozenset({"wall_s", "ttft_s", "tokens_per_s", "time_ms", "model_ms"})
+
+
+def untimed(stats: dict[str, Any]) -> dict[str, Any]:
+    """A run's stats without their clock: what the same settings must reproduce exactly."""
+    out = {k: v for k, v in stats.items() if k not in TIMING_KEYS}
+    if "draft_sources" in out:
+        out["draft_sources"] = {
+            name: {k: v for k, v in row.items() if k != "draft_ms"}
+            for name, row in out["draft_sources"].items()
+        }
+    return out
 
 
 class StatsAccumulator:
-    def __init__(self) -> None:
+    def __init__(self, prices: PriceTable | None = None) -> None:
+        self.prices = prices
+        self.work = 0.0  # priced forwards after the prefill, in one-token target forwards
+        self.unpriced: list[Forward] = []  # this step's draft forwards, until its Draft names them
         self.new_tokens = 0
         self.forwards: Counter[str] = Counter()
         self.ms: defaultdict[str, float] = defaultdict(float)
@@ -67,6 +90,12 @@ class StatsAccumulator:
             self.ms[event.kind] += event.wall_ms
             if event.kind == "draft":
                 self.draft_ms[event.step] += event.wall_ms
+                if not event.split:  # a drafter's own pass: priced once the Draft names it
+                    self.unpriced.append(event)
+                else:  # the target's first layers (an early exit's draft)
+                    self._price(event)
+            elif event.kind != "prefill":
+                self._price(event)
             if event.kind == "prefill":
                 self.depth = max(self.depth, event.layers)
             elif event.kind in ("target", "verify", "shallow", "sync"):
@@ -77,6 +106,7 @@ class StatsAccumulator:
         elif isinstance(event, Draft):
             self.drafted += len(event.tokens)
             self.drafts[event.step] = event
+            self._price_drafts(drafter_key(event.source))
             copied = set(event.copied)
             for i in range(len(event.tokens)):
                 self.sources[_source(event, i, copied)]["drafted"] += 1
@@ -104,7 +134,22 @@ class StatsAccumulator:
                 self.proposed_at[j] += 1
                 self.accepted_at[j] += j < n
 
+    def _price(self, e: Forward, drafter: str | None = None) -> None:
+        if self.prices is None:
+            return
+        price = self.prices.drafters.get(drafter) if drafter else None
+        if price is not None:
+            self.work += price * self.prices.inputs(e.n_input_tokens)
+        else:
+            self.work += self.prices.forward(e.n_input_tokens, e.layers, self.depth)
+
+    def _price_drafts(self, drafter: str | None) -> None:
+        for e in self.unpriced:
+            self._price(e, drafter)
+        self.unpriced = []
+
     def result(self, wall_s: float | None = None) -> dict[str, Any]:
+        self._price_drafts(None)  # draft forwards no Draft named: by their layers
         target_forwards = sum(self.forwards[k] for k in TARGET_KINDS)
         model_ms = sum(self.ms.values())
         wall = wall_s if wall_s is not None else model_ms / 1000.0
@@ -144,6 +189,12 @@ class StatsAccumulator:
             # What a sized draft was priced by on this machine (a Priced event; None: not sized)
             "input_cost": self.priced.input_cost if self.priced else None,
             "draft_cost": self.priced.draft_cost if self.priced else None,
+            "work": round(self.work, 3) if self.prices else None,
+            "modelled_speedup": (
+                round((self.new_tokens - 1) / self.work, 4)
+                if self.prices and self.work > 0 and self.new_tokens > 1
+                else None
+            ),
             "wall_s": round(wall, 4),
             # The prompt's forward (the first token's wait) apart: a long prompt's prefill said
             # nothing about how fast a method writes.
@@ -160,10 +211,8 @@ def _histogram(counts: Counter[int]) -> list[int]:
 
 def _source(draft: Draft, node: int, copied: set[int]) -> str:
     """Who drafted node `node` (-1: the draft's forwards): a tree's copied branch, or the drafter
-    the event names (its label up to the first parenthesis: "eagle (1 trained layer …)" -> "eagle")."""
-    if node in copied:
-        return "copied"
-    return draft.source.split(" (", 1)[0].strip() or "draft"
+    the event names (costs.drafter_key)."""
+    return "copied" if node in copied else drafter_key(draft.source)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -171,8 +220,9 @@ def _ratio(a: float, b: float) -> float:
 
 
 def pooled_acceptance(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The acceptance readings of several runs' stats taken as one run (a benchmark's prompts):
-    counts summed, then every reading under the same definitions as one run's."""
+    """The acceptance readings and the modelled speedup of several runs' stats taken as one run
+    (a benchmark's prompts): counts and work summed, then every reading under the same
+    definitions as one run's."""
     runs = list(runs)
     total = Counter()
     hist: Counter[int] = Counter()
@@ -186,15 +236,24 @@ def pooled_acceptance(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for name, row in (r.get("draft_sources") or {}).items():
             sources[name].update({"drafted": row["drafted"], "accepted": row["accepted"]})
             source_ms[name] += row["draft_ms"]
-    return acceptance_readings(
-        total["new_tokens"],
-        total["target_forwards"],
-        total["accepted_drafts"],
-        total["drafted_tokens"],
-        hist,
-        sources,
-        source_ms,
-    ) | {"verify_steps": total["verify_steps"]}
+    work = [r.get("work") for r in runs]
+    written = sum(max(0, (r.get("new_tokens") or 0) - 1) for r in runs)
+    modelled = (
+        round(written / sum(work), 4) if all(w is not None for w in work) and sum(work) else None
+    )
+    return (
+        {"modelled_speedup": modelled}
+        | acceptance_readings(
+            total["new_tokens"],
+            total["target_forwards"],
+            total["accepted_drafts"],
+            total["drafted_tokens"],
+            hist,
+            sources,
+            source_ms,
+        )
+        | {"verify_steps": total["verify_steps"]}
+    )
 
 
 def acceptance_readings(
@@ -230,8 +289,10 @@ def acceptance_readings(
     }
 
 
-def compute_stats(events: Iterable[Event], wall_s: float | None = None) -> dict[str, Any]:
-    acc = StatsAccumulator()
+def compute_stats(
+    events: Iterable[Event], wall_s: float | None = None, prices: PriceTable | None = None
+) -> dict[str, Any]:
+    acc = StatsAccumulator(prices)
     for e in events:
         acc.add(e)
     return acc.result(wall_s)

@@ -28,7 +28,7 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
 
 from __future__ import annotations
 
-import threading
+import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -36,12 +36,13 @@ from typing import ClassVar
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
-from decoders.core.costs import forward_ms, input_cost, pays
+from decoders.core.costs import drafter_price, forward_ms, input_cost, pays, price_table
 from decoders.core.drafter import Drafter
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Draft, Event, Forward, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param, validate_params
+from decoders.core.prices import drafter_key
 from decoders.core.runtime import new_cache
 from decoders.core.sampling import Sampler
 from decoders.core.steps import start, verify_tree
@@ -49,7 +50,7 @@ from decoders.core.tree import depths, feed_mask
 from decoders.methods.prompt_lookup import lookup
 from decoders.methods.sam import Retriever, retriever
 from decoders.methods.speculative import DRAFT_HELP
-from decoders.trained.drafters import auto_draft, check_draft, make_drafter
+from decoders.trained.drafters import SelfDrafter, check_draft, make_drafter
 
 # A Medusa-style static tree: 15 nodes, 4 deep, wider where the draft is usually right.
 DEFAULT_CHOICES = "0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0.0"
@@ -260,44 +261,31 @@ def _value(scores: Sequence[float], cost: float, cap: int, spent: float = 0.0) -
     return (1.0 + sum(top[:n])) / (1.0 + spent + cost * n)
 
 
-_draft_costs: dict[tuple[int, str], float] = {}
-_draft_lock = threading.Lock()
-
-
-def set_draft_cost(bundle: ModelBundle, spec: str, cost: float) -> None:
-    """Price drafter `spec`'s forward as given instead of measuring it (see costs.set_prices)."""
-    if spec == "auto":
-        spec = auto_draft(bundle)
-    with _draft_lock:
-        _draft_costs[(id(bundle.model), spec)] = cost
-
-
 def draft_cost(bundle: ModelBundle, spec: str) -> float:
-    """What one draft forward of drafter `spec` costs, in one-token target forwards.
+    """What one draft forward of drafter `spec` costs, in one-token target forwards, from the
+    price table (costs.PriceTable), so that every run grows the same trees: the target's first
+    k layers (self:k) by the table's depth rule; a trained head or another model by its price in
+    the table, measured the first time it is needed and stored (the median draft forward of a
+    short fixed-size tree run on a synthetic prompt, against the table's one-token forward).
+    About 0.05 for a bfloat16 EAGLE head beside this repo's embedded model on a 2-core CPU."""
+    drafter = make_drafter(spec, bundle, new_cache(bundle))
+    if isinstance(drafter, SelfDrafter):
+        return price_table(bundle).forward(1, drafter.depth or 0, bundle.n_layers)
 
-    Measured once per loaded model and drafter, as `input_cost` is, so that every run after it
-    grows the same trees (a price timed live, step by step, would make the tree follow the
-    machine's load): the median draft forward of a short fixed-size tree run on a synthetic
-    prompt, against `forward_ms`. About 0.05 for a bfloat16 EAGLE head beside this repo's
-    embedded model on a 2-core CPU; a self:k drafter costs about k / L."""
-    if spec == "auto":
-        spec = auto_draft(bundle)
-    key = (id(bundle.model), spec)
-    with _draft_lock:
-        if key not in _draft_costs:
-            params = validate_params(
-                PARAMS, {"draft": spec, "size": "fixed", "lookup": 0}, "token_tree"
-            )
-            cfg = DecodeConfig(16, frozenset(), params, detail=False)
-            prompt = [i % bundle.model.config.vocab_size for i in range(7, 71)]
-            times = [
-                e.wall_ms
-                for e in decode(bundle, prompt, cfg)
-                if isinstance(e, Forward) and e.kind == "draft" and e.step > 1
-            ]
-            one = forward_ms(bundle)
-            _draft_costs[key] = sorted(times)[len(times) // 2] / one if times and one else 0.0
-        return _draft_costs[key]
+    def measure() -> float:
+        params = validate_params(
+            PARAMS, {"draft": spec, "size": "fixed", "lookup": 0}, "token_tree"
+        )
+        cfg = DecodeConfig(16, frozenset(), params, detail=False)
+        prompt = [i % bundle.model.config.vocab_size for i in range(7, 71)]
+        times = [
+            e.wall_ms
+            for e in decode(bundle, prompt, cfg)
+            if isinstance(e, Forward) and e.kind == "draft" and e.step > 1
+        ]
+        return statistics.median(times) / forward_ms(bundle) if times else 0.0
+
+    return drafter_price(bundle, drafter_key(drafter.label), measure)
 
 
 def grow_static(grower: Grower, x: int, choices: list[tuple[int, ...]], depth: int) -> TreeDraft:

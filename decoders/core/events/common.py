@@ -249,11 +249,11 @@ class DraftStop(Event):
 
 @dataclass(frozen=True)
 class Priced(Event):
-    """What a run sized its drafts by (token_tree's size=cost, speculative's schedule=cost), as
-    this machine measured it (costs.calibrate, at model load; re-measured when a run's own
-    forwards disagree): `input_cost` = one more verified input, as a fraction of a one-token
-    target forward; `draft_cost` = one draft forward, in one-token target forwards (0: not
-    priced); `forward_ms` = the one-token forward those are fractions of."""
+    """What a run sized its drafts by (token_tree's size=cost, speculative's schedule=cost), from
+    this machine's price table (costs.PriceTable, measured once and stored): `input_cost` = one
+    more verified input, as a fraction of a one-token target forward; `draft_cost` = one draft
+    forward, in one-token target forwards (0: not priced); `forward_ms` = the one-token forward
+    those are fractions of."""
 
     type: ClassVar[str] = "Priced"
     step: int
