@@ -142,7 +142,8 @@ def prepare(
 
 def run_events(run: Run) -> Iterator[Event]:
     """Decode, passing every event through, and end with Done(stats)."""
-    acc = StatsAccumulator(costs.price_table(run.bundle))  # its work priced by this table
+    # its work priced by the model's table (measured the first time, drafters included)
+    acc = StatsAccumulator(costs.price_table(run.bundle, measure_drafters))
     tokens: list[int] = []
     start = time.perf_counter()
     for event in run.method.decode(run.bundle, run.prompt_ids, run.cfg):
@@ -356,11 +357,10 @@ def draft_fingerprint(bundle: ModelBundle, max_new_tokens: int = 16) -> str:
 
 def calibrate(bundle: ModelBundle, *, again: bool = False) -> costs.PriceTable:
     """This model's price table: stored, or measured now with every drafter's price (`again`:
-    measured now whatever is stored, replacing it). The app calls it in the background when a
-    model loads, the benchmark before its first prompt."""
-    if again or not costs.table_path(bundle).is_file():
+    measured now whatever is stored, replacing it)."""
+    if again:
         return costs.measure(bundle, measure_drafters)
-    return costs.price_table(bundle)
+    return costs.price_table(bundle, measure_drafters)
 
 
 def measure_drafters(bundle: ModelBundle, table: costs.PriceTable) -> dict[str, float]:

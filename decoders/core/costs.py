@@ -46,6 +46,8 @@ from decoders.core.prices import CONTEXT, ROUNDS, WIDTHS, PriceTable
 from decoders.core.runtime import crop_cache, forward, new_cache, require_layers
 
 _tables: dict[int, PriceTable] = {}  # per loaded model (id of its module)
+# What prices a model's trained drafters, given its new table (engine.measure_drafters).
+DrafterPricer = Callable[[ModelBundle, PriceTable], Mapping[str, float]]
 _cost_lock = threading.RLock()
 
 
@@ -68,14 +70,29 @@ def table_path(bundle: ModelBundle) -> Path:
     return cache_dir() / "prices" / f"{slug(bundle.model_id)}-{here}.json"
 
 
-def price_table(bundle: ModelBundle) -> PriceTable:
-    """This model's table on this machine: in memory, else stored, else measured now (once) and
-    stored."""
+def price_table(bundle: ModelBundle, drafters: DrafterPricer | None = None) -> PriceTable:
+    """This model's table on this machine: in memory, else stored, else measured now (once, with
+    the drafters' prices when `drafters` can price them) and stored. Runs that ask meanwhile wait
+    for the whole table."""
     key = id(bundle.model)
     with _cost_lock:
         if key not in _tables:
-            _tables[key] = _load(bundle) or _save(bundle, _measure(bundle))
+            stored = _load(bundle)
+            if stored is not None:
+                _tables[key] = stored
+            else:  # the first measure on this machine: no comparison can be timing rounds yet
+                _measure_into(bundle, drafters)
         return _tables[key]
+
+
+def _measure_into(bundle: ModelBundle, drafters: DrafterPricer | None) -> PriceTable:
+    with _cost_lock:
+        table = _measure(bundle)
+        _tables[id(bundle.model)] = table  # what the drafters' own short runs are priced by
+        if drafters is not None:
+            table = replace(table, drafters=dict(drafters(bundle, table)))
+        _tables[id(bundle.model)] = _save(bundle, table)
+        return table
 
 
 def _load(bundle: ModelBundle) -> PriceTable | None:
@@ -129,21 +146,13 @@ def drafter_price(bundle: ModelBundle, label: str, measure: Callable[[], float])
     return table.drafters[label]
 
 
-def measure(
-    bundle: ModelBundle,
-    drafters: Callable[[ModelBundle, PriceTable], Mapping[str, float]] | None = None,
-) -> PriceTable:
-    """Measure this model's table now and replace the stored one. `drafters` prices the trained
-    drafters given the new table (engine.measure_drafters: short runs, which read the new table
-    as they go). Waits for a comparison timing its rounds to end first; other runs wait for the
-    whole table (they would otherwise size drafts by half of it)."""
-    with _measure_gate(), _cost_lock:
-        table = _measure(bundle)
-        _tables[id(bundle.model)] = table
-        if drafters is not None:
-            table = replace(table, drafters=dict(drafters(bundle, table)))
-        _tables[id(bundle.model)] = _save(bundle, table)
-        return table
+def measure(bundle: ModelBundle, drafters: DrafterPricer | None = None) -> PriceTable:
+    """Measure this model's table again now and replace the stored one. `drafters` prices the
+    trained drafters given the new table (engine.measure_drafters: short runs, which read the new
+    table as they go). Waits for a comparison timing its rounds to end first; other runs wait for
+    the whole table (they would otherwise size drafts by half of it)."""
+    with _measure_gate():
+        return _measure_into(bundle, drafters)
 
 
 def _measure(bundle: ModelBundle) -> PriceTable:
@@ -181,7 +190,7 @@ def _measure(bundle: ModelBundle) -> PriceTable:
 def calibrate_in_background(
     bundle: ModelBundle,
     again: bool = False,
-    drafters: Callable[[ModelBundle, PriceTable], Mapping[str, float]] | None = None,
+    drafters: DrafterPricer | None = None,
 ) -> threading.Thread | None:
     """The table on a daemon thread: loaded, or measured with its drafters (`drafters`) when none
     is stored, when a model loads (a run that starts meanwhile waits on the lock, as it would
@@ -191,10 +200,10 @@ def calibrate_in_background(
 
     def run() -> None:
         try:
-            if again or (drafters is not None and _load(bundle) is None):
+            if again:
                 measure(bundle, drafters)
             else:
-                price_table(bundle)
+                price_table(bundle, drafters)
         finally:
             with _state_lock:
                 _measuring.pop(key, None)
