@@ -143,7 +143,7 @@ def prepare(
 def run_events(run: Run) -> Iterator[Event]:
     """Decode, passing every event through, and end with Done(stats)."""
     # its work priced by the model's table (measured the first time, drafters included)
-    acc = StatsAccumulator(costs.price_table(run.bundle, measure_drafters))
+    acc = StatsAccumulator(costs.price_table(run.bundle, price_runs), run.method.name)
     tokens: list[int] = []
     start = time.perf_counter()
     for event in run.method.decode(run.bundle, run.prompt_ids, run.cfg):
@@ -312,6 +312,7 @@ def compare_tokens(
 # The trained drafting heads, each read by a short run on a fixed probe whose drafts follow only
 # the head's probabilities (no price sizes them: the token tree keeps its `nodes` most confident).
 FINGERPRINT_PROBE = "def mean(values):\n    return sum(values) / len(values)\n"
+PROBE_TOKENS = 32  # each method's run when a price table is completed (price_runs)
 FINGERPRINT_RUNS = (
     ("token_tree", {"size": "fixed"}),  # the EAGLE head
     ("kangaroo", {}),  # the early-exit adapter
@@ -359,30 +360,34 @@ def calibrate(bundle: ModelBundle, *, again: bool = False) -> costs.PriceTable:
     """This model's price table: stored, or measured now with every drafter's price (`again`:
     measured now whatever is stored, replacing it)."""
     if again:
-        return costs.measure(bundle, measure_drafters)
-    return costs.price_table(bundle, measure_drafters)
+        return costs.measure(bundle, price_runs)
+    return costs.price_table(bundle, price_runs)
 
 
-def measure_drafters(bundle: ModelBundle, table: costs.PriceTable) -> dict[str, float]:
-    """What one forward of each drafter costs that is not the target's own layers (a trained
-    head, another model): every method at its defaults on a short probe, the median of its draft
-    forwards per drafter, each over what the target's forward of as many inputs costs. Drafters
-    that run the target's own first layers (self:k, an early exit) are priced by the table's
-    depth rule instead."""
+def price_runs(bundle: ModelBundle, table: costs.PriceTable) -> costs.PriceTable:
+    """Complete a new price table with what only runs can measure, from every method at its
+    defaults on a short probe: the forward of each drafter but the target's own first k layers
+    (self:k, which the depth rule prices): a trained head, an early exit with its adapter,
+    another model (the median of its draft forwards, each over the target's forward of as many
+    inputs); then each method's cost beyond its forwards' shapes (`PriceTable.methods`)."""
+    import dataclasses
     import statistics
 
     from decoders.core.errors import DecodingLabError
-    from decoders.core.events import Draft
+    from decoders.core.events import Commit, Draft
 
-    seen: dict[str, list[float]] = {}
+    runs: dict[str, GenerationResult] = {}
     for name in METHODS:
-        try:
-            run = generate(bundle, FINGERPRINT_PROBE, name, 16, chat=False)
+        try:  # a few tokens first: a method's first run pays its one-time set-up (a datastore's
+            generate(bundle, FINGERPRINT_PROBE, name, 4, chat=False)  # automaton, a head's load)
+            runs[name] = generate(bundle, FINGERPRINT_PROBE, name, PROBE_TOKENS, chat=False)
         except DecodingLabError:  # a method this model cannot run (no trained part for it)
             continue
+    seen: dict[str, list[float]] = {}
+    for run in runs.values():
         pending: list[Forward] = []
         for e in run.events:
-            if isinstance(e, Forward) and e.kind == "draft" and not e.split:
+            if isinstance(e, Forward) and e.kind == "draft":
                 pending.append(e)
             elif isinstance(e, Draft):
                 key = drafter_key(e.source)
@@ -392,4 +397,21 @@ def measure_drafters(bundle: ModelBundle, table: costs.PriceTable) -> dict[str, 
                         for f in pending
                     )
                 pending = []
-    return {k: round(statistics.median(v), 5) for k, v in sorted(seen.items()) if v}
+    drafters = {k: round(statistics.median(v), 5) for k, v in sorted(seen.items()) if v}
+    table = dataclasses.replace(table, drafters=drafters)
+    methods: dict[str, tuple[float, float]] = {}
+    for name, run in runs.items():
+        work = StatsAccumulator(table)
+        for e in run.events:
+            work.add(e)
+        forwards = [e for e in run.events if isinstance(e, Forward) and e.kind != "prefill"]
+        steps = sum(1 for e in run.events if isinstance(e, Commit) and e.step > 0)
+        if not forwards or not steps or work.result()["work"] <= 0:
+            continue
+        spent = sum(e.wall_ms for e in forwards)
+        between = run.stats["wall_s"] * 1000 - run.stats["ttft_s"] * 1000 - spent
+        methods[name] = (
+            round(spent / table.forward_ms / work.result()["work"], 4),
+            round(max(0.0, between) / table.forward_ms / steps, 4),
+        )
+    return dataclasses.replace(table, methods=methods)

@@ -376,13 +376,13 @@ def _commit_at_huge_step(d):
         (lambda d: d.update(max_new_tokens=0), "'max_new_tokens' must be a whole number"),
         (lambda d: d.update(max_new_tokens=2), "more than its max_new_tokens"),
         (lambda d: d.update(prompt_ids=[]), "'prompt_ids' is empty"),
-        (lambda d: d.update(prompt_ids=[-1]), "'prompt_ids' must hold token ids"),
+        (lambda d: d.update(prompt_ids=[-1]), "'prompt_ids' holds token id -1 at position 0"),
         (lambda d: d.update(params=[1]), "'params' must be an object"),
-        (lambda d: d.update(token_ids=[1, 2]), "'token_ids' differs"),
+        (lambda d: d.update(token_ids=[1, 2]), "'token_ids' differs from the committed tokens at "),
         (_commit_at_huge_step, "step 1000000000 is outside"),
         (
             lambda d: first(d, "Commit")["tokens"].__setitem__(0, 10**9),
-            "must hold token ids in 0..49151",
+            "holds token id 1000000000 at position 0, outside the model's vocabulary (0..49151)",
         ),
         (
             lambda d: first(d, "Commit")["probs"].__setitem__(0, 2.0),
@@ -522,7 +522,7 @@ def _huge_draft(d):
         (
             "lookahead",
             lambda d: first(d, "AttentionMask")["input_ids"].__setitem__(0, 10**9),
-            "input_ids' must hold token ids",
+            "input_ids' holds token id 1000000000 at position 0, outside",
         ),
         (
             "lookahead",
@@ -626,7 +626,9 @@ def test_reading_a_trace_loads_no_model(tiny_trace, monkeypatch):
             d.update(prompt_ids=[500]),
         ),
     )
-    with pytest.raises(TraceError, match=r"must hold token ids in 0\.\.99"):
+    with pytest.raises(
+        TraceError, match=r"token id 500 at position 0, outside the model's vocabulary \(0\.\.99\)"
+    ):
         read_trace(bad)
 
 

@@ -180,6 +180,39 @@ def test_stop_cancels_cleanly_and_the_next_run_works(server, page):
     page.get_by_text("✅ Done: 6 tokens").wait_for(timeout=60_000)
 
 
+def test_the_results_stay_the_runs_own_and_a_double_click_runs_once(server, page):
+    """A method picked while a run streams: the finished run's status names its own method and
+    its views stay marked as the last run's. Then a double-click on Run starts one run, and Run
+    pressed while it goes says it started nothing."""
+    page.goto(server + "?model=SmolLM2-135M-Instruct&method=autoregressive&max_new_tokens=48")
+    page.wait_for_function(
+        "document.querySelector('#max-new-tokens input[type=number]')?.value === '48'",
+        timeout=30_000,
+    )
+    page.locator("#run-btn").click()
+    page.wait_for_function(
+        "document.querySelectorAll('#tokens .dl-tok').length > 3"
+        " && document.querySelector('#status').innerText.includes('decoding')",
+        timeout=120_000,
+    )
+    page.locator("#method input").click()
+    page.get_by_role("option", name="Jacobi").first.click()
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    assert "decoded by Autoregressive" in page.locator("#status").inner_text()
+    page.locator("#stale").get_by_text("These views are the last run's").wait_for(timeout=30_000)
+    assert page.locator("#method input").input_value().startswith("Jacobi")
+    page.locator("#run-btn").dblclick()
+    page.locator("#status").get_by_text("⏳").wait_for(timeout=30_000)
+    page.locator("#run-btn").click()  # while it runs: nothing new, and the page says so
+    page.locator("#dl-busy").get_by_text("started nothing").wait_for(timeout=10_000)
+    page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    assert "decoded by Jacobi" in page.locator("#status").inner_text()
+    page.wait_for_timeout(3000)  # a second run would have cleared the views and said ⏳ by now
+    assert "✅ Done" in page.locator("#status").inner_text()
+    assert page.locator("#stale").inner_text() == ""
+    assert_no_error_badge(page)
+
+
 def test_stop_while_a_long_prompt_is_encoded_never_drops_the_next_run(server, page):
     """A long prompt on the embedded model, Stop within a second (its prefill still running):
     the next Run, with a short prompt, finishes, and no bare "Error" shows anywhere."""
@@ -568,26 +601,31 @@ def _token_out_of_vocab(d):
 
 
 # Each field's rule is tested where it lives (tests/test_app.py, `read_trace`); here one page
-# answers a bad file by name with no stale views, then answers the next one.
+# answers a bad file by name and keeps what it showed, then answers the next one.
 BAD_TRACES = [
     ("n_layers", lambda d: d.update(n_layers="abc"), "'n_layers' must be a whole number"),
-    ("vocab", _token_out_of_vocab, "must hold token ids in 0.."),
+    ("vocab", _token_out_of_vocab, "outside the model's vocabulary"),
 ]
 
 
 def test_a_bad_trace_file_names_the_field(server, page, tmp_path, tiny_trace_file):
     page.goto(server)
     open_trace_files(page)
-    assert tokens_in(page) > 0  # the cold page's example, which a bad file must clear
-    for name, fn, message in BAD_TRACES:
-        data = json.loads(json.dumps(tiny_trace_file))
-        fn(data)
-        path = tmp_path / f"bad-{name}.json"
-        path.write_text(json.dumps(data))
+    shown = tokens_in(page)
+    assert shown > 0  # the cold page's example, which a bad file must leave on screen
+    png = tmp_path / "picture.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    for name, fn, message in [*BAD_TRACES, ("png", None, "not a trace file: it is not text")]:
+        path = png
+        if fn is not None:
+            data = json.loads(json.dumps(tiny_trace_file))
+            fn(data)
+            path = tmp_path / f"bad-{name}.json"
+            path.write_text(json.dumps(data))
         page.locator("#import input[type=file]").set_input_files(str(path))
         page.locator("#status").get_by_text(message).wait_for(timeout=30_000)
         assert "Could not import the trace" in page.locator("#status").inner_text()
-        assert tokens_in(page) == 0  # no stale views of the example or a previous run
+        assert tokens_in(page) == shown  # what was on screen stays, to step and export
         assert_no_error_badge(page)
 
 

@@ -93,7 +93,8 @@ def test_trace_round_trip():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "not a trace file: it is not JSON"),
+        (b"\x89PNG\r\n\x1a\n\x00\xff", "not a trace file: it is not text"),
         ("[1, 2]", "not a Decoding Lab trace"),
         pytest.param("[" * 100_000 + "]" * 100_000, "nested too deeply", id="deeply-nested"),
         ('{"format": "decoding-lab-trace", "version": 99, "events": []}', "version 99"),

@@ -25,7 +25,6 @@ from decoders.engine import (
     Run,
     check_request,
     get_method,
-    greedy_reference,
     run_events,
     with_near_tie,
 )
@@ -98,7 +97,8 @@ def lossless_info(
         return sampling_info(method, params)
     if method == "autoregressive":
         return {"status": "reference"}
-    reference = cached_reference(bundle, tuple(prompt_ids), max_new_tokens)
+    reference, rate = reference_run(bundle, tuple(prompt_ids), max_new_tokens)
+    _reference_rates[(tuple(prompt_ids), max_new_tokens)] = rate
     if not get_method(method).claims_lossless(params):
         return lossy_info(bundle, prompt_ids, reference, tokens)
     return greedy_check(bundle, prompt_ids, reference, tokens)
@@ -143,12 +143,38 @@ def lossy_info(
     }
 
 
-@functools.lru_cache(maxsize=64)
 def cached_reference(
     bundle: ModelBundle, prompt_ids: tuple[int, ...], max_new_tokens: int
 ) -> tuple[int, ...]:
     # Immutable: one cached reference is handed to every concurrent run that asks for it.
-    return tuple(greedy_reference(bundle, prompt_ids, max_new_tokens))
+    return reference_run(bundle, prompt_ids, max_new_tokens)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def reference_run(
+    bundle: ModelBundle, prompt_ids: tuple[int, ...], max_new_tokens: int
+) -> tuple[tuple[int, ...], float]:
+    """Autoregressive greedy on this prompt, decoded once (the lossless check's reference): its
+    tokens, and its tokens/s, what a run of the prompt is measured against."""
+    from decoders.engine import generate
+
+    run = generate(bundle, list(prompt_ids), "autoregressive", max_new_tokens, record=False)
+    return tuple(run.token_ids), float(run.stats["tokens_per_s"])
+
+
+def measured_speedup(trace: Trace) -> dict[str, Any] | None:
+    """A finished run's clock against the autoregressive run of its prompt that its greedy check
+    decoded (None until there is one)."""
+    meta = trace.meta
+    key = (tuple(meta.get("prompt_ids") or ()), meta.get("max_new_tokens"))
+    rate = _reference_rates.get(key)
+    tps = (meta.get("stats") or {}).get("tokens_per_s")
+    if not rate or not tps:
+        return None
+    return {"speedup": round(float(tps) / rate, 2)}
+
+
+_reference_rates: dict[tuple, float] = {}  # (prompt ids, budget) -> the reference's tokens/s
 
 
 @dataclass
@@ -304,7 +330,10 @@ def stopped(trace: Trace, elapsed_s: float | None = None) -> Trace:
     done = next((e for e in events if isinstance(e, Done)), None)
     body = [e for e in events if not isinstance(e, Done)]
     if done is None:
-        done = Done("cancelled", compute_stats(body, elapsed_s, recorded_prices(trace.meta)))
+        done = Done(
+            "cancelled",
+            compute_stats(body, elapsed_s, recorded_prices(trace.meta), trace.meta.get("method")),
+        )
     tokens = [t for e in body if isinstance(e, Commit) for t in e.tokens]
     meta = {
         **trace.meta,

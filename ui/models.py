@@ -17,7 +17,7 @@ from decoders.core.models import (
     ModelBundle,
     hub_reachable,
 )
-from decoders.engine import measure_drafters
+from decoders.engine import price_runs
 from decoders.trained.exit_tuned import delta_path
 
 EMBEDDED_LABEL = f"{EMBEDDED_ID} (embedded, offline)"
@@ -75,7 +75,7 @@ def get_bundle(model: str | None) -> ModelBundle:
     machine, measured with its drafters' prices) when it first loads, in the background, not
     inside a visitor's run."""
     bundle = load_model(resolve_model(model))
-    calibrate_in_background(bundle, drafters=measure_drafters)
+    calibrate_in_background(bundle, drafters=price_runs)
     return bundle
 
 

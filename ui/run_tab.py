@@ -49,6 +49,7 @@ from .run_views import (
     FIGURES_EVERY_S,
     HEARTBEAT_S,
     ON_LOAD,
+    SAY_BUSY,
     SHOW_OUTPUT_ON_A_PHONE,
     TOKENS_EVERY_S,
     RunTab,
@@ -320,7 +321,12 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
                         reason = trace.meta.get("finish_reason")
                         # a tour stop's live run opens at the step the stop's rule picks
                         opened = tour_step(session, trace)
-                        yield t.full_views(trace, f"✅ Done: {n} tokens ({reason}).", width, opened)
+                        # the run's own method named over its results (the picker may have moved)
+                        title = (
+                            METHODS[method_name].title if method_name in METHODS else method_name
+                        )
+                        done = f"✅ Done: {n} tokens ({reason}), decoded by {title}."
+                        yield t.full_views(trace, done, width, opened)
                         return
                     if live.phase == "checking":
                         yield {t.status: f"⏳ checking against greedy… ({n} tokens decoded)"}
@@ -387,6 +393,13 @@ WIDTHS: dict[str | None, int | None] = {}
 REPLACED: set[str | None] = set()
 
 
+def stale_for(picked: str, trace: Trace | None) -> str:
+    """The figures still show the last run: say whose when another method is picked, so nobody
+    reads them as this method's (they are dimmed until a run of this method replaces them)."""
+    shown = trace.meta.get("method") if trace is not None else None
+    return stale_note(shown, picked) if shown is not None and shown != picked else ""
+
+
 def forget(session: str | None) -> None:
     """A page closed (or reloaded: a new session): drop what this module kept for it. A run still
     streaming to it has already ended: a dropped connection closes its handler (`in_background`)."""
@@ -410,14 +423,20 @@ def _stopped_views(t: RunTab, trace: Trace | None, width: int | None) -> dict:
 def _wire_run(t: RunTab) -> None:
     """Run, stream, Stop; after a run the form shows the values it used."""
     on_run = _run_handler(t)
-    t.run_btn.click(None, None, None, js=SHOW_OUTPUT_ON_A_PHONE, api_visibility="private")
+    t.run_btn.click(
+        None,
+        None,
+        None,
+        js=f"() => {{ {SAY_BUSY} ({SHOW_OUTPUT_ON_A_PHONE})(); }}",
+        api_visibility="private",
+    )
     run_event = t.run_btn.click(
         on_run,
         t.form,
         t.views,
-        # A Run pressed while the previous run is still ending (a Stop reaches it within a
-        # heartbeat) runs right after it, where gradio's default would drop it.
-        trigger_mode="always_last",
+        # Run pressed again while a run is going starts nothing (a double-click is one run): the
+        # page says so beside the button (SAY_BUSY); Stop ends the run within a heartbeat.
+        trigger_mode="once",
         api_name="run_stream",
         api_visibility="undocumented",  # scripts may stream it too (scripts/bench_ui.py)
         concurrency_id="decode",
@@ -438,6 +457,13 @@ def _wire_run(t: RunTab) -> None:
         snap,
         t.trace,
         [t.max_new, t.temperature, t.top_p, t.seed, *t.controls.values(), t.status],
+        api_visibility="private",
+        show_progress="hidden",
+    ).then(
+        # a method picked while the run streamed: its results stay marked as the run's own
+        lambda name, trace: stale_for(name, trace),
+        [t.method, t.trace],
+        t.stale,
         api_visibility="private",
         show_progress="hidden",
     )
@@ -529,7 +555,7 @@ def _wire_trace_files(t: RunTab) -> None:
         try:
             yield from import_trace(path, width)
         except Exception as exc:  # the boundary: a message, never a bare "Error"
-            yield t.cleared(message(internal_error(exc)))
+            yield {t.status: message(internal_error(exc))}  # what was on screen stays
 
     def import_trace(path: str | None, width: int | None) -> Iterator[dict]:
         if not path:
@@ -539,8 +565,8 @@ def _wire_trace_files(t: RunTab) -> None:
             if os.path.getsize(path) > MAX_TRACE_BYTES:
                 raise DecodingLabError(f"trace file is larger than {MAX_TRACE_BYTES // 2**20} MiB")
             trace = read_trace(Path(path).read_bytes())
-        except (DecodingLabError, OSError) as exc:
-            yield t.cleared(message(f"Could not import the trace: {exc}"))
+        except (DecodingLabError, OSError) as exc:  # the run on screen stays, to step and export
+            yield {t.status: message(f"Could not import the trace: {exc}")}
             return
         trace.meta["lossless"] = {"status": "not checked", "note": "checking against greedy…"}
         replay = f"📂 Replaying an imported trace: {_describe(trace)}."
@@ -575,15 +601,11 @@ def _wire_method(t: RunTab) -> None:
     def on_method(name: str, trace: Trace | None) -> dict:
         if name not in METHODS:
             return {t.method_help: gr.skip()}
-        shown = trace.meta.get("method") if trace is not None else None
-        stale = shown is not None and shown != name
         return {
             **{group: gr.Group(visible=n == name) for n, group in t.groups.items()},
             t.method_help: explainer(name),
             t.preset: gr.Dropdown(choices=_preset_choices(name)),  # its value: see below
-            # The figures still show the last run: say whose, so nobody reads them as this
-            # method's (they are dimmed until a run of this method replaces them).
-            t.stale: stale_note(shown, name) if stale else "",
+            t.stale: stale_for(name, trace),
         }
 
     t.method.change(

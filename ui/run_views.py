@@ -32,7 +32,7 @@ from .common import (
     quality_points,
 )
 from .links import UI_MAX_NEW_TOKENS, parse_param
-from .live import Trace
+from .live import Trace, measured_speedup
 from .models import model_choices
 
 DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
@@ -86,6 +86,25 @@ ON_LOAD = f"""() => {{
   ({CLOSE_EXPLAINER_ON_A_PHONE})();
   ({REDRAW_ON_RESIZE})();
 }}"""
+# Run pressed while a run is going starts nothing (the click's trigger_mode is "once"): said
+# beside the button for a few seconds, so a second press is not silently lost.
+SAY_BUSY = """(() => {
+  const status = document.querySelector('#status')?.innerText || '';
+  if (!status.includes('⏳')) return;
+  const btn = document.querySelector('#run-btn');
+  let note = document.querySelector('#dl-busy');
+  if (!note && btn) {
+    note = document.createElement('div');
+    note.id = 'dl-busy';
+    note.style.cssText = 'font-size:12px;color:#b26a00;margin-top:4px';
+    btn.insertAdjacentElement('afterend', note);
+  }
+  if (!note) return;
+  note.textContent = 'A run is already going: this press started nothing (Stop ends it).';
+  clearTimeout(window.dlBusyTimer);
+  window.dlBusyTimer = setTimeout(() => note.remove(), 4000);
+})();
+"""
 SHOW_OUTPUT_ON_A_PHONE = f"""() => {{
   if ({PHONE}) document.querySelector('#tokens')?.scrollIntoView({{block: 'start'}});
 }}"""
@@ -290,7 +309,9 @@ class RunTab:
                 status += f" Opened at step {at}, the last with {shown}."
         return {
             **self.step_views(trace, at, width),
-            self.metrics: metrics_html(trace.stats, trace.meta.get("lossless")),
+            self.metrics: metrics_html(
+                trace.stats, trace.meta.get("lossless"), measured_speedup(trace)
+            ),
             self.hist: result_panel(trace),
             self.step: gr.Slider(
                 minimum=0,

@@ -16,7 +16,7 @@ from decoders.core.models import loaded
 from decoders.core.params import validate_params
 from decoders.core.prices import recorded_prices
 from decoders.core.stats import compute_stats
-from decoders.core.tracefile import TraceCheck
+from decoders.core.tracefile import TraceCheck, check_token_ids
 from decoders.engine import MAX_PROMPT_CHARS
 
 from .links import UI_MAX_NEW_TOKENS
@@ -106,10 +106,7 @@ def _check_meta(meta: dict[str, Any], vocab: int | None) -> tuple[int, list[int]
     check_trace_params(meta.get("params", {}), method)
     vocab = vocab or meta.get("vocab_size") or MAX_VOCAB
     prompt_ids = meta.get("prompt_ids")
-    need(
-        isinstance(prompt_ids, list | tuple) and all(whole(t, 0, vocab - 1) for t in prompt_ids),
-        f"trace field 'prompt_ids' must hold token ids in 0..{vocab - 1}",
-    )
+    check_token_ids(prompt_ids, vocab, "prompt_ids")
     need(bool(prompt_ids), "trace field 'prompt_ids' is empty")
     need(
         len(prompt_ids) <= MAX_PROMPT_IDS,
@@ -157,9 +154,15 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
         f"({meta['max_new_tokens']})",
     )
     if "token_ids" in meta:
+        listed = meta["token_ids"]
+        first = next(
+            (i for i, (a, b) in enumerate(zip(listed, committed, strict=False)) if a != b),
+            min(len(listed), len(committed)),
+        )
         need(
-            meta["token_ids"] == committed,
-            "trace field 'token_ids' differs from the committed tokens",
+            listed == committed,
+            f"trace field 'token_ids' differs from the committed tokens at position {first} "
+            f"({len(listed)} listed, {len(committed)} committed)",
         )
 
     # Recompute what the views show rather than trust the file: statistics from the events (with
@@ -169,7 +172,7 @@ def check_trace(trace: Trace, vocab: int | None = None) -> Trace:
     wall = recorded if isinstance(recorded, int | float) and 0 < recorded < 1e6 else None
     body = [e for e in events if not isinstance(e, Done)]
     reason = done.finish_reason if done and done.finish_reason in ("eos", "length") else "cancelled"
-    stats = compute_stats(body, wall, recorded_prices(meta))
+    stats = compute_stats(body, wall, recorded_prices(meta), str(meta.get("method")))
     meta.pop("lossless", None)
     meta |= {"stats": stats, "finish_reason": reason, "token_ids": committed}
     return Trace(meta, [*body, Done(reason, stats)], dict(trace.texts))

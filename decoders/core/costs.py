@@ -10,8 +10,12 @@ the model, the method, its parameters and the prompt. What that work costs here 
   cost-scheduled chains are sized by (`pays`);
 - `fixed_share`: the part of a one-token forward outside its decoder layers (embedding, final
   norm, LM head): a forward through k of L layers costs fixed + (1 - fixed) * k / L;
-- `drafters[label]`: one draft forward of a drafter that is not the target's own layers (a
-  trained head), as measured when the table was (`engine.calibrate`) or first sized by;
+- `drafters[label]`: one draft forward of a drafter that is not the target's own first layers (a
+  trained head, an early exit with its adapter), as measured when the table was
+  (`engine.price_runs`) or first sized by;
+- `methods[name]`: what a method's steps cost beyond their forwards' shapes, from a short run of
+  each: its forwards' wall time over their priced shapes (mask rows' adapters, exit heads), and
+  its time between forwards per step (retrieval, tree building);
 - `forward_ms`: the wall time of the one-token forward all of them are fractions of.
 
 The procedure: the process's torch threads (the app's own setting), every shape warmed up twice,
@@ -34,7 +38,7 @@ import platform
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,8 +50,9 @@ from decoders.core.prices import CONTEXT, ROUNDS, WIDTHS, PriceTable
 from decoders.core.runtime import crop_cache, forward, new_cache, require_layers
 
 _tables: dict[int, PriceTable] = {}  # per loaded model (id of its module)
-# What prices a model's trained drafters, given its new table (engine.measure_drafters).
-DrafterPricer = Callable[[ModelBundle, PriceTable], Mapping[str, float]]
+# What completes a model's new table with what only runs can measure: its drafters' forwards and
+# each method's cost beyond its forwards' shapes (engine.price_runs).
+DrafterPricer = Callable[[ModelBundle, PriceTable], PriceTable]
 _cost_lock = threading.RLock()
 
 
@@ -90,7 +95,7 @@ def _measure_into(bundle: ModelBundle, drafters: DrafterPricer | None) -> PriceT
         table = _measure(bundle)
         _tables[id(bundle.model)] = table  # what the drafters' own short runs are priced by
         if drafters is not None:
-            table = replace(table, drafters=dict(drafters(bundle, table)))
+            table = drafters(bundle, table)
         _tables[id(bundle.model)] = _save(bundle, table)
         return table
 
@@ -148,7 +153,7 @@ def drafter_price(bundle: ModelBundle, label: str, measure: Callable[[], float])
 
 def measure(bundle: ModelBundle, drafters: DrafterPricer | None = None) -> PriceTable:
     """Measure this model's table again now and replace the stored one. `drafters` prices the
-    trained drafters given the new table (engine.measure_drafters: short runs, which read the new
+    trained drafters given the new table (engine.price_runs: short runs, which read the new
     table as they go). Waits for a comparison timing its rounds to end first; other runs wait for
     the whole table (they would otherwise size drafts by half of it)."""
     with _measure_gate():

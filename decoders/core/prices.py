@@ -31,6 +31,10 @@ class PriceTable:
     fixed_share: float
     spread: float
     drafters: Mapping[str, float] = field(default_factory=dict)
+    # per method: (its forwards' measured cost over their priced shapes, its time between
+    # forwards per step in one-token forwards): what its steps cost beyond their shapes (mask
+    # rows' adapters, exit heads, retrieval, tree building)
+    methods: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     measured: str = ""
     procedure: str = PROCEDURE
 
@@ -72,7 +76,16 @@ class PriceTable:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "widths": list(self.widths), "curve": list(self.curve)}
+        return {
+            **asdict(self),
+            "widths": list(self.widths),
+            "curve": list(self.curve),
+            "methods": {k: list(v) for k, v in self.methods.items()},
+        }
+
+    def per_step(self, method: str) -> tuple[float, float]:
+        """(forward factor, overhead per step) of `method`; (1, 0) where it was not measured."""
+        return self.methods.get(method, (1.0, 0.0))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PriceTable:
@@ -85,6 +98,9 @@ class PriceTable:
             fixed_share=float(d["fixed_share"]),
             spread=float(d["spread"]),
             drafters={str(k): float(v) for k, v in (d.get("drafters") or {}).items()},
+            methods={
+                str(k): (float(v[0]), float(v[1])) for k, v in (d.get("methods") or {}).items()
+            },
             measured=str(d.get("measured", "")),
             procedure=str(d.get("procedure", PROCEDURE)),
         )
@@ -110,5 +126,6 @@ def recorded_prices(meta: Mapping[str, Any]) -> PriceTable | None:
         and all(a < b for a, b in zip(table.widths, table.widths[1:], strict=False))
         and all(math.isfinite(v) and 0 <= v <= 1e6 for v in numbers)
         and all(math.isfinite(v) and 0 <= v <= 1e3 for v in table.drafters.values())
+        and all(math.isfinite(v) and 0 <= v <= 1e3 for m in table.methods.values() for v in m)
     )
     return table if sane else None

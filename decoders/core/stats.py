@@ -25,10 +25,11 @@
 - exit depth (early exit) = where tokens were written from, as a share of the depth (LayerExit
   events), whatever their skipped layers cost afterwards
 - `work` = the run's forwards after the prefill priced by the price table (costs.PriceTable), in
-  one-token target forwards: a target forward by its inputs and layers, a trained drafter's by
-  its measured price; autoregressive decoding's is one per token after the first, so
-  `modelled_speedup` = (new tokens - 1) / work, deterministic for a model, method, parameters,
-  prompt and table (what verdicts are decided on); `speedup` beside it is the clock's
+  one-token target forwards (a target forward by its inputs and layers, a trained drafter's by
+  its measured price), times the method's measured forward factor, plus its measured time
+  between forwards per step; autoregressive decoding's is one such step per token after the
+  first, so `modelled_speedup` = its work for as many tokens / the run's: deterministic for a
+  model, method, parameters, prompt and table (what verdicts are decided on)
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def untimed(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 class StatsAccumulator:
-    def __init__(self, prices: PriceTable | None = None) -> None:
-        self.prices = prices
+    def __init__(self, prices: PriceTable | None = None, method: str | None = None) -> None:
+        self.prices, self.method = prices, method
         self.work = 0.0  # priced forwards after the prefill, in one-token target forwards
+        self.steps = 0  # steps after the prefill's (each commits once)
         self.unpriced: list[Forward] = []  # this step's draft forwards, until its Draft names them
         self.new_tokens = 0
         self.forwards: Counter[str] = Counter()
@@ -88,12 +90,9 @@ class StatsAccumulator:
         if isinstance(event, Forward):
             self.forwards[event.kind] += 1
             self.ms[event.kind] += event.wall_ms
-            if event.kind == "draft":
+            if event.kind == "draft":  # priced once the step's Draft names its drafter
                 self.draft_ms[event.step] += event.wall_ms
-                if not event.split:  # a drafter's own pass: priced once the Draft names it
-                    self.unpriced.append(event)
-                else:  # the target's first layers (an early exit's draft)
-                    self._price(event)
+                self.unpriced.append(event)
             elif event.kind != "prefill":
                 self._price(event)
             if event.kind == "prefill":
@@ -102,6 +101,7 @@ class StatsAccumulator:
                 self.layer_inputs += event.layers * event.n_input_tokens
         elif isinstance(event, Commit):
             self.new_tokens += len(event.tokens)
+            self.steps += event.step > 0
             self.origins.update(event.origins)
         elif isinstance(event, Draft):
             self.drafted += len(event.tokens)
@@ -148,6 +148,25 @@ class StatsAccumulator:
             self._price(e, drafter)
         self.unpriced = []
 
+    def _modelled(self) -> dict[str, Any]:
+        """The work (priced forwards, times the method's measured forward factor, plus its time
+        between forwards per step) and autoregressive decoding's work for as many tokens over
+        it, one token a forward at autoregressive's own measured cost a step."""
+        if self.prices is None:
+            return {"work": None, "modelled_speedup": None}
+        factor, between = self.prices.per_step(self.method) if self.method else (1.0, 0.0)
+        work = self.work * factor + self.steps * between
+        ar_factor, ar_between = (
+            self.prices.per_step("autoregressive") if self.method else (1.0, 0.0)
+        )
+        reference = (self.new_tokens - 1) * (ar_factor + ar_between)
+        return {
+            "work": round(work, 3),
+            "modelled_speedup": round(reference / work, 4)
+            if work > 0 and self.new_tokens > 1
+            else None,
+        }
+
     def result(self, wall_s: float | None = None) -> dict[str, Any]:
         self._price_drafts(None)  # draft forwards no Draft named: by their layers
         target_forwards = sum(self.forwards[k] for k in TARGET_KINDS)
@@ -189,12 +208,7 @@ class StatsAccumulator:
             # What a sized draft was priced by on this machine (a Priced event; None: not sized)
             "input_cost": self.priced.input_cost if self.priced else None,
             "draft_cost": self.priced.draft_cost if self.priced else None,
-            "work": round(self.work, 3) if self.prices else None,
-            "modelled_speedup": (
-                round((self.new_tokens - 1) / self.work, 4)
-                if self.prices and self.work > 0 and self.new_tokens > 1
-                else None
-            ),
+            **self._modelled(),
             "wall_s": round(wall, 4),
             # The prompt's forward (the first token's wait) apart: a long prompt's prefill said
             # nothing about how fast a method writes.
@@ -290,9 +304,12 @@ def acceptance_readings(
 
 
 def compute_stats(
-    events: Iterable[Event], wall_s: float | None = None, prices: PriceTable | None = None
+    events: Iterable[Event],
+    wall_s: float | None = None,
+    prices: PriceTable | None = None,
+    method: str | None = None,
 ) -> dict[str, Any]:
-    acc = StatsAccumulator(prices)
+    acc = StatsAccumulator(prices, method)
     for e in events:
         acc.add(e)
     return acc.result(wall_s)

@@ -112,8 +112,12 @@ def trace_from_json(
         raise TraceError(f"trace is {len(text)} bytes; the limit is {max_bytes}")
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise TraceError(
+            "not a trace file: it is not text (an image or another binary file?)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"not a trace file: it is not JSON ({exc})") from None
     except RecursionError:  # e.g. 100,000 nested brackets: valid JSON, never a trace
         raise TraceError("not a Decoding Lab trace: JSON nested too deeply") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
@@ -162,6 +166,20 @@ def _split_passes_from_layers(meta: dict, events: list[Event]) -> tuple[dict, li
 MIGRATIONS = {1: _split_passes_from_layers}
 
 
+def check_token_ids(ids: Any, vocab: int, where: str) -> None:
+    """Token ids, each inside the vocabulary; the first that is not is named with its position."""
+    if not isinstance(ids, list | tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise TraceError(f"trace field '{where}' must hold token ids (whole numbers)")
+    for i, t in enumerate(ids):
+        if not 0 <= t < vocab:
+            raise TraceError(
+                f"trace field '{where}' holds token id {t} at position {i}, outside the model's "
+                f"vocabulary (0..{vocab - 1})"
+            )
+
+
 @dataclass
 class TraceCheck:
     """What checking a trace's events needs to know: the trace's bounds (`vocab`, `n_layers`,
@@ -189,10 +207,7 @@ class TraceCheck:
             raise TraceError(message)
 
     def tokens(self, ids: Any, where: str) -> None:
-        self.need(
-            isinstance(ids, list | tuple) and all(whole(t, 0, self.vocab - 1) for t in ids),
-            f"trace field '{where}' must hold token ids in 0..{self.vocab - 1}",
-        )
+        check_token_ids(ids, self.vocab, where)
 
     def probs(self, probs: Sequence[float], where: str) -> None:
         self.need(all(0.0 <= p <= 1.0 for p in probs), f"{where}: probabilities must be in [0, 1]")
