@@ -312,7 +312,8 @@ def compare_tokens(
 # The trained drafting heads, each read by a short run on a fixed probe whose drafts follow only
 # the head's probabilities (no price sizes them: the token tree keeps its `nodes` most confident).
 FINGERPRINT_PROBE = "def mean(values):\n    return sum(values) / len(values)\n"
-PROBE_TOKENS = 32  # each method's run when a price table is completed (price_runs)
+PROBE_TOKENS = 20  # each method's runs when a price table is completed (price_runs)
+PROBE_ROUNDS = 3
 FINGERPRINT_RUNS = (
     ("token_tree", {"size": "fixed"}),  # the EAGLE head
     ("kangaroo", {}),  # the early-exit adapter
@@ -366,52 +367,74 @@ def calibrate(bundle: ModelBundle, *, again: bool = False) -> costs.PriceTable:
 
 def price_runs(bundle: ModelBundle, table: costs.PriceTable) -> costs.PriceTable:
     """Complete a new price table with what only runs can measure, from every method at its
-    defaults on a short probe: the forward of each drafter but the target's own first k layers
-    (self:k, which the depth rule prices): a trained head, an early exit with its adapter,
-    another model (the median of its draft forwards, each over the target's forward of as many
-    inputs); then each method's cost beyond its forwards' shapes (`PriceTable.methods`)."""
+    defaults on a short probe, PROBE_ROUNDS rounds in turn (after a warm-up run each: a method's
+    first run pays its one-time set-up): the forward of each drafter but the target's own first
+    k layers (self:k, which the depth rule prices): a trained head, an early exit with its
+    adapter, another model (the median of its draft forwards, each over the target's forward of
+    as many inputs); then each method's cost beyond its forwards' shapes (`PriceTable.methods`).
+    Load only ever slows a run, so each reading keeps its least over the rounds."""
     import dataclasses
     import statistics
 
     from decoders.core.errors import DecodingLabError
     from decoders.core.events import Commit, Draft
 
-    runs: dict[str, GenerationResult] = {}
+    names = []
     for name in METHODS:
-        try:  # a few tokens first: a method's first run pays its one-time set-up (a datastore's
-            generate(bundle, FINGERPRINT_PROBE, name, 4, chat=False)  # automaton, a head's load)
-            runs[name] = generate(bundle, FINGERPRINT_PROBE, name, PROBE_TOKENS, chat=False)
+        try:
+            generate(bundle, FINGERPRINT_PROBE, name, 4, chat=False)
+            names.append(name)
         except DecodingLabError:  # a method this model cannot run (no trained part for it)
             continue
-    seen: dict[str, list[float]] = {}
-    for run in runs.values():
-        pending: list[Forward] = []
-        for e in run.events:
-            if isinstance(e, Forward) and e.kind == "draft":
-                pending.append(e)
-            elif isinstance(e, Draft):
-                key = drafter_key(e.source)
-                if not key.startswith("self:") and e.step > 1:  # past the first step's shapes
-                    seen.setdefault(key, []).extend(
-                        f.wall_ms / table.forward_ms / table.inputs(f.n_input_tokens)
-                        for f in pending
-                    )
-                pending = []
-    drafters = {k: round(statistics.median(v), 5) for k, v in sorted(seen.items()) if v}
+    rounds = [
+        {n: generate(bundle, FINGERPRINT_PROBE, n, PROBE_TOKENS, chat=False) for n in names}
+        for _ in range(PROBE_ROUNDS)
+    ]
+    seen: dict[str, list[float]] = {}  # drafter -> its median draft forward, per round
+    for runs in rounds:
+        this: dict[str, list[float]] = {}
+        for run in runs.values():
+            pending: list[Forward] = []
+            for e in run.events:
+                if isinstance(e, Forward) and e.kind == "draft":
+                    pending.append(e)
+                elif isinstance(e, Draft):
+                    key = drafter_key(e.source)
+                    if not key.startswith("self:") and e.step > 1:  # past the first shapes
+                        this.setdefault(key, []).extend(
+                            f.wall_ms / table.forward_ms / table.inputs(f.n_input_tokens)
+                            for f in pending
+                        )
+                    pending = []
+        for key, v in this.items():
+            if v:  # a drafter whose steps after the first drafted nothing has no reading
+                seen.setdefault(key, []).append(statistics.median(v))
+    drafters = {k: round(min(v), 5) for k, v in sorted(seen.items())}
     table = dataclasses.replace(table, drafters=drafters)
     methods: dict[str, tuple[float, float]] = {}
-    for name, run in runs.items():
-        work = StatsAccumulator(table)
-        for e in run.events:
-            work.add(e)
-        forwards = [e for e in run.events if isinstance(e, Forward) and e.kind != "prefill"]
-        steps = sum(1 for e in run.events if isinstance(e, Commit) and e.step > 0)
-        if not forwards or not steps or work.result()["work"] <= 0:
-            continue
-        spent = sum(e.wall_ms for e in forwards)
-        between = run.stats["wall_s"] * 1000 - run.stats["ttft_s"] * 1000 - spent
-        methods[name] = (
-            round(spent / table.forward_ms / work.result()["work"], 4),
-            round(max(0.0, between) / table.forward_ms / steps, 4),
-        )
+    for name in names:
+        readings = [r for runs in rounds if (r := _beyond_shapes(runs[name], table, Commit))]
+        if readings:
+            methods[name] = (min(f for f, _ in readings), min(b for _, b in readings))
     return dataclasses.replace(table, methods=methods)
+
+
+def _beyond_shapes(
+    run: GenerationResult, table: costs.PriceTable, commit: type
+) -> tuple[float, float] | None:
+    """One run's (forwards' wall time over their priced shapes, time between forwards per
+    step, in one-token forwards)."""
+    work = StatsAccumulator(table)
+    for e in run.events:
+        work.add(e)
+    priced = work.result()["work"]
+    forwards = [e for e in run.events if isinstance(e, Forward) and e.kind != "prefill"]
+    steps = sum(1 for e in run.events if isinstance(e, commit) and e.step > 0)
+    if not forwards or not steps or not priced:
+        return None
+    spent = sum(e.wall_ms for e in forwards)
+    between = run.stats["wall_s"] * 1000 - run.stats["ttft_s"] * 1000 - spent
+    return (
+        round(spent / table.forward_ms / priced, 4),
+        round(max(0.0, between) / table.forward_ms / steps, 4),
+    )
