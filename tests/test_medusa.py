@@ -558,7 +558,9 @@ def test_an_imported_trace_checks_the_heads_guesses(tiny, fitted):
     bad = {
         "position": dataclasses.replace(h, position=h.position + 1),
         "same shape": dataclasses.replace(h, probs=h.probs[:-1]),
-        "outside the model.s vocabulary": dataclasses.replace(h, heads=((10**8, *h.heads[0][1:]), *h.heads[1:])),
+        "outside the model.s vocabulary": dataclasses.replace(
+            h, heads=((10**8, *h.heads[0][1:]), *h.heads[1:])
+        ),
         r"in \[0, 1\]": dataclasses.replace(h, probs=((1.5, *h.probs[0][1:]), *h.probs[1:])),
         "at most 16 x 16": dataclasses.replace(h, heads=((1,) * 17,) * 1, probs=((0.0,) * 17,)),
     }
