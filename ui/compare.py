@@ -671,12 +671,12 @@ def prices_line(table: PriceTable | None) -> str:
     """The price table in a sentence, beside the results it priced."""
     if table is None:
         return ""
-    heads = ", ".join(f"a {k} draft forward {v:.3f}" for k, v in table.drafters.items())
+    heads = ", ".join(f"{k} {v:.3f}" for k, v in table.drafters.items())
     return (
         f"Work is priced by this machine's table (measured {table.measured}, ±{table.spread:.0%}): "
         f"one more verified input costs {table.input_cost:.3f} of a one-token forward "
         f"({table.forward_ms:.1f} ms), a 17-input forward {table.inputs(17):.2f}"
-        + (f", {heads}" if heads else "")
+        + (f"; a draft forward of {heads}" if heads else "")
         + ". Modelled speedups decide; measured ones stand beside them."
     )
 

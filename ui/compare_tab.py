@@ -192,10 +192,10 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 # beside the pinned spec. Tall enough for the presets' 15 rows.
                 wrap=True,
                 column_widths=[
-                    "140px",
-                    "70px",
-                    "100px",
-                    "100px",
+                    "132px",
+                    "74px",
+                    "92px",
+                    "96px",
                     "64px",
                     "74px",
                     "64px",
