@@ -2,6 +2,7 @@
 greedy, the speedup chart and the race; the `/compare` endpoint; the tab in a browser at 1440 px
 and on a phone, with every chart label inside its figure."""
 
+import dataclasses
 import re
 from itertools import pairwise
 
@@ -653,3 +654,20 @@ def test_the_headline_names_no_winner_for_the_same_work_or_a_lead_inside_the_noi
     assert headline(measured).startswith("Fastest: token_tree at 1.70×")
     near_one = [row(REFERENCE, 1.0), row("jacobi", 1.05)]
     assert headline(near_one).startswith("Nothing clearly beat autoregressive; the closest: jacobi")
+
+
+def test_the_prices_line_and_the_re_measure_button_read_one_table(monkeypatch, tiny):
+    """The sentence beside the results says what the table prices; the button asks the engine
+    to measure it again (here a stated table, so no test measures the machine)."""
+    import decoders.engine
+    from decoders.core.prices import PriceTable
+    from ui.compare import prices_line, remeasure_prices
+
+    table = dataclasses.replace(PriceTable.linear("tiny-random", 0.04), drafters={"eagle": 0.05})
+    asked = []
+    monkeypatch.setattr(decoders.engine, "calibrate", lambda b, again: asked.append(again) or table)
+    assert remeasure_prices("tiny-random") is table and asked == [True]
+    line = prices_line(table)
+    assert "one more verified input costs 0.040 of a one-token forward" in line
+    assert "a draft forward of eagle 0.050" in line and "±1%" in line
+    assert prices_line(None) == ""

@@ -172,15 +172,6 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
             status = gr.Markdown(elem_id="cmp-status")
         with gr.Column(scale=3, min_width=320):
             headline = gr.Markdown(elem_id="cmp-headline")
-            with gr.Row(equal_height=True):
-                prices = gr.Markdown(elem_id="cmp-prices")
-                remeasure = gr.Button(
-                    "Re-measure this machine's prices",
-                    size="sm",
-                    scale=0,
-                    min_width=120,
-                    elem_id="cmp-remeasure",
-                )
             table = gr.Dataframe(
                 headers=TABLE_HEADERS,
                 label="Results: greedy, autoregressive first as the speed and lossless reference "
@@ -206,6 +197,15 @@ def build_compare_tab(choices: list[tuple[str, str]]) -> CompareTab:
                 max_height=1000,
                 elem_id="cmp-table",
             )
+            with gr.Row(equal_height=False):
+                prices = gr.Markdown(elem_id="cmp-prices")
+                remeasure = gr.Button(
+                    "Re-measure this machine's prices",
+                    size="sm",
+                    scale=0,
+                    min_width=120,
+                    elem_id="cmp-remeasure",
+                )
             chart = gr.Plot(label="Speedup", elem_id="cmp-plot", show_label=False)
             quality = gr.Plot(
                 label="Quality against speed",
