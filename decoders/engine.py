@@ -312,8 +312,6 @@ def compare_tokens(
 # The trained drafting heads, each read by a short run on a fixed probe whose drafts follow only
 # the head's probabilities (no price sizes them: the token tree keeps its `nodes` most confident).
 FINGERPRINT_PROBE = "def mean(values):\n    return sum(values) / len(values)\n"
-PROBE_TOKENS = 20  # each method's runs when a price table is completed (price_runs)
-PROBE_ROUNDS = 3
 FINGERPRINT_RUNS = (
     ("token_tree", {"size": "fixed"}),  # the EAGLE head
     ("kangaroo", {}),  # the early-exit adapter
@@ -363,6 +361,10 @@ def calibrate(bundle: ModelBundle, *, again: bool = False) -> costs.PriceTable:
     if again:
         return costs.measure(bundle, price_runs)
     return costs.price_table(bundle, price_runs)
+
+
+PROBE_TOKENS = 20  # each method's runs when a price table is completed (price_runs)
+PROBE_ROUNDS = 3
 
 
 def price_runs(bundle: ModelBundle, table: costs.PriceTable) -> costs.PriceTable:

@@ -21,7 +21,7 @@ the model, the method, its parameters and the prompt. What that work costs here 
 The procedure: the process's torch threads (the app's own setting), every shape warmed up twice,
 then ROUNDS rounds in which the shapes take turns (a burst of load falls on every shape of a round,
 not on all the rounds of one), the median per shape; `spread` is the table's own stated error (the
-largest half inter-quartile range of a shape's rounds, relative to its median). The table is kept
+median over shapes of the half inter-quartile range of a shape's rounds, relative to its median). The table is kept
 in ~/.cache/decoding-lab/prices/ per model and machine (CPU, threads, torch, device) and every
 later run, in this process or the next, reads it unchanged: a decision never follows a live clock.
 Only `measure(bundle)` (`python -m decoders --prices --remeasure`, or the button beside Compare's
