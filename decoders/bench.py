@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -659,6 +660,13 @@ def _parser(method_names: list[str]) -> argparse.ArgumentParser:
         default=1,
         help="run the prompts this many times over and report each run's speedup beside the whole's",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0 = torch's default; the app decodes on 1, and its price table "
+        "is the 1-thread one)",
+    )
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument(
         "--deadline",
@@ -668,6 +676,13 @@ def _parser(method_names: list[str]) -> argparse.ArgumentParser:
         "the prompts that ran; 0 = none",
     )
     ap.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
+    ap.add_argument(
+        "--record",
+        default=None,
+        metavar="NAME",
+        help="also write the summary the explainers quote to assets/bench/NAME.json "
+        "(decoders/core/facts.py reads it)",
+    )
     return ap
 
 
@@ -699,6 +714,48 @@ def _contestants(
     return bundle, prompts, contestants, reference
 
 
+RECORDED = (  # the readings of a row the explainers may quote (decoders/core/facts.py)
+    "speedup",
+    "modelled_speedup",
+    "tokens_per_target_forward",
+    "mean_acceptance_length",
+    "draft_acceptance_rate",
+    "layers_per_token",
+    "lossless",
+    "n",
+    "lossy",
+    "group_speedup",
+)
+
+
+def record_summary(result: dict[str, Any], meta: dict[str, Any], argv: list[str]) -> dict:
+    """What a benchmark run leaves for the explainers to quote: each of our rows' readings,
+    keyed by contestant, and the run's model, machine, data and price table, with the command
+    that makes it again."""
+    return {
+        "command": "python -m decoders.bench " + shlex.join(argv),
+        "meta": {
+            k: meta[k]
+            for k in (
+                "model",
+                "device",
+                "dataset",
+                "n_prompts",
+                "max_new_tokens",
+                "threads",
+                "torch",
+                "date",
+                "prices",
+            )
+        },
+        "rows": {
+            r["contestant"]: {k: r[k] for k in RECORDED if r.get(k) is not None}
+            for r in result["rows"]
+            if r.get("ours") and "[trace off]" not in r["contestant"]
+        },
+    }
+
+
 def _meta(args: argparse.Namespace, bundle: ModelBundle, result: dict) -> dict:
     """What the run was: the model, the device, the data, the versions and the measured prices."""
     return {
@@ -728,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
     from decoders import METHODS
 
     args = _parser(list(METHODS)).parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     try:
         bundle, prompts, contestants, reference = _contestants(args)
@@ -763,6 +822,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else ROOT / "runs" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     write_outputs(out, result, meta, table)
     print(f"\nwrote {out}/results.json, table.md, speedup.html", file=sys.stderr)
+    if args.record:
+        path = ROOT / "assets" / "bench" / f"{args.record}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = record_summary(result, meta, argv if argv is not None else sys.argv[1:])
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

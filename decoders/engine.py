@@ -90,6 +90,12 @@ def check_request(
             f"relaxed verification (beta = {values['beta']}) applies to greedy verification; "
             "sampling keeps the exact rejection rule: set beta = 1 or temperature = 0"
         )
+    if values.get("synthetic", 0.0) > 0 and values.get("temperature", 0.0) > 0:
+        raise InvalidParameter(
+            f"synthetic acceptance (synthetic = {values['synthetic']}) replaces greedy "
+            "verification; sampling keeps the exact rejection rule: set synthetic = 0 or "
+            "temperature = 0"
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise InvalidInput(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_CAP:

@@ -756,3 +756,30 @@ def test_the_translation_lab_translates_a_typed_sentence_and_names_a_bad_one(
     page.locator("#tl-references").get_by_text("a7 a7 a1 a2 a9 a0").wait_for(timeout=30_000)
     assert page.locator("#tl-outputs tr").count() > 10
     assert_no_error_badge(page)
+
+
+def test_the_speed_lab_draws_the_theory_and_runs_synthetic_acceptance(server, page, phone_page):
+    """Learn's lab at 1440 and 390 px: the price curve and the theory fit; a slider redraws the
+    theory; "Run it for real" puts five synthetic runs on it, said to be not exact."""
+    for p, width in ((page, 1440), (phone_page, 390)):
+        p.goto(server)
+        p.get_by_role("tab", name="Learn").click()
+        p.locator("#learn-method input").click()
+        p.get_by_role("option", name="Lab: why a method is faster or slower").click()
+        p.locator("#lab-theory .js-plotly-plot").wait_for(timeout=30_000)
+        p.locator("#lab-prices .js-plotly-plot").wait_for(timeout=30_000)
+        settle(p)
+        for part in ("#lab-prices", "#lab-theory"):
+            assert layout_problems(p, part) == [], (width, part)
+    gamma = page.locator("#lab-gamma input[type=number]")
+    gamma.fill("8")
+    gamma.press("Enter")
+    page.locator("#lab-theory").get_by_text("γ = 8").first.wait_for(timeout=30_000)
+    page.locator("#lab-run").click()
+    page.locator("#lab-status").get_by_text("synthetic runs").wait_for(timeout=180_000)
+    assert "Not exact" in page.locator("#lab-status").inner_text()
+    page.locator("#lab-theory").get_by_text("synthetic acceptance").first.wait_for()
+    assert_no_error_badge(page)
+    settle(page)
+    page.screenshot(path=str(ARTIFACTS / "speed-lab-1440.png"), full_page=True)
+    phone_page.screenshot(path=str(ARTIFACTS / "speed-lab-390.png"), full_page=True)

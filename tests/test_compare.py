@@ -16,14 +16,13 @@ from browser_helpers import layout_problems
 from conftest import ARTIFACTS
 from decoders import METHODS, InvalidInput, generate, prepare
 from decoders.core.events import Commit, Draft, token_ids
+from decoders.core.readings import contradicts, decision_margin
 from ui.compare import (
     DEFAULT_PRESET,
     EVERY_METHOD,
     PRESETS,
     REFERENCE,
     compare_methods,
-    contradicts,
-    decision_margin,
     headline,
     paper_spec,
     parse_spec,
@@ -376,7 +375,7 @@ def test_long_specs_wrap_at_their_colons():
 
 
 def test_a_speedup_its_work_cannot_explain_is_flagged_and_names_no_winner():
-    from ui.compare import explained
+    from decoders.core.readings import explained
 
     rows = [row(REFERENCE, 1.0), row("jacobi", 2.4), row("token_tree", 1.8)]  # jacobi: 1 a forward
     rows[2]["tokens_per_target_forward"] = 3.0  # 3 tokens a forward: 1.8x is within reach

@@ -596,7 +596,11 @@ def test_a_model_without_adapters_is_told_how_to_train_one():
 
 def test_registry_entry():
     m = METHODS["kangaroo"]
-    exact = {"beta": 1, "tolerance": 1.0}  # relaxed verification off: a preset resets it
+    exact = {
+        "beta": 1,
+        "tolerance": 1.0,
+        "synthetic": 0.0,
+    }  # relaxed verification off: a preset resets it
     paper = {"exit_layer": "auto", "eta": 0.6, "gamma": 6, "siblings": 0, **exact}
     assert m.preset("paper") == paper
     assert m.preset("defaults") == {**paper, "siblings": 1}  # one runner-up beside each draft

@@ -342,6 +342,11 @@ def test_the_verdict_rests_on_medians_so_a_slow_forward_does_not_flip_it():
         assert cost_sentence(busy).startswith("Slower than plain decoding"), spread
     near = RunCost(19, 31, 26, 0.84, 50.0, 31 / 19 / 1.08, "verify passes", (1.58, 2.33))
     assert near.speedup == pytest.approx(1.08) and cost_sentence(near).startswith("About as fast")
+    # A run with a modelled speedup: its work decides, whatever its forwards' times said
+    for modelled, said in ((0.77, "Slower"), (1.0, "About as fast"), (1.3, "Faster")):
+        for clock in (clean, cost, busy):
+            got = cost_sentence(clock, {"modelled_speedup": modelled, "price_error": 0.014})
+            assert got.startswith(said) and f"modelled {modelled:.2f}×" in got, got
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import hashlib
 import re
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +25,17 @@ from decoders.core.errors import DecodingLabError
 from decoders.core.events import Commit, Done, Forward, token_ids
 from decoders.core.params import SAMPLING_PARAMS, validate_params
 from decoders.core.prices import PriceTable, recorded_prices
+from decoders.core.readings import (  # the rules a reading follows, one place each
+    contradicts,
+    decision_margin,
+    explained,
+    fmt_rate,
+    fmt_ratio,
+    fmt_speedup,
+    leaders,
+    speedup_range,
+)
 from decoders.engine import check_request, run_events, with_near_tie
-from visualizer.text import fmt_rate, fmt_ratio, fmt_speedup  # one number format, charts included
 
 from .links import check_budget
 from .live import Trace, run_meta
@@ -37,17 +46,6 @@ MAX_SPECS = 20  # rows per comparison, each a full run: every method at its defa
 
 MAX_ROUNDS = 5  # runs per spec (a row's speedup: the median of its rounds)
 ROUNDS = 3  # the default: a median and a spread from three rounds
-# How far one run's speed moves between identical runs on a shared 2-core CPU, either side: a
-# speedup from one run is read as a range this wide (several rounds measure their own).
-NOISE = 0.10
-# How far past its tokens per forward (over its share of the layers) a speedup may go before it is
-# flagged as a measurement problem. Loose on purpose: on this CPU a one-token forward is not the
-# cheapest per input (the tour's recordings: 53-68 ms for 1 input, 52-58 ms for 4-5), so a
-# method verifying a few inputs a forward can beat its tokens per forward by some percent; the
-# issue's 6.52x at 2.91 tokens per forward is far past this.
-UNEXPLAINED = 0.25
-# The least lead, as a share, that names a winner on modelled speedups (decision_margin).
-MIN_MARGIN = 0.03
 
 
 # --- specs and presets ----------------------------------------------------------------------------
@@ -220,22 +218,6 @@ def headline(rows: list[Mapping[str, Any]]) -> str:
     return f"{speed}; {same}.{tail}"
 
 
-def speedup_range(r: Mapping[str, Any]) -> tuple[float, float]:
-    """A row's speedup as a range: the lowest and highest of its runs, or, from one run, the
-    noise one run carries here (NOISE either side)."""
-    if r.get("speedup_range"):
-        low, high = r["speedup_range"]
-        return float(low), float(high)
-    return r["speedup"] * (1 - NOISE), r["speedup"] * (1 + NOISE)
-
-
-def decision_margin(rows: Sequence[Mapping[str, Any]]) -> float:
-    """How far apart two modelled speedups must be to call one faster: twice the price table's
-    stated error (its rounds' spread), at least MIN_MARGIN."""
-    error = max((float(r.get("price_error") or 0.0) for r in rows), default=0.0)
-    return max(MIN_MARGIN, 2 * error)
-
-
 def _measured(r: Mapping[str, Any]) -> str:
     low, high = r.get("speedup_range") or (None, None)
     spread = f", {fmt_speedup(low)}–{fmt_speedup(high)}" if low is not None else ""
@@ -271,7 +253,7 @@ def _speed_sentence(
             f"A tie: {names} did the same work (the same tokens from the same forwards), at "
             f"{fmt_speedup(m)} modelled over autoregressive; their clocks differ by noise"
         )
-    rivals = [r["method"] for r in ranked[1:] if r["modelled_speedup"] * (1 + margin) >= m]
+    rivals = [r["method"] for r in leaders(ranked)[1]]
     if rivals:
         return (
             f"No clear winner: {best['method']} ({fmt_speedup(m)} modelled) and "
@@ -476,42 +458,6 @@ def _spread(ratios: list[float], is_reference: bool) -> dict[str, Any]:
         "speedup": round(statistics.median(ratios), 2),
         "speedup_range": (round(min(ratios), 2), round(max(ratios), 2)),
     }
-
-
-def explained(r: Mapping[str, Any]) -> bool:
-    """Whether a row's speedup is one its own work can explain: a method is at most as fast as
-    its tokens per target forward over the share of the layers it ran per token (a forward that
-    cost nothing to widen and drafting that cost nothing), give or take UNEXPLAINED. Beyond
-    that, the clock measured something else (a reference run slowed by the machine)."""
-    if r.get("name") == REFERENCE:
-        return True
-    # layers per token counts every verified input (above 1 for a tree); below 1 only where
-    # tokens exit early, which is what lets one token a forward run faster; where the layers a
-    # token skipped run later, batched (fill=compute), where it left bounds its sequential cost
-    layers = min(float(r.get("layers_per_token") or 1.0), float(r.get("exit_depth") or 1.0), 1.0)
-    bound = float(r["tokens_per_target_forward"]) / max(layers, 0.05)
-    fastest = max(
-        [float(r["speedup"]), *(r.get("speedup_range") or ())]
-    )  # any round, not the median
-    return fastest <= bound * (1 + UNEXPLAINED)
-
-
-def verdict(speedup: float, margin: float) -> str:
-    """faster / slower / about the same as autoregressive, for a modelled speedup."""
-    if speedup > 1 + margin:
-        return "faster"
-    return "slower" if speedup < 1 - margin else "about the same"
-
-
-def contradicts(r: Mapping[str, Any], margin: float) -> bool:
-    """Whether a row's measured range says the opposite of its modelled verdict: modelled faster
-    and every round slower than autoregressive, or the other way round."""
-    modelled = r.get("modelled_speedup")
-    if modelled is None or r.get("name") == REFERENCE:
-        return False
-    low, high = speedup_range(r)
-    said = verdict(float(modelled), margin)
-    return (said == "faster" and high < 1.0) or (said == "slower" and low > 1.0)
 
 
 def work_of(trace: Trace) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from decoders.core import facts
 from decoders.core.events import (
     Commit,
     Done,
@@ -33,6 +34,7 @@ from decoders.core.events import (
     Priced,
     Verify,
 )
+from decoders.core.readings import fmt_share
 from decoders.engine import has_float
 
 from .live import Trace
@@ -159,7 +161,18 @@ GUESS = "2 · Guess and check"
 TREE = "3 · Many guesses checked at once"
 NO_DRAFTER = "4 · Guessing without a drafter"
 SELF = "5 · The model drafts for itself"
-LESS = "6 · Faster by giving up exactness"
+
+
+def _lossy_chapter() -> str:
+    """The lossy chapter's title, from what its runs showed in the side-by-side recording: how
+    many of them were faster than plain decoding (by the verdict rule, on modelled speedups)."""
+    rows = facts.tour_rows()
+    lossy = [r for r in rows.values() if r.get("lossy")]
+    faster = [r for r in lossy if facts.said(r, rows) == facts.SAID["faster"]]
+    return f"6 · Giving up exactness: {len(faster)} of {len(lossy)} faster here"
+
+
+LESS = _lossy_chapter()
 ALL = "7 · All of them side by side"
 BEYOND = "8 · Beyond language models: translation"
 
@@ -444,7 +457,8 @@ STOPS: tuple[Stop, ...] = (
         "speculative",
         "Speculative decoding's exact rule keeps only what the target itself would write. "
         "Relaxed verification (SpecDec's β and τ) also accepts a draft token that is among the "
-        "target's top β candidates and within τ of its best score. More tokens per forward, and "
+        "target's top β candidates and within τ of its best score. More tokens per forward "
+        "({{tour.relaxed.tpf}} here, against the exact rule's {{tour.speculative.tpf}}), and "
         "an output that drifts from greedy: the lab marks every token only the relaxed rule "
         "accepted, and reports how much of the output agrees with greedy.",
         "the tokens only the relaxed rule accepted, beside the target's own choice.",
@@ -566,6 +580,22 @@ def side_by_side_row(stop: Stop) -> dict[str, Any] | None:
     every stop shares (a stop's own recording was timed alone)."""
     spec = spec_of_stop(next(s for s in STOPS if s.key == stop.recording))
     return next((r for r in side_by_side()["rows"] if r["method"] == spec), None)
+
+
+def here_sentence(stop: Stop) -> str:
+    """What the stop's run showed in the side-by-side recording, said plainly: faster or slower
+    than plain decoding (the verdict rule, on its modelled speedup), both speeds, and for a lossy
+    method how much of its output agreed with greedy's."""
+    row = side_by_side_row(stop)
+    if row is None or row["method"] == facts.REFERENCE:
+        return ""
+    said = f"In the side-by-side recording it was {facts.said(row, facts.tour_rows())} plain "
+    said += f"decoding ({facts.speeds(row)})"
+    if row.get("lossy"):
+        said += f", and {fmt_share(row['agreement'])} of its output agreed with greedy's"
+        if row.get("first_divergence") is not None:
+            said += f" (the first difference at token {row['first_divergence']})"
+    return said + "."
 
 
 def drafting_dtype() -> str:

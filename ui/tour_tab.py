@@ -10,9 +10,10 @@ from typing import Any
 
 import gradio as gr
 
+from decoders.core.facts import fill, speeds
+from decoders.core.readings import fmt_ratio, leaders
 from visualizer import method_panel, metrics_html, token_spans_html
 from visualizer.compare_views import quality_chart, speedup_chart
-from visualizer.text import fmt_speedup
 
 from .common import internal_error, message
 from .compare_tab import CompareTab
@@ -25,6 +26,7 @@ from .tour import (
     STOPS,
     TRANSLATION,
     TRANSLATION_SOURCE,
+    here_sentence,
     mark,
     recorded,
     side_by_side,
@@ -76,7 +78,7 @@ def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
             "### All of them side by side\n\n"
             f"Every stop's run again, on the same prompt and budget ({record['max_new_tokens']} "
             f"tokens), {record['rounds']} rounds with autoregressive in each, recorded on this "
-            "app's CPU. A method is faster only by committing more tokens per forward than its "
+            "app's CPU. A method gains only by committing more tokens per forward than its "
             "wider forwards and its drafting cost: compare the two bars of each row. Lossy "
             "methods trade agreement with greedy for speed; the second chart puts each where it "
             "lands. **Run it live** runs this comparison again in the Compare tab (a few "
@@ -92,27 +94,28 @@ def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
     )
     return (
         f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {stop.chapter}</div>\n\n"
-        f"### {stop.title}\n\n{stop.narration}\n\n"
+        f"### {stop.title}\n\n{fill(stop.narration)} {here_sentence(stop)}\n\n"
         f"<div class='dl-look'>👀 <b>Look at</b>: {html.escape(stop.look)}</div>\n\n"
         f"<span class='dl-tour-rule'>{where}</span>"
     )
 
 
 def _best_sentence(record: dict[str, Any]) -> str:
+    """The recorded comparison's winner by Compare's rule (readings.leaders, on modelled
+    speedups), or the tie it found."""
     rows = [r for r in record["rows"] if not r.get("lossy") and r["name"] != "autoregressive"]
     if not rows:
         return "each row's tokens per forward against its speedup."
-    # the comparison's own decision (its headline's rule: the modelled speedups)
-    best = max(rows, key=lambda r: (r.get("modelled_speedup") or 0.0, r["speedup"]))
-    modelled = best.get("modelled_speedup")
-    said = (
-        f"{fmt_speedup(modelled)} modelled, {fmt_speedup(best['speedup'])} measured"
-        if (modelled)
-        else fmt_speedup(best["speedup"])
-    )
+    best, rivals = leaders(rows)
+    if rivals:
+        names = ", ".join(r["method"] for r in rivals)
+        lead = f"no clear winner: {best['method']} and {names} are within the price table's error; "
+    else:
+        lead = "the fastest lossless method, "
     return (
-        f"the fastest lossless method, {best['method']}: {best['tokens_per_target_forward']:.2f} tokens "
-        f"per forward became {said}, because its forwards are wider and its drafting is not free."
+        f"{lead}{best['method']}: {fmt_ratio(best['tokens_per_target_forward'])} tokens per "
+        f"forward became {speeds(best)}, because its forwards are wider and its drafting is not "
+        "free."
     )
 
 

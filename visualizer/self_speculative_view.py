@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from decoders.core.events import Commit, Draft, DraftStop, Event, Forward, Verify
+from decoders.core import readings
+from decoders.core.events import Commit, Done, Draft, DraftStop, Event, Forward, Verify
 
 from .figures import _base_layout, _empty, draft_panel
 from .text import CAPTION_CHARS as CAPTION_CHARS  # the caption's wrap width (tests read it here)
@@ -118,13 +119,23 @@ def verdict(speedup: float) -> str:
     return "about"
 
 
-def cost_sentence(cost: RunCost | None) -> str:
-    """Plainly: faster or slower than plain decoding on this run, and why; "about as fast" when
-    the medians put it within ABOUT of 1×, so two identical runs say the same."""
+def cost_sentence(cost: RunCost | None, stats: Mapping | None = None) -> str:
+    """Plainly: faster or slower than plain decoding on this run, and why. The verdict is the
+    run's modelled speedup read by the one rule (decoders.core.readings: its work priced by the
+    price table, so two identical runs say the same on a busy machine); this run's own forward
+    times stand beside it. A trace without a modelled speedup (made before price tables) is read
+    off those times' medians, "about as fast" within ABOUT of 1×."""
     if cost is None or not cost.drafts:
         return "No draft forwards in this run: nothing to weigh against plain decoding."
     low, high = cost.speedup_range
-    about = f"about {fmt_speedup(cost.speedup)}, {fmt_speedup(low)}–{fmt_speedup(high)}"
+    timed = f"{fmt_speedup(cost.speedup)}, {fmt_speedup(low)}–{fmt_speedup(high)}"
+    modelled = (stats or {}).get("modelled_speedup")
+    if modelled is not None:
+        said = readings.verdict(float(modelled), readings.decision_margin([stats or {}]))
+        about = f"modelled {fmt_speedup(modelled)} from its work; its forwards' times say {timed}"
+        said = {"about the same": "about"}.get(said, said)
+    else:
+        said, about = verdict(cost.speedup), f"about {timed}"
     per_step = (
         f"a step's {cost.drafts / cost.steps:.1f} draft forwards and one verify cost "
         f"{cost.forwards_per_step:.1f} full forwards and commit {cost.tokens_per_step:.1f} tokens"
@@ -133,7 +144,6 @@ def cost_sentence(cost: RunCost | None) -> str:
         f"a skipping draft forward takes {cost.draft_ratio:.0%} of a full forward's time "
         f"(medians of this run's {cost.reference})"
     )
-    said = verdict(cost.speedup)
     if said == "slower":
         return (
             f"Slower than plain decoding on this model ({about}): {why}, so {per_step}. To win, "
@@ -141,10 +151,7 @@ def cost_sentence(cost: RunCost | None) -> str:
         )
     if said == "faster":
         return f"Faster than plain decoding ({about}): {why}, and {per_step}."
-    return (
-        f"About as fast as plain decoding ({about}): {why}, and {per_step}; within "
-        f"{ABOUT:.0%} of 1×, closer than two runs on a busy machine agree."
-    )
+    return f"About as fast as plain decoding ({about}): {why}, and {per_step}."
 
 
 def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, str]) -> str:
@@ -161,6 +168,11 @@ def _stop_sentence(stop: DraftStop, tokens: Sequence[int], texts: Mapping[int, s
     return f"Stopped by the budget: max_new_tokens left room for {len(tokens)} draft tokens."
 
 
+def _stats(events: Sequence[Event]) -> dict | None:
+    done = next((e for e in reversed(events) if isinstance(e, Done)), None)
+    return done.stats if done else None
+
+
 def self_speculative_panel(
     events: Sequence[Event], texts: Mapping[int, str], step: int
 ) -> go.Figure:
@@ -174,7 +186,7 @@ def self_speculative_panel(
     verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
     tokens = draft.tokens if draft else ()
     n_acc = len(verify.accepted) if verify else 0
-    caption = [_stop_sentence(stop, tokens, texts), cost_sentence(run_cost(events))]
+    caption = [_stop_sentence(stop, tokens, texts), cost_sentence(run_cost(events), _stats(events))]
     return confidence_bars(stop, tokens, n_acc, texts, caption, symbol="θ")
 
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from decoders.core.readings import fmt_rate, fmt_ratio, fmt_share, fmt_speedup  # noqa: F401  (one number format, charts included)
+
 # Plotly does not wrap text: a caption line of at most this many characters (11 px) fits a figure
 # on a 390 px phone as well as a 1440 px page.
 CAPTION_CHARS = 52
@@ -98,20 +100,3 @@ def add_caption(
         height=height + 20 + LINE_PX * n_lines, margin=dict(b=below_px + LINE_PX * n_lines)
     )
     return fig
-
-
-# --- number formats (Compare's table, headline and charts, and the method panels' captions) ------
-
-
-def fmt_ratio(x: float | None) -> str:
-    """Ratios (tokens per forward, acceptance lengths): 2 decimals."""
-    return "—" if x is None else f"{x:.2f}"
-
-
-def fmt_speedup(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}×"
-
-
-def fmt_rate(x: float | None) -> str:
-    """Tokens per second (and other counts per unit): 1 decimal."""
-    return "—" if x is None else f"{x:.1f}"

@@ -29,6 +29,7 @@ class DecodeConfig:
             p.get("seed", 0),
             p.get("beta", 1),
             p.get("tolerance", 1.0),
+            p.get("synthetic", 0.0),
         )
 
 
@@ -135,7 +136,11 @@ class Method:
 
     def explainer(self) -> str:
         path = self.explainer_path
-        return path.read_text() if path.is_file() else f"*No explainer yet for `{self.name}`.*"
+        if not path.is_file():
+            return f"*No explainer yet for `{self.name}`.*"
+        from . import facts  # its numbers: the tour's recording and the benchmark summaries
+
+        return facts.fill(path.read_text())
 
     def preset(self, name: str) -> dict[str, Any]:
         """The full parameter values of a preset ("defaults" = the schema's defaults)."""
@@ -163,8 +168,12 @@ class Method:
 
     def claims_lossless(self, params: Mapping[str, Any]) -> bool:
         """Whether a run with these parameters must equal autoregressive greedy: a lossless
-        method, unless relaxed verification (β > 1) is on."""
-        return self.lossless and int(params.get("beta", 1)) <= 1
+        method, unless relaxed verification (β > 1) or synthetic acceptance is on."""
+        return (
+            self.lossless
+            and int(params.get("beta", 1)) <= 1
+            and float(params.get("synthetic", 0.0)) <= 0
+        )
 
     def describe(self) -> dict[str, Any]:
         return {

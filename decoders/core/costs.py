@@ -90,6 +90,18 @@ def price_table(bundle: ModelBundle, drafters: DrafterPricer | None = None) -> P
         return _tables[key]
 
 
+def known_table(bundle: ModelBundle) -> PriceTable | None:
+    """This model's table on this machine if it is in memory or stored; None rather than
+    measuring (a page that only draws the table does not wait a minute for it)."""
+    with _cost_lock:
+        if id(bundle.model) not in _tables:
+            stored = _load(bundle)
+            if stored is None:
+                return None
+            _tables[id(bundle.model)] = stored
+        return _tables[id(bundle.model)]
+
+
 def _measure_into(bundle: ModelBundle, drafters: DrafterPricer | None) -> PriceTable:
     with _cost_lock:
         table = _measure(bundle)

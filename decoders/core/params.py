@@ -93,7 +93,8 @@ SAMPLING_PARAMS: tuple[Param, ...] = (
 
 # Relaxed verification (SpecDec, Xia et al. 2023), for every draft-and-verify method: β = 1 is the
 # exact rule (lossless); β > 1 also keeps a draft token among the target's top β within τ of its
-# best log-probability (lossy, greedy only).
+# best log-probability (lossy, greedy only). `synthetic` > 0 replaces the rule by a coin with that
+# acceptance rate (lossy, greedy only): the lab's "does measured speed follow the theory?" mode.
 RELAX_PARAMS: tuple[Param, ...] = (
     Param(
         "beta",
@@ -111,6 +112,16 @@ RELAX_PARAMS: tuple[Param, ...] = (
         "τ: ... when its log-probability is within τ of the top token's (used when β > 1)",
         0.0,
         20.0,
+    ),
+    Param(
+        "synthetic",
+        float,
+        0.0,
+        "a teaching mode: accept each draft token with this probability, whatever the target "
+        "says (vLLM's synthetic rejection sampler), to watch speed follow acceptance; 0 = off; "
+        "lossy, greedy only",
+        0.0,
+        1.0,
     ),
 )
 

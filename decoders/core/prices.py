@@ -87,6 +87,24 @@ class PriceTable:
         """(forward factor, overhead per step) of `method`; (1, 0) where it was not measured."""
         return self.methods.get(method, (1.0, 0.0))
 
+    def chain_speedup(
+        self, acceptance: float, gamma: int, draft_cost: float, method: str = "speculative"
+    ) -> tuple[float, float]:
+        """The theory of a chain drafter on this table: each of γ draft tokens accepted with
+        probability `acceptance` (i.i.d., the chain ending at the first rejection), so a step
+        commits E = (1 − α^(γ+1)) / (1 − α) tokens; it pays γ draft forwards at `draft_cost` (of
+        a one-token target forward) and one verify forward over γ + 1 inputs, at `method`'s
+        measured factor and overhead, against autoregressive's per token. Returns (E, the
+        predicted speedup): the same pricing as a run's `modelled_speedup`."""
+        if not 0.0 <= acceptance <= 1.0 or gamma < 1 or draft_cost < 0:
+            raise ValueError("acceptance in 0..1, gamma >= 1, draft_cost >= 0")
+        a = acceptance
+        tokens = gamma + 1.0 if a >= 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
+        factor, between = self.per_step(method)
+        ar_factor, ar_between = self.per_step("autoregressive")
+        step = (gamma * draft_cost + self.inputs(gamma + 1)) * factor + between
+        return tokens, tokens * (ar_factor + ar_between) / step
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PriceTable:
         return cls(

@@ -13,9 +13,17 @@ class Relax:
 
     beta: int  # no defaults: RELAX_PARAMS holds them (a second copy here once disagreed)
     tolerance: float
+    # > 0: no rule at all, each draft token kept with this probability (vLLM's synthetic
+    # rejection sampler), drawn from `generator` (the run's seeded one)
+    synthetic: float = 0.0
+    generator: torch.Generator | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:
-        return self.beta > 1
+        return self.beta > 1 or self.synthetic > 0
+
+    def coin(self) -> bool:
+        """One synthetic acceptance: True with probability `synthetic`."""
+        return float(torch.rand(1, generator=self.generator)) < self.synthetic
 
 
 @dataclass
@@ -25,6 +33,7 @@ class Sampler:
     seed: int = 0
     beta: int = 1  # relaxed verification (SpecDec): top-β acceptance; 1 = the exact rule
     tolerance: float = 1.0  # ... within τ of the top log-probability (RELAX_PARAMS' default)
+    synthetic: float = 0.0  # > 0: each draft token kept with this probability (a teaching mode)
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -33,7 +42,9 @@ class Sampler:
     @property
     def relax(self) -> Relax | None:
         """The relaxed acceptance rule for greedy verification, None for the exact one."""
-        return Relax(self.beta, self.tolerance) if self.beta > 1 else None
+        if self.beta <= 1 and self.synthetic <= 0:
+            return None
+        return Relax(self.beta, self.tolerance, self.synthetic, self.generator)
 
     @property
     def greedy(self) -> bool:

@@ -165,6 +165,7 @@ class StatsAccumulator:
             "modelled_speedup": round(reference / work, 4)
             if work > 0 and self.new_tokens > 1
             else None,
+            "price_error": self.prices.spread,  # the table's stated error (readings' margin)
         }
 
     def result(self, wall_s: float | None = None) -> dict[str, Any]:

@@ -20,6 +20,10 @@ Four rules, all pure functions of (draft, logits, sampler), and one relaxation:
   not the target's argmax, it is still kept when it is among the target's top β and its
   log-probability is within τ of the top one's. Lossy: the output is no longer greedy's; β = 1 is
   the exact rule. The nodes kept only by the relaxation are marked (`Verdict.relaxed`).
+- synthetic, the same option's teaching mode (vLLM's synthetic rejection sampler): each draft
+  node on the drafter's first-child path is kept with a fixed probability, whatever the target
+  says, so the acceptance rate is chosen, not measured. Lossy; its kept nodes the target would
+  not have written are marked as relaxed ones are.
 """
 
 from __future__ import annotations
@@ -127,6 +131,17 @@ def greedy_tree(
     while True:
         row = _row(node)
         want = predicted[row]
+        if relax and relax.synthetic > 0:  # a coin, not the target: the drafter's first child
+            first = kids.get(node, [None])[0]
+            match = first if first is not None and relax.coin() else None
+            if match is not None and tokens[match] != want:
+                relaxed.append(match)
+                preferred.append(want)
+            if match is None:
+                break
+            path.append(match)
+            node = match
+            continue
         match = next((c for c in kids.get(node, ()) if tokens[c] == want), None)
         if match is None and logp is not None:
             match = _relaxed_child(kids.get(node, ()), tokens, logp[row], relax)
@@ -137,7 +152,11 @@ def greedy_tree(
         path.append(match)
         node = match
     probs = torch.softmax(logits.float(), dim=-1)
-    rule = f"relaxed-top-{relax.beta}" if relax else "greedy-tree"
+    rule = "greedy-tree"
+    if relax:
+        rule = (
+            f"synthetic-{relax.synthetic:g}" if relax.synthetic > 0 else f"relaxed-top-{relax.beta}"
+        )
     return _verdict(path, tokens, parents, want, probs, rule, relaxed, preferred)
 
 
