@@ -321,3 +321,15 @@ def test_labels_are_placed_where_they_cover_no_point_and_no_other_label():
     named = [t for t in fig.data[1].text if t]
     assert "token_tree" in named and len(named) < len(crowded)
     assert "hover" in fig.data[1].name  # the unnamed ones have their name on hover
+    assert len(fig.data) == 2  # no modelled speedups given: no modelled points
+    fig = why_faster(
+        [
+            {
+                "method": "sam",
+                "tokens_per_target_forward": 3.0,
+                "speedup": 2.8,
+                "modelled_speedup": 2.9,
+            }
+        ]
+    )
+    assert list(fig.data[2].y) == [2.9] and "modelled" in fig.data[2].name  # beside the measured

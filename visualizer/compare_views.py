@@ -373,7 +373,10 @@ def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     if not exact:
         return _empty("Why a method is faster", "no lossless row was measured")
     top = max(max(r["tokens_per_target_forward"] for r in exact), 1.0) * 1.08
-    high = max(top, max(float(r["speedup"]) for r in exact) * 1.1)
+    high = max(
+        top,
+        max(max(float(r["speedup"]), float(r.get("modelled_speedup") or 0)) for r in exact) * 1.1,
+    )
     x_range, y_range = (0.9, top), (0.0, high)
     fig = go.Figure()
     fig.add_trace(
@@ -410,6 +413,22 @@ def why_faster(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             name="measured, lossless (hover: each)",
         )
     )
+    modelled = [r for r in ordered if r.get("modelled_speedup") is not None]
+    if modelled:  # the same runs' work priced by the price table: the speed the clock should read
+        fig.add_trace(
+            go.Scatter(
+                x=[r["tokens_per_target_forward"] for r in modelled],
+                y=[r["modelled_speedup"] for r in modelled],
+                mode="markers",
+                marker=dict(size=9, color=PALETTE[0], symbol="circle-open"),
+                hovertext=[
+                    f"{r['method']}: {fmt_speedup(r['modelled_speedup'])} modelled from its work"
+                    for r in modelled
+                ],
+                hoverinfo="text",
+                name="modelled from the same runs' work",
+            )
+        )
     fig.add_hline(y=1.0, line=dict(color="#cfd8dc", width=1))
     fig.update_xaxes(title_text="tokens per target forward", range=list(x_range))
     fig.update_yaxes(title_text="speedup over autoregressive (×)", range=list(y_range))
