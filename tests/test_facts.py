@@ -161,3 +161,28 @@ def test_the_lossy_chapter_says_what_its_runs_showed(rows):
 
     rows["lossy2"] = {"speedup": 0.9, "modelled_speedup": 0.9, "lossy": True}
     assert tour._lossy_chapter().endswith("1 of 2 faster here")
+
+
+def test_a_benchmark_summary_is_read_by_the_same_rules(tmp_path, monkeypatch):
+    import json
+
+    rows = {
+        "autoregressive": {"speedup": 1.0, "modelled_speedup": 1.0, "lossless": 5, "n": 5},
+        "tree": {
+            "speedup": 2.7,
+            "modelled_speedup": 2.9,
+            "lossless": 5,
+            "n": 5,
+            "tokens_per_target_forward": 4.3,
+        },
+        "lossy": {"speedup": 3.5, "modelled_speedup": 3.6, "lossless": 0, "n": 5, "lossy": True},
+        "missed": {"speedup": 3.1, "modelled_speedup": 3.2, "lossless": 4, "n": 5},  # one differs
+    }
+    summary = {"command": "python -m decoders.bench", "meta": {"prices": {"spread": 0.02}}}
+    (tmp_path / "mine.json").write_text(json.dumps({**summary, "rows": rows}))
+    monkeypatch.setattr(facts, "BENCH", tmp_path)
+    assert facts.fact("bench.mine.tree.speeds") == "modelled 2.90×, measured 2.70×"
+    assert facts.fact("bench.mine.tree.verdict") == "faster than"
+    assert facts.fact("bench.mine.fastest") == "tree (2.90×)"  # neither lossy nor one that differs
+    with pytest.raises(facts.UnknownFact, match="no benchmark summary"):
+        facts.fact("bench.theirs.tree.tpf")

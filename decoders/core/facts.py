@@ -73,7 +73,9 @@ def bench_rows(name: str) -> dict[str, dict[str, Any]]:
     path = BENCH / f"{name}.json"
     if not path.is_file():
         raise UnknownFact(f"no benchmark summary {path.name} (python -m decoders.bench --record)")
-    return _json(path)["rows"]
+    summary = _json(path)
+    error = float(summary["meta"]["prices"]["spread"])  # the verdicts' margin, as the tour's
+    return {k: {"price_error": error, **r} for k, r in summary["rows"].items()}
 
 
 @cache
