@@ -186,3 +186,27 @@ def test_a_benchmark_summary_is_read_by_the_same_rules(tmp_path, monkeypatch):
     assert facts.fact("bench.mine.fastest") == "tree (2.90×)"  # neither lossy nor one that differs
     with pytest.raises(facts.UnknownFact, match="no benchmark summary"):
         facts.fact("bench.theirs.tree.tpf")
+
+
+def test_a_stop_says_whether_it_was_faster_and_how_inexact(rows, monkeypatch):
+    from ui import tour
+
+    stop = next(s for s in tour.STOPS if s.key == "free")
+    row = {
+        "method": "free",
+        "speedup": 0.92,
+        "modelled_speedup": 1.2,
+        "lossy": True,
+        "agreement": 0.3333,
+        "first_divergence": 15,
+        "speedup_range": [0.9, 1.05],
+    }
+    monkeypatch.setattr(tour, "side_by_side_row", lambda s: row)
+    said = tour.here_sentence(stop)
+    assert said.startswith("In the side-by-side recording it was faster than plain decoding")
+    assert "modelled 1.20×, measured 0.92×" in said and "other side of 1×" in said
+    assert "33% of its output agreed with greedy's (the first difference at token 15)" in said
+    row |= {"modelled_speedup": 0.8, "speedup": 0.85}
+    assert "slower than" in tour.here_sentence(stop) and "other side" not in tour.here_sentence(
+        stop
+    )

@@ -589,8 +589,14 @@ def here_sentence(stop: Stop) -> str:
     row = side_by_side_row(stop)
     if row is None or row["method"] == facts.REFERENCE:
         return ""
-    said = f"In the side-by-side recording it was {facts.said(row, facts.tour_rows())} plain "
-    said += f"decoding ({facts.speeds(row)})"
+    verdict = facts.said(row, facts.tour_rows())
+    said = f"In the side-by-side recording it was {verdict} plain decoding ({facts.speeds(row)}"
+    measured = float(row["speedup"])
+    if (verdict == facts.SAID["faster"] and measured < 1) or (
+        verdict == facts.SAID["slower"] and measured > 1
+    ):  # the verdict is the work's; say where the clock's median fell on the other side
+        said += "; its measured median fell on the other side of 1×, within the model's error"
+    said += ")"
     if row.get("lossy"):
         said += f", and {fmt_share(row['agreement'])} of its output agreed with greedy's"
         if row.get("first_divergence") is not None:
