@@ -312,7 +312,8 @@ def test_race_points_fall_back_to_the_forward_clock_when_times_do_not_fit(compar
 def test_speedup_chart_has_horizontal_bars_labelled_by_wrapped_specs(compared):
     rows = compared[-1].rows
     fig = speedup_chart(rows)
-    speed, per_forward, *swatches = fig.data
+    speed, per_forward, *swatches, modelled = fig.data
+    assert list(modelled.x) == [r["modelled_speedup"] for r in rows]  # the work's, beside the clock
     # Rows of lossless methods whose output is not greedy's are red, lossy rows purple, and the
     # legend says so.
     differ = any(not r["identical"] and not r.get("lossy") for r in rows)
@@ -359,6 +360,9 @@ def test_speedup_bars_are_green_only_for_lossless_rows_identical_to_greedy():
     # Without red or purple rows, no swatch and no room kept for them.
     plain = speedup_chart(rows[:2])
     assert len(plain.data) == 2 and plain.layout.margin.t < fig.layout.margin.t
+    # Rows with a modelled speedup: a diamond at it on each row, beside the measured bar
+    priced = speedup_chart([{**r, "modelled_speedup": r["speedup"] + 0.1} for r in rows[:2]])
+    assert list(priced.data[-1].x) == [1.1, 1.08] and "modelled" in priced.data[-1].name
 
 
 def test_long_specs_wrap_at_their_colons():

@@ -150,6 +150,20 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
         fig.add_trace(_swatch(DIFFERS_COLOUR, "speedup (×), output differs from greedy"))
     if LOSSY_COLOUR in colours:
         fig.add_trace(_swatch(LOSSY_COLOUR, "speedup (×), lossy method"))
+    modelled = [r.get("modelled_speedup") for r in rows]
+    if any(
+        m is not None for m in modelled
+    ):  # each run's work priced by the table, beside its clock
+        fig.add_trace(
+            go.Scatter(
+                name="modelled speedup (its work)",
+                y=labels,
+                x=modelled,
+                mode="markers",
+                marker=dict(symbol="diamond", size=9, color=INK, line=dict(color="white", width=1)),
+                hovertemplate="%{y}<br>%{x:.2f}× modelled from its work<extra></extra>",
+            )
+        )
     # Under the bars (a value written past a bar that ends just short of 1 goes inside it instead).
     fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b", layer="below")
     # Plotly gives every row the same band: make it tall enough for the two bars and for the
@@ -157,7 +171,7 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     lines = max(label.count("<br>") + 1 for label in labels)
     band = max(46, 15 * lines + 14)
     # Room past the longest bar for its "2.10×" text, which is drawn outside the bar.
-    top = max([*speedups, *per_forward, 1.0])
+    top = max([*speedups, *per_forward, *(m for m in modelled if m is not None), 1.0])
     fig.update_layout(barmode="group", bargap=0.25)
     fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
     fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
@@ -165,7 +179,12 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     # Each swatch past the two bars' entries may wrap the legend onto one more row on a phone,
     # which grows upwards: room for it.
     # (the lossy swatch's long name takes a row of its own on a phone)
-    room = 88 + 22 * (DIFFERS_COLOUR in colours) + 44 * (LOSSY_COLOUR in colours)
+    room = (
+        88
+        + 22 * (DIFFERS_COLOUR in colours)
+        + 44 * (LOSSY_COLOUR in colours)
+        + 22 * any(m is not None for m in modelled)
+    )
     return _layout(fig, title, 62 + room + band * len(rows), top=room, legend_on_top=True)
 
 
