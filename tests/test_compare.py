@@ -416,10 +416,13 @@ def test_the_winner_is_decided_on_modelled_speedups_whatever_the_clock_said():
     for r in (quiet, busy):
         assert headline(r).startswith("Fastest: sam at 2.95× modelled (measured ")
     assert "measured 2.10×" in headline(busy)
-    close = rows([2.9, 2.5, 0.9], [2.95, 2.85, 0.92])  # 3.5 % apart, inside 2 x 2 % of error
+    close = rows([2.9, 2.5, 0.9], [2.95, 2.85, 0.92])  # 3.5 % apart, inside the 5 % margin
     assert headline(close).startswith("No clear winner: sam (2.95× modelled) and token_tree")
-    assert headline(rows([2.9, 2.5, 0.9], [2.95, 2.85, 0.92], 0.01)).startswith("Fastest: sam")
-    assert decision_margin(close) == 0.04 and decision_margin(rows([1, 1, 1], [1, 1, 1], 0)) == 0.03
+    # a noisy table widens the margin past the least one: 7 % apart, inside 2 x 4 %
+    wide = rows([2.9, 2.5, 0.9], [2.95, 2.75, 0.92], 0.04)
+    assert headline(wide).startswith("No clear winner") and decision_margin(wide) == 0.08
+    assert headline(rows([2.9, 2.5, 0.9], [2.95, 2.75, 0.92], 0.01)).startswith("Fastest: sam")
+    assert decision_margin(close) == 0.05 and decision_margin(rows([1, 1, 1], [1, 1, 1], 0)) == 0.05
     slower = rows([0.9, 0.8, 0.7], [0.9, 0.8, 0.7])
     assert headline(slower).startswith(
         "Nothing beat autoregressive here; the closest: sam at 0.90×"

@@ -134,10 +134,10 @@ def test_a_placeholder_reads_its_row_by_the_one_rule(rows):
 def test_the_fastest_is_compares_winner_or_a_tie(rows):
     # fast leads close by 1.5 %, inside the margin (2 x 1.4 %): no winner; the lossy row never
     assert facts.fact("tour.fastest") == (
-        "fast (2.00×) and close (1.97×), within noise of each other"
+        "fast (2.00× modelled) and close (1.97× modelled), within noise of each other"
     )
     rows["close"]["modelled_speedup"] = 1.5
-    assert facts.fact("tour.fastest") == "fast (2.00×)"
+    assert facts.fact("tour.fastest") == "fast (2.00× modelled)"
 
 
 def test_an_unknown_placeholder_is_an_error_not_braces(rows):
@@ -183,7 +183,9 @@ def test_a_benchmark_summary_is_read_by_the_same_rules(tmp_path, monkeypatch):
     monkeypatch.setattr(facts, "BENCH", tmp_path)
     assert facts.fact("bench.mine.tree.speeds") == "modelled 2.90×, measured 2.70×"
     assert facts.fact("bench.mine.tree.verdict") == "faster than"
-    assert facts.fact("bench.mine.fastest") == "tree (2.90×)"  # neither lossy nor one that differs
+    assert (
+        facts.fact("bench.mine.fastest") == "tree (2.90× modelled)"
+    )  # neither lossy nor one that differs
     with pytest.raises(facts.UnknownFact, match="no benchmark summary"):
         facts.fact("bench.theirs.tree.tpf")
 

@@ -257,7 +257,8 @@ def _speed_sentence(
     if rivals:
         return (
             f"No clear winner: {best['method']} ({fmt_speedup(m)} modelled) and "
-            f"{', '.join(rivals)} are within the price table's error (±{margin / 2:.0%}) of it"
+            f"{', '.join(rivals)} are within {margin:.0%} of it, too close to call (the "
+            "modelled speedups' margin)"
         )
     if m > 1.0 + margin:
         return f"Fastest: {fast} over autoregressive"

@@ -60,7 +60,15 @@ def lab_figure(
     """The theory on `table` (default: lab_table's), the tour's runs and the synthetic ones."""
     table = table or lab_table()[0]
     rows = [r for r in facts.tour_rows().values() if r["method"] != facts.REFERENCE]
-    return speed_lab(table, float(acceptance), int(gamma), float(draft_cost), rows, synthetic or [])
+    return speed_lab(
+        table,
+        float(acceptance),
+        int(gamma),
+        float(draft_cost),
+        rows,
+        synthetic or [],
+        eagle_price(table),  # what the synthetic runs' drafter costs
+    )
 
 
 def sweep(prompt: str, gamma: int, model: str | None = None) -> Iterator[tuple[list[dict], str]]:

@@ -310,7 +310,10 @@ class RunTab:
         return {
             **self.step_views(trace, at, width),
             self.metrics: metrics_html(
-                trace.stats, trace.meta.get("lossless"), measured_speedup(trace)
+                trace.stats,
+                trace.meta.get("lossless"),
+                measured_speedup(trace),
+                "this run, on this machine" if measured_speedup(trace) else "",
             ),
             self.hist: result_panel(trace),
             self.step: gr.Slider(

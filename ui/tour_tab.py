@@ -110,7 +110,7 @@ def _best_sentence(record: dict[str, Any]) -> str:
     best, rivals = leaders(rows)
     if rivals:
         names = ", ".join(r["method"] for r in rivals)
-        lead = f"no clear winner: {best['method']} and {names} are within the price table's error; "
+        lead = f"no clear winner: {best['method']} and {names} are too close to call on modelled speedups; "
     else:
         lead = "the fastest lossless method, "
     return (
@@ -118,6 +118,12 @@ def _best_sentence(record: dict[str, Any]) -> str:
         f"forward became {speeds(best)}, because its forwards are wider and its drafting is not "
         "free."
     )
+
+
+def _timed(row: dict[str, Any] | None) -> dict[str, Any]:
+    """The side-by-side row's clock readings (its tokens/s): a stop's card shows the speed of the
+    same rounds its speedup came from, not its own recording's (timed alone, another moment)."""
+    return {"tokens_per_s": row["tokens_per_s"]} if row and row.get("tokens_per_s") else {}
 
 
 def show(key: str, width: float | None = None) -> dict[str, Any]:
@@ -158,7 +164,12 @@ def show(key: str, width: float | None = None) -> dict[str, Any]:
         "narration": _narration(key, at, trace.last_step),
         "tokens": token_spans_html(trace.events, trace.texts, at),
         # the speed as the side-by-side stop measured it: one reference, one price table
-        "metrics": metrics_html(trace.stats, trace.meta.get("lossless"), side_by_side_row(stop)),
+        "metrics": metrics_html(
+            {**trace.stats, **_timed(side_by_side_row(stop))},
+            trace.meta.get("lossless"),
+            side_by_side_row(stop),
+            "the tour's side-by-side recording",
+        ),
         "panel": mark(fig, stop.focus),
         "second": None,
     }

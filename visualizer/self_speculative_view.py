@@ -123,7 +123,7 @@ def cost_sentence(cost: RunCost | None, stats: Mapping | None = None) -> str:
     """Plainly: faster or slower than plain decoding on this run, and why. The verdict is the
     run's modelled speedup read by the one rule (decoders.core.readings: its work priced by the
     price table, so two identical runs say the same on a busy machine); this run's own forward
-    times stand beside it. A trace without a modelled speedup (made before price tables) is read
+    times give the draft's share of a forward. A trace without a modelled speedup (made before price tables) is read
     off those times' medians, "about as fast" within ABOUT of 1×."""
     if cost is None or not cost.drafts:
         return "No draft forwards in this run: nothing to weigh against plain decoding."
@@ -132,7 +132,7 @@ def cost_sentence(cost: RunCost | None, stats: Mapping | None = None) -> str:
     modelled = (stats or {}).get("modelled_speedup")
     if modelled is not None:
         said = readings.verdict(float(modelled), readings.decision_margin([stats or {}]))
-        about = f"modelled {fmt_speedup(modelled)} from its work; its forwards' times say {timed}"
+        about = f"modelled {fmt_speedup(modelled)} from its work"
         said = {"about the same": "about"}.get(said, said)
     else:
         said, about = verdict(cost.speedup), f"about {timed}"

@@ -86,11 +86,13 @@ def speed_lab(
     draft_cost: float,
     rows: Sequence[Mapping[str, Any]] = (),
     synthetic: Sequence[Mapping[str, Any]] = (),
+    synthetic_cost: float | None = None,
 ) -> go.Figure:
     """Tokens per target forward (x) against speedup (y): the theory curve of a chain drafter
     drafting `gamma` tokens at `draft_cost` as its acceptance rate runs 0 to 1, the slider's
     rate marked on it; each method's real run (`rows`: measured filled, modelled hollow, lossy
-    ones in their colour) and each synthetic-acceptance run (`synthetic`, marked not exact)."""
+    ones in their colour) and each synthetic-acceptance run (`synthetic`, marked not exact),
+    with the theory at the draft cost they ran at (`synthetic_cost`) dashed beside them."""
     curve = [table.chain_speedup(a, gamma, draft_cost) for a in ALPHAS]
     here = table.chain_speedup(acceptance, gamma, draft_cost)
     fig = go.Figure()
@@ -150,6 +152,18 @@ def speed_lab(
                 marker=dict(size=9, color=colour, symbol="circle-open"),
                 hoverinfo="skip",
                 name=f"… its modelled speedup ({kind})",
+            )
+        )
+    if synthetic and synthetic_cost is not None:
+        theirs = [table.chain_speedup(a, gamma, synthetic_cost) for a in ALPHAS]
+        fig.add_trace(
+            go.Scatter(
+                x=[x for x, _ in theirs],
+                y=[y for _, y in theirs],
+                mode="lines",
+                line=dict(color=THEORY_COLOUR, width=1.5, dash="dash"),
+                name=f"theory at the runs' draft cost ({synthetic_cost:.2f})",
+                hoverinfo="skip",
             )
         )
     if synthetic:

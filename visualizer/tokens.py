@@ -182,10 +182,13 @@ def metrics_html(
     stats: Mapping[str, Any],
     lossless: Mapping[str, Any] | None = None,
     measured: Mapping[str, Any] | None = None,
+    where: str = "",
 ) -> str:
     """The headline numbers as cards, with the lossless badge. The speedup card gives the
     modelled speedup (the run's work priced by the machine's price table) and, where a
-    comparison timed it (`measured`: a Compare row's speedup and range), the clock's beside it."""
+    comparison timed it (`measured`: a Compare row's speedup and range), the clock's beside it;
+    `where` says whose numbers they are ("this run, on this machine"; "the tour's
+    recording")."""
 
     def card(label: str, value: str, hint: str = "") -> str:
         return (
@@ -203,6 +206,7 @@ def metrics_html(
         low, high = measured.get("speedup_range") or (None, None)
         span = f" ({low:.2f}–{high:.2f}×)" if low is not None else ""
         clock = f"; measured {measured['speedup']:.2f}×{span}"
+    clock += f" · {html.escape(where)}" if where else ""
     cards = [
         card(
             f"speedup, modelled{clock}",

@@ -124,9 +124,9 @@ def exact(row: Mapping[str, Any]) -> bool:
 
 
 def fastest(rows: Mapping[str, Mapping[str, Any]], titles: Mapping[str, str] | None = None) -> str:
-    """The fastest lossless method by modelled speedup, as "sam (2.97×)", by Compare's rule
-    (readings.leaders): rivals within the margin make it "sam (2.97×) and token_tree (2.94×),
-    within noise of each other"."""
+    """The fastest lossless method by modelled speedup, as "sam (2.97× modelled)", by Compare's
+    rule (readings.leaders): rivals within the margin make it "sam (2.97× modelled) and
+    token_tree (2.94× modelled), within noise of each other"."""
     lossless = [
         {**r, "method": key}
         for key, r in rows.items()
@@ -139,7 +139,7 @@ def fastest(rows: Mapping[str, Mapping[str, Any]], titles: Mapping[str, str] | N
     name = (titles or {}).get
 
     def one(r: Mapping[str, Any]) -> str:
-        return f"{name(r['method'], r['method'])} ({fmt_speedup(r['modelled_speedup'])})"
+        return f"{name(r['method'], r['method'])} ({fmt_speedup(r['modelled_speedup'])} modelled)"
 
     if rivals:
         return " and ".join(one(r) for r in [best, *rivals]) + ", within noise of each other"
