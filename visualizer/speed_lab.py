@@ -195,4 +195,4 @@ def speed_lab(
     fig.add_hline(y=1.0, line=dict(color="#cfd8dc", width=1))
     fig.update_xaxes(title_text="tokens per target forward", range=[0.9, top])
     fig.update_yaxes(title_text="speedup over autoregressive (×)", range=[0, high * 1.1])
-    return _layout(fig, "Why faster or slower: theory against real runs", height=480, top=70)
+    return _layout(fig, "Theory against real runs", height=480, top=70)
