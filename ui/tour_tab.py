@@ -10,8 +10,8 @@ from typing import Any
 
 import gradio as gr
 
-from decoders.core.facts import fill, speeds
-from decoders.core.readings import fmt_ratio, leaders
+from decoders.core.facts import UnknownFact, fill, lossless_leaders, speeds
+from decoders.core.readings import fmt_ratio
 from visualizer import method_panel, metrics_html, token_spans_html
 from visualizer.compare_views import quality_chart, speedup_chart
 
@@ -102,12 +102,12 @@ def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
 
 
 def _best_sentence(record: dict[str, Any]) -> str:
-    """The recorded comparison's winner by Compare's rule (readings.leaders, on modelled
+    """The recorded comparison's winner by Compare's rule (facts.lossless_leaders, on modelled
     speedups), or the tie it found."""
-    rows = [r for r in record["rows"] if not r.get("lossy") and r["name"] != "autoregressive"]
-    if not rows:
+    try:
+        best, rivals = lossless_leaders({r["method"]: r for r in record["rows"]})
+    except UnknownFact:
         return "each row's tokens per forward against its speedup."
-    best, rivals = leaders(rows)
     if rivals:
         names = ", ".join(r["method"] for r in rivals)
         lead = f"no clear winner: {best['method']} and {names} are too close to call on modelled speedups; "

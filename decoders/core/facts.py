@@ -123,19 +123,26 @@ def exact(row: Mapping[str, Any]) -> bool:
     return isinstance(v, str) and v.startswith("✓")
 
 
-def fastest(rows: Mapping[str, Mapping[str, Any]], titles: Mapping[str, str] | None = None) -> str:
-    """The fastest lossless method by modelled speedup, as "sam (2.97× modelled)", by Compare's
-    rule (readings.leaders): rivals within the margin make it "sam (2.97× modelled) and
-    token_tree (2.94× modelled), within noise of each other"."""
+def lossless_leaders(
+    rows: Mapping[str, Mapping[str, Any]],
+) -> tuple[Mapping[str, Any], list[Mapping[str, Any]]]:
+    """The fastest lossless row by modelled speedup and its rivals within the margin, by
+    Compare's rule (readings.leaders); each row carries its key as `method`."""
     lossless = [
         {**r, "method": key}
         for key, r in rows.items()
         if key != REFERENCE and not r.get("lossy") and exact(r)
     ]
     try:
-        best, rivals = leaders(lossless)
+        return leaders(lossless)
     except ValueError as exc:
         raise UnknownFact("no lossless row with a modelled speedup") from exc
+
+
+def fastest(rows: Mapping[str, Mapping[str, Any]], titles: Mapping[str, str] | None = None) -> str:
+    """The fastest lossless method, as "sam (2.97× modelled)"; rivals within the margin make it
+    "sam (2.97× modelled) and token_tree (2.94× modelled), within noise of each other"."""
+    best, rivals = lossless_leaders(rows)
     name = (titles or {}).get
 
     def one(r: Mapping[str, Any]) -> str:
