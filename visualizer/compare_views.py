@@ -9,6 +9,7 @@ cut at 1440 px or on a 390 px phone.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
@@ -92,11 +93,19 @@ def _layout(
     return fig
 
 
-def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Speedup over autoregressive and tokens per target forward, one pair of horizontal bars per
-    spec (the spec as the label), in the order they ran; the dotted line is 1× (the reference)."""
-    if not rows:
-        return _empty("Speedup over autoregressive", "run a comparison to see it here")
+@dataclass(frozen=True)
+class SpeedupBars:
+    """What the speedup chart shows, one entry per row in run order."""
+
+    labels: list[str]  # each spec wrapped, line by line in its row's colour
+    speedups: list[float]
+    per_forward: list[float]  # tokens per target forward
+    colours: list[str]  # each speedup bar's: identical to greedy, differs, or lossy
+    modelled: list[float | None]  # the speedup the cost table gives the run's work, if priced
+
+
+def speedup_bars(rows: Sequence[Mapping[str, Any]]) -> SpeedupBars:
+    """The speedup chart's labels, values and bar colours from Compare's rows."""
     colours_by = colours_of([str(r["method"]) for r in rows])
     # each label in its row's colour (the race's and the quality chart's)
     labels = [
@@ -106,8 +115,6 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
         )
         for r in rows
     ]
-    speedups = [float(r["speedup"]) for r in rows]
-    per_forward = [float(r["tokens_per_target_forward"]) for r in rows]
     # A lossy method is never green, even when this run happened to match greedy.
     colours = [
         LOSSY_COLOUR
@@ -115,63 +122,32 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
         else (DIFFERS_COLOUR if r.get("identical") is False else IDENTICAL_COLOUR)
         for r in rows
     ]
+    return SpeedupBars(
+        labels=labels,
+        speedups=[float(r["speedup"]) for r in rows],
+        per_forward=[float(r["tokens_per_target_forward"]) for r in rows],
+        colours=colours,
+        modelled=[r.get("modelled_speedup") for r in rows],
+    )
+
+
+def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Speedup over autoregressive and tokens per target forward, one pair of horizontal bars per
+    spec (the spec as the label), in the order they ran; the dotted line is 1× (the reference)."""
+    if not rows:
+        return _empty("Speedup over autoregressive", "run a comparison to see it here")
+    d = speedup_bars(rows)
     fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            name="speedup (×)",
-            y=labels,
-            x=speedups,
-            orientation="h",
-            marker_color=colours,
-            text=[fmt_speedup(x) for x in speedups],
-            textposition=_text_positions(speedups),
-            insidetextfont=dict(color="white"),
-            cliponaxis=False,
-            hovertemplate="%{y}<br>%{x:.2f}× over autoregressive<extra></extra>",
-        )
-    )
-    fig.add_trace(
-        go.Bar(
-            name="tokens / forward",
-            y=labels,
-            x=per_forward,
-            orientation="h",
-            marker_color="#90caf9",
-            text=[fmt_ratio(x) for x in per_forward],
-            textposition=_text_positions(per_forward),
-            insidetextfont=dict(color=INK),
-            cliponaxis=False,
-            hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
-        )
-    )
-    # The legend names the red and purple bars too: legend-only swatches (scatters: an empty bar
-    # trace would still take a slot in every row's group).
-    if DIFFERS_COLOUR in colours:
-        fig.add_trace(_swatch(DIFFERS_COLOUR, "speedup (×), output differs from greedy"))
-    if LOSSY_COLOUR in colours:
-        fig.add_trace(_swatch(LOSSY_COLOUR, "speedup (×), lossy method"))
-    modelled = [r.get("modelled_speedup") for r in rows]
-    if any(
-        m is not None for m in modelled
-    ):  # each run's work priced by the table, beside its clock
-        fig.add_trace(
-            go.Scatter(
-                name="modelled speedup (its work)",
-                y=labels,
-                x=modelled,
-                mode="markers",
-                marker=dict(symbol="diamond", size=9, color=INK, line=dict(color="white", width=1)),
-                hovertemplate="%{y}<br>%{x:.2f}× modelled from its work<extra></extra>",
-            )
-        )
+    _speedup_traces(fig, d)
     # Under the bars (a value written past a bar that ends just short of 1 goes inside it instead).
     fig.add_vline(x=1.0, line_dash="dot", line_color="#607d8b", layer="below")
     # Plotly gives every row the same band: make it tall enough for the two bars and for the
     # label with the most lines, so neighbouring labels never run into each other.
-    lines = max(label.count("<br>") + 1 for label in labels)
+    lines = max(label.count("<br>") + 1 for label in d.labels)
     band = max(46, 15 * lines + 14)
+    priced = [m for m in d.modelled if m is not None]
     # Room past the longest bar for its "2.10×" text, which is drawn outside the bar.
-    top = max([*speedups, *per_forward, *(m for m in modelled if m is not None), 1.0])
+    top = max([*d.speedups, *d.per_forward, *priced, 1.0])
     fig.update_layout(barmode="group", bargap=0.25)
     fig.update_xaxes(title_text="ratio (1 = autoregressive)", range=[0, top * 1.22])
     fig.update_yaxes(autorange="reversed")  # the reference on top, then in run order
@@ -181,11 +157,63 @@ def speedup_chart(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     # (the lossy swatch's long name takes a row of its own on a phone)
     room = (
         88
-        + 22 * (DIFFERS_COLOUR in colours)
-        + 44 * (LOSSY_COLOUR in colours)
-        + 22 * any(m is not None for m in modelled)
+        + 22 * (DIFFERS_COLOUR in d.colours)
+        + 44 * (LOSSY_COLOUR in d.colours)
+        + 22 * bool(priced)
     )
     return _layout(fig, title, 62 + room + band * len(rows), top=room, legend_on_top=True)
+
+
+def _speedup_traces(fig: go.Figure, d: SpeedupBars) -> None:
+    """The two bars per row, the legend's swatches for red and purple bars, and the modelled
+    speedups as diamonds."""
+    fig.add_trace(
+        go.Bar(
+            name="speedup (×)",
+            y=d.labels,
+            x=d.speedups,
+            orientation="h",
+            marker_color=d.colours,
+            text=[fmt_speedup(x) for x in d.speedups],
+            textposition=_text_positions(d.speedups),
+            insidetextfont=dict(color="white"),
+            cliponaxis=False,
+            hovertemplate="%{y}<br>%{x:.2f}× over autoregressive<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            name="tokens / forward",
+            y=d.labels,
+            x=d.per_forward,
+            orientation="h",
+            marker_color="#90caf9",
+            text=[fmt_ratio(x) for x in d.per_forward],
+            textposition=_text_positions(d.per_forward),
+            insidetextfont=dict(color=INK),
+            cliponaxis=False,
+            hovertemplate="%{y}<br>%{x:.2f} tokens per target forward<extra></extra>",
+        )
+    )
+    # The legend names the red and purple bars too: legend-only swatches (scatters: an empty bar
+    # trace would still take a slot in every row's group).
+    if DIFFERS_COLOUR in d.colours:
+        fig.add_trace(_swatch(DIFFERS_COLOUR, "speedup (×), output differs from greedy"))
+    if LOSSY_COLOUR in d.colours:
+        fig.add_trace(_swatch(LOSSY_COLOUR, "speedup (×), lossy method"))
+    if any(
+        m is not None for m in d.modelled
+    ):  # each run's work priced by the table, beside its clock
+        fig.add_trace(
+            go.Scatter(
+                name="modelled speedup (its work)",
+                y=d.labels,
+                x=d.modelled,
+                mode="markers",
+                marker=dict(symbol="diamond", size=9, color=INK, line=dict(color="white", width=1)),
+                hovertemplate="%{y}<br>%{x:.2f}× modelled from its work<extra></extra>",
+            )
+        )
 
 
 def _text_positions(values: Sequence[float]) -> list[str]:

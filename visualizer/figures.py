@@ -12,7 +12,8 @@ import plotly.io as pio
 
 from decoders.core.events import Commit, Event, Forward, TopK
 
-from .text import cut, short_token, token_hover, wrap
+from .draft_data import draft_rows
+from .text import cut, short_token, wrap
 
 # Every figure's theme, set as Plotly's default: a new figure takes the default template without
 # validating it again, while `update_layout(template="plotly_white")` deep-copied and re-validated
@@ -307,102 +308,35 @@ def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
 def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
     """A chain draft at one step: draft tokens on top (accepted green, first rejected red, never
     checked grey), the tokens the target committed underneath (orange correction, blue bonus)."""
-    from decoders.core.events import Draft, Verify
-
-    from .tokens import COLOURS
-
-    draft = next((e for e in events if isinstance(e, Draft) and e.step == step), None)
-    verify = next((e for e in events if isinstance(e, Verify) and e.step == step), None)
-    commit = next((e for e in events if isinstance(e, Commit) and e.step == step), None)
-    if draft is None or commit is None:
+    rows = draft_rows(events, texts, step)
+    if rows is None:
         return _empty(
             f"Draft at step {step}", f"no draft at step {step}: a plain target step", height=220
         )
-    n_acc = len(verify.accepted) if verify else 0
-    relaxed = set(verify.relaxed) if verify else set()
-    # An accepted end token ended the output: the drafts after it were never compared.
-    ended = verify is not None and n_acc > 0 and verify.correction is None
     fig = go.Figure()
-    draft_colours = [
-        COLOURS["relaxed"]
-        if i in relaxed
-        else COLOURS["draft"]
-        if i < n_acc
-        else COLOURS["rejected"]
-        if i == n_acc and not ended
-        else COLOURS["pending"]
-        for i in range(len(draft.tokens))
-    ]
-    status = [
-        "accepted by relaxed verification only (the exact rule would reject it)"
-        if i in relaxed
-        else "accepted"
-        if i < n_acc
-        else "never written (after the accepted end token)"
-        if ended
-        else "rejected"
-        if i == n_acc
-        else "not checked (after a rejection)"
-        for i in range(len(draft.tokens))
-    ]
-    fig.add_trace(
-        _token_row(
-            draft.tokens,
-            "draft",
-            draft_colours,
-            texts,
-            [
-                f"{token_hover(texts.get(t, '?'), t)} · {s}"
-                for t, s in zip(draft.tokens, status, strict=True)
-            ],
-        )
-    )
-    fig.add_trace(
-        _token_row(
-            commit.tokens,
-            "target",
-            [COLOURS.get(o, COLOURS["target"]) for o in commit.origins],
-            texts,
-            [
-                f"{token_hover(texts.get(t, '?'), t)} · {o} · p={p:.3f}"
-                for t, o, p in zip(commit.tokens, commit.origins, commit.probs, strict=True)
-            ],
-        )
-    )
-    rows = ["target", "draft"]
-    preferred = dict(zip(verify.relaxed, verify.preferred, strict=False)) if verify else {}
-    if preferred:  # what the exact rule would have written where the relaxed rule took the draft
-        at = sorted(preferred)
-        own = _token_row(
-            [preferred[i] for i in at],
-            "target's own",
-            [COLOURS["correction"]] * len(at),
-            texts,
-            [
-                f"{token_hover(texts.get(preferred[i], '?'), preferred[i])} · the target's own "
-                f"choice at position {i + 1}: the relaxed rule took the draft's "
-                f"{texts.get(draft.tokens[i], '?')!r} instead"
-                for i in at
-            ],
-        )
-        own.x = [i + 1 for i in at]
-        fig.add_trace(own)
-        rows = ["target's own", *rows]
-    fig.update_xaxes(
-        title_text="draft position",
-        dtick=1,
-        range=[0.3, max(len(draft.tokens), len(commit.tokens)) + 0.7],
-    )
-    fig.update_yaxes(title_text="", categoryorder="array", categoryarray=rows)
+    names = ["target", "draft"]
+    for row in (rows.draft, rows.target, rows.own):
+        if row is None:
+            continue
+        trace = _token_row(row.tokens, row.name, list(row.colours), texts, list(row.hover))
+        if row.positions:
+            trace.x = list(row.positions)
+        fig.add_trace(trace)
+    if rows.own is not None:
+        names = [rows.own.name, *names]
+    fig.update_xaxes(title_text="draft position", dtick=1, range=[0.3, rows.width + 0.7])
+    fig.update_yaxes(title_text="", categoryorder="array", categoryarray=names)
     fig.update_layout(showlegend=False)
-    title = f"Step {step}: {cut(draft.source, 36)}"
-    subtitle = f"drafted {len(draft.tokens)}, accepted {n_acc}; the target's tokens below"
-    if relaxed:
+    title = f"Step {step}: {cut(rows.source, 36)}"
+    drafted = len(rows.draft.tokens)
+    subtitle = f"drafted {drafted}, accepted {rows.accepted}; the target's tokens below"
+    if rows.relaxed:
         subtitle = (
-            f"drafted {len(draft.tokens)}, accepted {n_acc}, {len(relaxed)} of them (teal) only "
-            "by the relaxed rule" + ("; the target's own choice at the bottom" if preferred else "")
+            f"drafted {drafted}, accepted {rows.accepted}, {rows.relaxed} of them (teal) only "
+            "by the relaxed rule"
+            + ("; the target's own choice at the bottom" if rows.own is not None else "")
         )
-    return _base_layout(fig, title, height=290 if preferred else 230, subtitle=subtitle)
+    return _base_layout(fig, title, height=290 if rows.own is not None else 230, subtitle=subtitle)
 
 
 def _token_row(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import plotly.graph_objects as go
 
@@ -110,17 +111,41 @@ def layerskip_layers(events: Sequence[Event], texts: Mapping[int, str], step: in
     return exit_layers(events, texts, step, SHARED)
 
 
-def exit_layers(
-    events: Sequence[Event], texts: Mapping[int, str], step: int, head: ExitHead
-) -> go.Figure:
-    """The model as a column of layers at `step`: how many tokens ran each part, in which pass."""
-    passes = step_passes(events, step)
-    if passes is None:
-        return _empty(f"Step {step}", "no forward pass recorded at this step", height=220)
-    p, ell, total = passes, passes.exit_layer, passes.n_layers
+class LayerRow(NamedTuple):
+    """One row of the layer diagram: a layer (or a block of them, or the exit head), the tokens
+    that ran it drafting and verifying, and its hover."""
+
+    label: str
+    drafting: int
+    verifying: int
+    hover: str
+
+
+@dataclass(frozen=True)
+class LayerDiagram:
+    """What the layer diagram shows at one step: the model's rows bottom-up (layer 1 first)."""
+
+    step: int
+    passes: StepPasses
+    rows: list[LayerRow]
+    sentences: list[str]  # the caption
+    shallow_rows: int  # rows from the bottom that are the shallow layers and the head (0: no draft)
+    ticks: list[str]  # the labels ticked on the y axis (empty: every row's)
+    head: ExitHead
+
+
+def layer_diagram(
+    events: Sequence[Event], step: int, head: ExitHead = ADAPTER
+) -> LayerDiagram | None:
+    """The rows of the layer diagram at `step`: one per layer, or three blocks for a model deeper
+    than MAX_LAYER_ROWS, or one plain column when the run never drafted. None without a forward."""
+    p = step_passes(events, step)
+    if p is None:
+        return None
+    ell, total = p.exit_layer, p.n_layers
     if ell is None or not 1 <= ell < total:  # no draft in the whole run: one plain column
         rows = [_row(_span(1, total), 0, p.deep, _span(1, total))]
-        return _layers_figure(step, rows, p, [_verify_sentence(p)], shallow_rows=0, ticks=[])
+        return LayerDiagram(step, p, rows, [_verify_sentence(p)], 0, [], ADAPTER)
     if total <= MAX_LAYER_ROWS:
         rows = [
             _row(f"layer {i}", p.shallow_draft, p.shallow_verify, f"layer {i}")
@@ -135,9 +160,19 @@ def exit_layers(
             _row(head.row, p.adapter, 0, head.hover),
             _row(_span(ell + 1, total), 0, p.deep, _span(ell + 1, total)),
         ]
-        ticks = [r[0] for r in rows]
-    shallow_rows = rows.index(next(r for r in rows if r[0] == head.row)) + 1
-    return _layers_figure(step, rows, p, _layer_sentences(p, head), shallow_rows, ticks, head)
+        ticks = [r.label for r in rows]
+    shallow_rows = rows.index(next(r for r in rows if r.label == head.row)) + 1
+    return LayerDiagram(step, p, rows, _layer_sentences(p, head), shallow_rows, ticks, head)
+
+
+def exit_layers(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, head: ExitHead
+) -> go.Figure:
+    """The model as a column of layers at `step`: how many tokens ran each part, in which pass."""
+    diagram = layer_diagram(events, step, head)
+    if diagram is None:
+        return _empty(f"Step {step}", "no forward pass recorded at this step", height=220)
+    return _layers_figure(diagram)
 
 
 def _span(first: int, last: int) -> str:
@@ -149,75 +184,22 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _row(label: str, drafting: int, verifying: int, what: str) -> tuple[str, int, int, str]:
-    return label, drafting, verifying, f"{what}: {drafting} tokens drafting, {verifying} verifying"
+def _row(label: str, drafting: int, verifying: int, what: str) -> LayerRow:
+    return LayerRow(
+        label, drafting, verifying, f"{what}: {drafting} tokens drafting, {verifying} verifying"
+    )
 
 
-def _layers_figure(
-    step: int,
-    rows: list[tuple[str, int, int, str]],
-    p: StepPasses,
-    sentences: list[str],
-    shallow_rows: int,
-    ticks: list[str],
-    head: ExitHead = ADAPTER,
-) -> go.Figure:
-    """Stacked horizontal bars, one row per layer (bottom = layer 1); `shallow_rows`: how many
-    rows from the bottom are the shallow layers and the adapter (shaded apart from the rest)."""
-    labels = [r[0] for r in rows]
-    prefill = p.target_kind == "prefill"
+def _layers_figure(d: LayerDiagram) -> go.Figure:
+    """Stacked horizontal bars, one row per layer (bottom = layer 1), the shallow rows (the
+    shallow layers and the exit head) shaded apart from the rest, the caption underneath."""
+    labels = [r.label for r in d.rows]
     fig = go.Figure()
-    for name, column, colour in (
-        (head.noun if prefill else "drafting", 1, LANE_COLOURS["draft"]),
-        (
-            "the prefill" if prefill else "the verify pass",
-            2,
-            LANE_COLOURS["prefill" if prefill else "verify"],
-        ),
-    ):
-        xs = [r[column] for r in rows]
-        if not any(xs):
-            continue
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                y=labels,
-                x=xs,
-                name=name,
-                marker=dict(color=colour, line=dict(width=0.5, color="white")),
-                hovertext=[r[3] for r in rows],
-                hoverinfo="text",
-            )
-        )
-    if shallow_rows:  # light bands, named at their right end (the bars leave room there)
-        for y0, y1, colour, name in (
-            (-0.5, shallow_rows - 0.5, SHALLOW_BAND, "shallow (drafting)"),
-            (shallow_rows - 0.5, len(rows) - 0.5, DEEP_BAND, "verifying"),
-        ):
-            fig.add_shape(
-                type="rect",
-                xref="paper",
-                x0=0,
-                x1=1,
-                yref="y",
-                y0=y0,
-                y1=y1,
-                fillcolor=colour,
-                line=dict(width=0),
-                layer="below",
-            )
-            fig.add_annotation(
-                text=name,
-                xref="paper",
-                x=1,
-                xanchor="right",
-                yref="y",
-                y=(y0 + y1) / 2,
-                showarrow=False,
-                font=dict(size=11, color="#546e7a"),
-            )
+    _layer_bars(fig, d, labels)
+    if d.shallow_rows:  # light bands, named at their right end (the bars leave room there)
+        _bands(fig, d.shallow_rows, len(d.rows))
     fig.update_layout(barmode="stack", bargap=0.25, legend=dict(traceorder="normal"))
-    most = max((r[1] + r[2] for r in rows), default=1)
+    most = max((r.drafting + r.verifying for r in d.rows), default=1)
     fig.update_xaxes(
         title_text="tokens through the layer",
         range=[0, most * BAR_ROOM],
@@ -227,23 +209,80 @@ def _layers_figure(
         categoryorder="array",
         categoryarray=labels,
         tickmode="array",
-        tickvals=list(dict.fromkeys(ticks or labels)),
+        tickvals=list(dict.fromkeys(d.ticks or labels)),
         tickfont=dict(size=11),
     )
-    height = 150 + ROW_PX * len(rows)
-    ell, total = p.exit_layer, p.n_layers
-    if shallow_rows:
-        title = f"Step {step}: exit at layer {ell} of {total}"
-        subtitle = f"{_span(1, ell)} + {head.noun[4:]} draft; {_span(ell + 1, total)} verify"
+    height = 150 + ROW_PX * len(d.rows)
+    ell, total = d.passes.exit_layer, d.passes.n_layers
+    if d.shallow_rows:
+        title = f"Step {d.step}: exit at layer {ell} of {total}"
+        subtitle = f"{_span(1, ell)} + {d.head.noun[4:]} draft; {_span(ell + 1, total)} verify"
     else:
-        title, subtitle = f"Step {step}: {total} layers", "no draft in this run"
+        title, subtitle = f"Step {d.step}: {total} layers", "no draft in this run"
     fig = _base_layout(fig, title, height=height, subtitle=subtitle)
     # A left margin that holds the longest tick label (the head's row), so automargin never
     # widens it and the caption, placed from the figure's edge by this margin, stays inside.
     fig.update_layout(margin=dict(l=LEFT_PX))
     fig.update_yaxes(automargin=False)
     # The caption goes under the axis title; the legend row under the caption.
-    return add_caption(fig, sentences, height, gap_px=56, below_px=92, from_figure_edge=True)
+    return add_caption(fig, d.sentences, height, gap_px=56, below_px=92, from_figure_edge=True)
+
+
+def _layer_bars(fig: go.Figure, d: LayerDiagram, labels: list[str]) -> None:
+    """The drafting pass's bars and the verify pass's (the prefill's at step 0), stacked."""
+    prefill = d.passes.target_kind == "prefill"
+    for name, column, colour in (
+        (d.head.noun if prefill else "drafting", 1, LANE_COLOURS["draft"]),
+        (
+            "the prefill" if prefill else "the verify pass",
+            2,
+            LANE_COLOURS["prefill" if prefill else "verify"],
+        ),
+    ):
+        xs = [r[column] for r in d.rows]
+        if not any(xs):
+            continue
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=labels,
+                x=xs,
+                name=name,
+                marker=dict(color=colour, line=dict(width=0.5, color="white")),
+                hovertext=[r.hover for r in d.rows],
+                hoverinfo="text",
+            )
+        )
+
+
+def _bands(fig: go.Figure, shallow_rows: int, n_rows: int) -> None:
+    """Light bands behind the shallow rows and the deep ones, named at their right end."""
+    for y0, y1, colour, name in (
+        (-0.5, shallow_rows - 0.5, SHALLOW_BAND, "shallow (drafting)"),
+        (shallow_rows - 0.5, n_rows - 0.5, DEEP_BAND, "verifying"),
+    ):
+        fig.add_shape(
+            type="rect",
+            xref="paper",
+            x0=0,
+            x1=1,
+            yref="y",
+            y0=y0,
+            y1=y1,
+            fillcolor=colour,
+            line=dict(width=0),
+            layer="below",
+        )
+        fig.add_annotation(
+            text=name,
+            xref="paper",
+            x=1,
+            xanchor="right",
+            yref="y",
+            y=(y0 + y1) / 2,
+            showarrow=False,
+            font=dict(size=11, color="#546e7a"),
+        )
 
 
 def _nice_step(raw: float) -> int:

@@ -12,6 +12,7 @@ Pure: events in, Figure out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
@@ -136,26 +137,30 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
     return _base_layout(fig, f"Step {step}: from the datastore", height=height, subtitle=subtitle)
 
 
-def adjacency(
-    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
-) -> go.Figure:
-    """The adjacency rows a Token Recycling draft read, cells coloured by the verdict. `width`:
-    the figure's width in the page; cells and their labels are sized to it (a phone's when not
-    given)."""
-    title = f"Step {step}: the adjacency rows read"
+@dataclass(frozen=True)
+class AdjacencyGrid:
+    """What the adjacency view shows at one step: the rows of Token Recycling's matrix the draft
+    read (a token, then its successors best first) and each cell's verdict (a STATUS key)."""
+
+    step: int
+    rows: list[list[int]]
+    status: list[list[str]]  # status[k][c]: successor c + 1 of row k ("unused": not drafted)
+    fresh: list[bool]  # per row: rewritten by this run's forwards yet (empty: all of them)
+    warm: bool  # the rows not yet rewritten hold the datastore's successors (else the token)
+    drafted: int
+    accepted: int
+
+
+def adjacency_grid(events: Sequence[Event], step: int) -> AdjacencyGrid | None:
+    """The rows a Token Recycling draft read at `step`, each cell with the verdict of the draft
+    node read from it (the best, where several were); None without rows or a draft."""
     recycled = _at(events, step, Recycled)
-    if recycled is None:
-        if step == 0:
-            return _empty(
-                title, "step 0 is the prefill: the first token comes from the target", 200
-            )
-        return _empty(title, "nothing recycled at this step: a plain target step", 200)
     draft = _at(events, step, Draft)
-    if draft is None:
-        return _empty(title, "this trace lacks the step's draft", 200)
+    if recycled is None or draft is None:
+        return None
     rows = [list(r) for r in recycled.rows[:MAX_ROWS] if len(r) >= 2]
     if not rows:
-        return _empty(title, "this step's recorded rows are empty", 200)
+        return None
     index = {r[0]: k for k, r in enumerate(rows)}
     root = rows[0][0] if rows else None
     status = node_status(draft, _at(events, step, Verify))
@@ -169,17 +174,48 @@ def adjacency(
         key = (k, rows[k][1:].index(token))
         if order.index(status[i]) > order.index(cell.get(key, "unused")):
             cell[key] = status[i]
-    columns = max(len(r) - 1 for r in rows)
-    # The plot beside the row labels (about 120 px), shared by the columns.
+    return AdjacencyGrid(
+        step=step,
+        rows=rows,
+        status=[
+            [cell.get((k, c), "unused") for c in range(len(r) - 1)] for k, r in enumerate(rows)
+        ],
+        fresh=list(recycled.refreshed),
+        warm=recycled.warm,
+        drafted=len(draft.tokens),
+        accepted=sum(s == "accepted" for s in status),
+    )
+
+
+def _no_adjacency(events: Sequence[Event], step: int) -> str:
+    """Why there are no adjacency rows to draw at `step`."""
+    if _at(events, step, Recycled) is None:
+        if step == 0:
+            return "step 0 is the prefill: the first token comes from the target"
+        return "nothing recycled at this step: a plain target step"
+    if _at(events, step, Draft) is None:
+        return "this trace lacks the step's draft"
+    return "this step's recorded rows are empty"
+
+
+def _cell_sizes(width: int | None, columns: int) -> tuple[int, int]:
+    """A cell's marker size and the characters its label holds, in a figure `width` px wide (a
+    phone's when not given): the plot beside the row labels (about 120 px) shared by the columns."""
     cell_px = (max(int(width), NARROWEST_PX) if width else NARROWEST_PX) - 120
     cell_px = cell_px / max(columns, 1)
     size = max(14, min(34, int(cell_px) - 3))
     chars = max(2, min(6, int((cell_px - 4) / 6.5)))
-    fig = go.Figure()
+    return size, chars
+
+
+def _adjacency_cells(
+    g: AdjacencyGrid, texts: Mapping[int, str], size: int, chars: int
+) -> go.Scatter:
+    """Every row's successors as labelled squares, filled by their verdict."""
     xs, ys, text, hover, fills = [], [], [], [], []
-    for k, row in enumerate(rows):
+    for k, row in enumerate(g.rows):
         for c, t in enumerate(row[1:]):
-            st = cell.get((k, c), "unused")
+            st = g.status[k][c]
             xs.append(c + 1)
             ys.append(k)
             text.append(escape(short_token(texts.get(t, "?"), chars)))
@@ -188,47 +224,55 @@ def adjacency(
                 f"{token_hover(texts.get(t, '?'), t)}<br>successor {c + 1} of "
                 f"{escape(visible(texts.get(row[0], '?')))}<br>{STATUS[st][1]}"
             )
-    fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=ys,
-            mode="markers+text",
-            marker=dict(symbol="square", size=size, color=fills, line=dict(color=EDGE, width=1)),
-            text=text,
-            textfont=dict(size=10, family="ui-monospace, Menlo, monospace"),
-            hovertext=hover,
-            hoverinfo="text",
-            showlegend=False,
-        )
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="markers+text",
+        marker=dict(symbol="square", size=size, color=fills, line=dict(color=EDGE, width=1)),
+        text=text,
+        textfont=dict(size=10, family="ui-monospace, Menlo, monospace"),
+        hovertext=hover,
+        hoverinfo="text",
+        showlegend=False,
     )
+
+
+def adjacency(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
+) -> go.Figure:
+    """The adjacency rows a Token Recycling draft read, cells coloured by the verdict. `width`:
+    the figure's width in the page; cells and their labels are sized to it (a phone's when not
+    given)."""
+    title = f"Step {step}: the adjacency rows read"
+    g = adjacency_grid(events, step)
+    if g is None:
+        return _empty(title, _no_adjacency(events, step), 200)
+    columns = max(len(r) - 1 for r in g.rows)
+    fig = go.Figure()
+    fig.add_trace(_adjacency_cells(g, texts, *_cell_sizes(width, columns)))
+    used = {s for row in g.status for s in row}
     for name, (fill, legend) in STATUS.items():
-        if name != "unused" and name in cell.values():
+        if name != "unused" and name in used:
             legend_square(fig, fill, legend, EDGE)
-    fresh = list(recycled.refreshed) or [True] * len(rows)
+    fresh = g.fresh or [True] * len(g.rows)
     fig.update_yaxes(
         tickmode="array",
-        tickvals=list(range(len(rows))),
+        tickvals=list(range(len(g.rows))),
         ticktext=[
             escape(short_token(texts.get(r[0], "?"), 8))
-            + ("" if k >= len(fresh) or fresh[k] else " ·warm" if recycled.warm else " ·empty")
-            for k, r in enumerate(rows)
+            + ("" if k >= len(fresh) or fresh[k] else " ·warm" if g.warm else " ·empty")
+            for k, r in enumerate(g.rows)
         ],
-        range=[len(rows) - 0.5, -0.5],
+        range=[len(g.rows) - 0.5, -0.5],
         fixedrange=True,
         showgrid=False,
     )
     rank_axis(fig, columns, "successor rank")
-    n_acc = sum(s == "accepted" for s in status)
-    stale = sum(not f for f in fresh[: len(rows)])
-    start = (
-        "the datastore's warm start (·warm)"
-        if recycled.warm
-        else "empty: the token itself (·empty)"
-    )
+    stale = sum(not f for f in fresh[: len(g.rows)])
+    start = "the datastore's warm start (·warm)" if g.warm else "empty: the token itself (·empty)"
     subtitle = (
         f"row = a token, then the successors the target ranked likeliest after it when it last "
-        f"saw it; {len(draft.tokens)} drafted, {n_acc} accepted"
+        f"saw it; {g.drafted} drafted, {g.accepted} accepted"
         + (f"; {stale} row(s) not yet rewritten by this run, still {start}" if stale else "")
     )
-    height = 150 + 40 * len(rows)
-    return _base_layout(fig, title, height=height, subtitle=subtitle)
+    return _base_layout(fig, title, height=150 + 40 * len(g.rows), subtitle=subtitle)
