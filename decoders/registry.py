@@ -1,10 +1,14 @@
 """METHODS: every decoding method by name, found in the methods package. A method registers by
 being there: its module declares `METHOD = Method(...)` (decoders/core/base.py), and the CLI, the
 UI and trace validation read this registry. Listed by family, then by each family's teaching order.
+
+The module's file name is the method's name: a copy of a module under another file name (its
+explainer beside it) is a method of its own, even before its declaration says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 
@@ -19,10 +23,15 @@ def _discover() -> dict[str, Method]:
         method = getattr(module, "METHOD", None)
         if not isinstance(method, Method):
             raise TypeError(f"decoders/methods/{info.name}.py declares no METHOD = Method(...)")
-        if method.name != info.name:
-            raise ValueError(f"decoders/methods/{info.name}.py declares the method {method.name!r}")
+        if method.name != info.name:  # the file names it
+            method = dataclasses.replace(method, name=info.name)
         found.append(method)
     found.sort(key=lambda m: (FAMILIES.index(m.family), m.rank, m.name))
+    titles: set[str] = set()
+    for i, m in enumerate(found):  # a menu tells every method apart
+        if m.title in titles:
+            found[i] = m = dataclasses.replace(m, title=f"{m.title} [{m.name}]")
+        titles.add(m.title)
     return {m.name: m for m in found}
 
 

@@ -137,7 +137,6 @@ def test_cancelling_a_stream_ends_its_decode_thread(embedded):
     import threading
     import time
 
-    from decoders import METHODS
     from ui import build_demo
 
     def decoding() -> int:
@@ -146,7 +145,6 @@ def test_cancelling_a_stream_ends_its_decode_thread(embedded):
     demo = build_demo()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_port=None, quiet=True)
     try:
-        controls = [p.default for m in METHODS.values() for p in m.knobs]
         job = Client(url, verbose=False).submit(
             "tiny-random",
             "Tell me a long story.",
@@ -155,7 +153,6 @@ def test_cancelling_a_stream_ends_its_decode_thread(embedded):
             0.0,
             1.0,
             0,
-            *controls,
             api_name="/run_stream",
         )
         deadline = time.time() + 30

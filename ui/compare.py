@@ -69,11 +69,23 @@ def paper_spec(name: str) -> str:
 
 DEFAULT_PRESET = "each family at its best"
 EVERY_METHOD = "every method at its defaults"
+
+
 # Derived from the methods' declarations: each family's best (`Method.family_best`), every method at
 # its defaults (each at its best on this machine), the papers' settings, then the presets each
 # method brings (`Method.compare`).
+def _family_bests() -> tuple[str, ...]:
+    """Each family's best: the first method in the registry's order to claim it (a copy of a
+    method claims what its original does, and the original keeps it)."""
+    best: dict[str, str] = {}
+    for name, m in METHODS.items():
+        if m.family_best:
+            best.setdefault(m.family, name)
+    return tuple(best.values())
+
+
 PRESETS: dict[str, tuple[str, ...]] = {
-    DEFAULT_PRESET: tuple(name for name, m in METHODS.items() if m.family_best),
+    DEFAULT_PRESET: _family_bests(),
     EVERY_METHOD: tuple(name for name, m in METHODS.items() if m.in_default_compare),
     "the papers' settings": tuple(
         paper_spec(name) for name, m in METHODS.items() if "paper" in m.presets

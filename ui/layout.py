@@ -68,9 +68,9 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(method_choices)
             # last: on a phone it is the one behind the tab bar's "⋯"
-            with gr.Tab("Translation lab", id="translation"):
-                build_translation_tab()
-        wire_live(tour_tab, run_tab, compare_tab, tabs)
+            with gr.Tab("Translation lab", id="translation") as translation_tab:
+                translation_opened = build_translation_tab(translation_tab)
+        wire_live(tour_tab, run_tab, compare_tab, tabs, translation_opened)
         take_tour.click(lambda: gr.Tabs(selected="tour"), None, tabs, api_visibility="private")
 
         def on_close(request: gr.Request) -> None:

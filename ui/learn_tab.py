@@ -133,17 +133,44 @@ def build_learn_tab(method_choices: list[tuple[str, str]], first: str = OVERVIEW
         show_label=False,
     )
     text = gr.Markdown(start["text"], elem_id="learn-text")
-    with gr.Column(visible=first == LAB, elem_id="learn-lab") as lab:
-        # built without a model: the tour's table; picking the lab draws this machine's if known
+
+    def on_pick(choice: str) -> dict:
+        got = learn(choice)
+        return {
+            text: got["text"],
+            figure: gr.Plot(got["figure"], visible=got["figure"] is not None),
+        }
+
+    pick.change(on_pick, pick, [text, figure], api_visibility="private")
+
+    # The lab's controls exist only while the lab is picked (a page that never picks it builds
+    # none of them).
+    @gr.render(inputs=[pick], show_progress="hidden")
+    def draw_lab(choice: str) -> None:
+        if choice == LAB:
+            _lab()
+
+
+def _lab() -> None:
+    """The "why faster or slower" lab: this machine's price curve (the tour's until this
+    machine's is known), the chain-drafter theory under three sliders, and real runs at
+    synthetic acceptance rates."""
+    with gr.Column(elem_id="learn-lab"):
+        gr.Plot(price_curve(*lab_table()), elem_id="lab-prices", show_label=False)
         table = facts.tour_prices()
-        prices = gr.Plot(
-            price_curve(table, "the tour's recording machine"),
-            elem_id="lab-prices",
-            show_label=False,
-        )
         with gr.Row():
-            alpha = gr.Slider(0, 1, 0.7, step=0.05, label="acceptance rate α", elem_id="lab-alpha")
-            gamma = gr.Slider(1, 16, 4, step=1, label="draft length γ", elem_id="lab-gamma")
+            alpha = gr.Slider(
+                0,
+                1,
+                0.7,
+                step=0.05,
+                label="acceptance rate α",
+                elem_id="lab-alpha",
+                interactive=True,
+            )
+            gamma = gr.Slider(
+                1, 16, 4, step=1, label="draft length γ", elem_id="lab-gamma", interactive=True
+            )
             cost = gr.Slider(
                 0,
                 1,
@@ -151,6 +178,7 @@ def build_learn_tab(method_choices: list[tuple[str, str]], first: str = OVERVIEW
                 step=0.005,
                 label="draft cost (of a one-token forward)",
                 elem_id="lab-cost",
+                interactive=True,
             )
         theory = gr.Plot(
             lab_figure(0.7, 4, eagle_price(table), table=table),
@@ -162,21 +190,11 @@ def build_learn_tab(method_choices: list[tuple[str, str]], first: str = OVERVIEW
             label="prompt for the real runs",
             lines=1,
             elem_id="lab-prompt",
+            interactive=True,
         )
         run = gr.Button("Run it for real: synthetic acceptance 20 %–100 %", elem_id="lab-run")
         status = gr.Markdown("", elem_id="lab-status")
         done = gr.State([])
-
-    def on_pick(choice: str) -> dict:
-        got = learn(choice)
-        return {
-            text: got["text"],
-            figure: gr.Plot(got["figure"], visible=got["figure"] is not None),
-            lab: gr.Column(visible=choice == LAB),
-            **({prices: price_curve(*lab_table())} if choice == LAB else {}),
-        }
-
-    pick.change(on_pick, pick, [text, figure, lab, prices], api_visibility="private")
 
     def on_lab_slide(a: float, g: float, c: float, rows: list[dict]) -> go.Figure:
         return lab_figure(a, g, c, [r for r in rows if r.get("gamma") == int(g)])

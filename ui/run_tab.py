@@ -56,6 +56,7 @@ from .run_views import (
     _control,
     _describe,
     _export,
+    knob_values,
     prompt_html,
     showcase_step,
     stale_note,
@@ -72,7 +73,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
     start = _initial(example)
     with gr.Row(elem_id="run-row"):
         with gr.Column(scale=2, min_width=320, elem_id="run-controls"):
-            form = _form(example, start)
+            form = _form(demo, example, start)
         with gr.Column(scale=3, min_width=320, elem_id="run-output"):
             output = _output(start)
     tab = RunTab(
@@ -86,7 +87,7 @@ def build_run_tab(demo: gr.Blocks) -> RunTab:
     return tab
 
 
-def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
+def _form(demo: gr.Blocks, example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
     """The left column: prompt, model, method, budget, Run/Stop and the status line on top; then the
     preset and the method's parameters (one group shown); then example prompts, sampling and trace
     files. On a phone the output comes between the parameters and the rest (CSS)."""
@@ -115,12 +116,11 @@ def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
             info="defaults = our best settings on this machine; paper = the paper's",
             elem_id="preset",
         )
-        groups: dict[str, gr.Group] = {}
-        controls: dict[tuple[str, str], gr.components.Component] = {}
-        for name, m in METHODS.items():
-            with gr.Group(visible=name == DEFAULT_METHOD) as groups[name]:
-                for p in m.knobs:
-                    controls[(name, p.name)] = _control(p, name)
+        # The chosen method's controls only, drawn anew when another method, a preset, a link or
+        # a trace sets them (`knobs`); what is typed into them goes to `edits`, by name.
+        knobs = gr.State({"method": DEFAULT_METHOD, "values": _defaults(DEFAULT_METHOD)})
+        edits = gr.State({})
+        _draw_knobs(demo, knobs, edits)
     with gr.Column(elem_id="run-more"):
         gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
         with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
@@ -148,8 +148,8 @@ def _form(example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
         stop_btn=stop_btn,
         status=status,
         preset=preset,
-        groups=groups,
-        controls=controls,
+        knobs=knobs,
+        edits=edits,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
@@ -268,6 +268,41 @@ def _preset_choices(method: str) -> list[str]:
     return ["defaults", *METHODS[method].presets]
 
 
+def _defaults(method: str) -> dict[str, Any]:
+    return METHODS[method].preset("defaults")
+
+
+def _draw_knobs(demo: gr.Blocks, knobs: gr.State, edits: gr.State) -> None:
+    """The chosen method's parameters, as controls built from its schema (`_control`), drawn
+    where this is called: on load and whenever `knobs` is set. A value typed into one is kept in
+    `edits` under the parameter's name, where Run reads it."""
+
+    @gr.render(inputs=[knobs], triggers=[demo.load, knobs.change], show_progress="hidden")
+    def draw(state: dict | None) -> None:
+        method = (state or {}).get("method")
+        if method not in METHODS:
+            return
+        values = state["values"]
+        with gr.Group(elem_id="knobs"):
+            for p in METHODS[method].knobs:
+                control = _control(p, method, values.get(p.name))
+                control.change(
+                    _typed(p.name),
+                    [control, edits],
+                    edits,
+                    queue=False,  # before a Run pressed right after it
+                    api_visibility="private",
+                    show_progress="hidden",
+                )
+
+
+def _typed(name: str) -> Callable[[Any, dict | None], dict]:
+    def keep(value: Any, edits: dict | None) -> dict:
+        return {**(edits or {}), name: value}
+
+    return keep
+
+
 def _wire(t: RunTab, demo: gr.Blocks) -> None:
     _wire_run(t)
     _wire_stepping(t, demo)
@@ -279,23 +314,17 @@ def _wire(t: RunTab, demo: gr.Blocks) -> None:
 def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
     """Run: decode live, streaming the tokens at once and the figures as often as drawing them
     leaves time for decoding; the finished run's full views at the end."""
-    method_params = list(t.controls)  # (method, parameter name), in the form's order
 
     @gpu
     def on_run(
-        request: gr.Request, model_id, prompt_text, method_name, budget, temp, tp, sd, *rest
+        request: gr.Request, model_id, prompt_text, method_name, budget, temp, tp, sd, knobs, edits
     ) -> Iterator[dict]:
-        values = rest
         session, begun = getattr(request, "session_hash", None), time.monotonic()
         REPLACED.add(session)
         width = WIDTHS.get(session)  # the view's width the page last said (load, resize, step)
         sampling = method_name in METHODS and METHODS[method_name].sampling
         params: dict[str, Any] = {"temperature": temp, "top_p": tp, "seed": sd} if sampling else {}
-        params |= {
-            pname: v
-            for (name, pname), v in zip(method_params, values, strict=True)
-            if name == method_name
-        }
+        params |= knob_values(method_name, knobs, edits)
         # Clear the previous run's views at once, so what streams next is this run.
         yield t.cleared("⏳ loading the model and encoding the prompt…")
         try:
@@ -456,7 +485,7 @@ def _wire_run(t: RunTab) -> None:
     run_event.then(
         snap,
         t.trace,
-        [t.max_new, t.temperature, t.top_p, t.seed, *t.controls.values(), t.status],
+        [t.max_new, t.temperature, t.top_p, t.seed, t.knobs, t.edits, t.status],
         api_visibility="private",
         show_progress="hidden",
     ).then(
@@ -602,7 +631,6 @@ def _wire_method(t: RunTab) -> None:
         if name not in METHODS:
             return {t.method_help: gr.skip()}
         return {
-            **{group: gr.Group(visible=n == name) for n, group in t.groups.items()},
             t.method_help: explainer(name),
             t.preset: gr.Dropdown(choices=_preset_choices(name)),  # its value: see below
             t.stale: stale_for(name, trace),
@@ -611,11 +639,18 @@ def _wire_method(t: RunTab) -> None:
     t.method.change(
         on_method,
         [t.method, t.trace],
-        [*t.groups.values(), t.method_help, t.preset, t.stale],
+        [t.method_help, t.preset, t.stale],
         api_visibility="private",
     )
-    # A visitor's new method starts from its defaults; a link's method keeps the link's preset.
-    t.method.input(lambda: {t.preset: "defaults"}, None, t.preset, api_visibility="private")
+
+    def on_pick(name: str) -> dict:
+        """A visitor's new method starts from its defaults; a link's, a trace's or a tour stop's
+        method comes with its own values (set beside it)."""
+        if name not in METHODS:
+            return {t.preset: gr.skip()}
+        return {t.preset: "defaults", **t.knobs_for(name, _defaults(name))}
+
+    t.method.input(on_pick, t.method, [t.preset, t.knobs, t.edits], api_visibility="private")
 
     def on_preset(method_name: str, preset_name: str) -> dict:
         """A visitor's pick sets the method's controls (only then: a link's values stay)."""
@@ -626,12 +661,12 @@ def _wire_method(t: RunTab) -> None:
             values = m.preset(preset_name)
         except KeyError:
             return {t.status: gr.skip()}
-        return {t.controls[(method_name, k)]: v for k, v in values.items()}
+        return t.knobs_for(method_name, values)
 
     t.preset.input(
         on_preset,
         [t.method, t.preset],
-        [*t.controls.values(), t.status],
+        [t.knobs, t.edits, t.status],
         api_visibility="private",
     )
     t.show_seen.change(
@@ -659,7 +694,8 @@ def _wire_links(t: RunTab, demo: gr.Blocks) -> None:
             "seed": t.seed,
         }
         out |= {fields[k]: v for k, v in link.fields.items() if k in fields}
-        out |= {t.controls[(method, k)]: v for k, v in link.params.items()}
+        if "method" in link.fields or link.params:
+            out |= t.knobs_for(method, _defaults(method) | dict(link.params))
         if "preset" in link.fields:
             out[t.preset] = gr.Dropdown(
                 choices=_preset_choices(method), value=link.fields["preset"]

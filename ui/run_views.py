@@ -162,21 +162,29 @@ def stale_note(shown: str, picked: str) -> str:
     )
 
 
-def _control(p: Param, method: str) -> gr.components.Component:
+def _control(p: Param, method: str, value: Any = None) -> gr.components.Component:
+    """A parameter's control, built from its schema (`value`: what it shows; None = its default)."""
     label = f"{p.name} — {p.help}"
     key = f"{method}-{p.name}"
+    value = p.default if value is None else value
     if p.type is bool:
-        return gr.Checkbox(value=p.default, label=label, elem_id=key)
+        return gr.Checkbox(value=value, label=label, elem_id=key, interactive=True)
     if p.choices:
-        return gr.Dropdown(list(p.choices), value=p.default, label=label, elem_id=key)
+        return gr.Dropdown(list(p.choices), value=value, label=label, elem_id=key, interactive=True)
     if p.type in (int, float) and p.min is not None and p.max is not None and p.max - p.min <= 1000:
         step = 1 if p.type is int else 0.01
-        return gr.Slider(p.min, p.max, value=p.default, step=step, label=label, elem_id=key)
+        return gr.Slider(
+            p.min, p.max, value=value, step=step, label=label, elem_id=key, interactive=True
+        )
     if p.type in (int, float):
         return gr.Number(
-            value=p.default, label=label, precision=0 if p.type is int else None, elem_id=key
+            value=value,
+            label=label,
+            precision=0 if p.type is int else None,
+            elem_id=key,
+            interactive=True,
         )
-    return gr.Textbox(value=str(p.default), label=label, elem_id=key)
+    return gr.Textbox(value=str(value), label=label, elem_id=key, interactive=True)
 
 
 def prompt_html(trace: Trace) -> str:
@@ -241,8 +249,11 @@ class RunTab:
     stop_btn: Any
     status: Any
     preset: Any
-    groups: dict[str, Any]
-    controls: dict[tuple[str, str], Any]  # (method, parameter) -> its control
+    # The chosen method's parameters are drawn by `gr.render` from `knobs` (a State: {"method":
+    # name, "values": {parameter: value}}), so the page holds one method's controls, not every
+    # method's; what a visitor types into them since is in `edits` ({parameter: value}).
+    knobs: Any
+    edits: Any
     export_btn: Any
     upload: Any
     show_seen: Any
@@ -381,7 +392,8 @@ class RunTab:
             self.temperature,
             self.top_p,
             self.seed,
-            *self.controls.values(),
+            self.knobs,
+            self.edits,
         ]
 
     def form_for(self, trace: Trace) -> dict:
@@ -397,15 +409,35 @@ class RunTab:
         if meta["max_new_tokens"] <= UI_MAX_NEW_TOKENS:
             out[self.max_new] = meta["max_new_tokens"]
         by_name = {p.name: p for p in (*METHODS[method].knobs, *SAMPLING_PARAMS)}
-        targets = {p.name: self.controls[(method, p.name)] for p in METHODS[method].knobs}
-        targets |= {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        sampling = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        values = METHODS[method].preset("defaults")
         for name, raw in (meta.get("params") or {}).items():
-            if name in by_name and name in targets:
-                try:
-                    out[targets[name]] = parse_param(by_name[name], raw)
-                except DecodingLabError:
-                    continue  # a value this build would refuse: keep the form's
-        return out
+            if name not in by_name:
+                continue
+            try:
+                value = parse_param(by_name[name], raw)
+            except DecodingLabError:
+                continue  # a value this build would refuse: keep the form's
+            if name in sampling:
+                out[sampling[name]] = value
+            else:
+                values[name] = value
+        return out | self.knobs_for(method, values)
+
+    def knobs_for(self, method: str, values: dict[str, Any]) -> dict:
+        """The method's controls drawn anew with these values (nothing typed since)."""
+        return {self.knobs: {"method": method, "values": values}, self.edits: {}}
+
+
+def knob_values(method: str, knobs: dict | None, edits: dict | None) -> dict[str, Any]:
+    """The parameters a run of `method` takes from the form, by name: the values its controls
+    were drawn with and what was typed into them since; a method whose controls are not drawn
+    (an API call naming another one) runs at its defaults."""
+    if method not in METHODS:
+        return {}
+    if not knobs or knobs.get("method") != method:
+        return METHODS[method].preset("defaults")
+    return {**knobs["values"], **(edits or {})}
 
 
 def showcase(trace: Trace) -> tuple[int, str]:

@@ -258,14 +258,16 @@ class TourTab:
     live_btn: Any
 
 
-def wire_live(tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs) -> None:
+def wire_live(
+    tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs, translation: gr.State
+) -> None:
     """Run it live: a stop's run in the Run tab (its method, prompt, budget and settings), or the
     side-by-side stop's comparison in the Compare tab (every stop's spec, the same rounds); then the
     tab's own button is pressed."""
 
     def live(request: gr.Request, key: str) -> dict:
         if key == TRANSLATION:
-            return {tabs: gr.Tabs(selected="translation")}
+            return {tabs: gr.Tabs(selected="translation"), translation: True}
         if key in KEYS and key not in (
             SIDE_BY_SIDE,
             TRANSLATION,
@@ -291,6 +293,7 @@ def wire_live(tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs) ->
 
     outputs = [
         tabs,
+        translation,
         *run.form,
         run.preset,
         compare.preset,

@@ -6,6 +6,7 @@ fertilities, the held-out metrics at that difficulty and quality against decoder
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import gradio as gr
@@ -72,27 +73,51 @@ def task_outputs(task: str) -> dict[str, Any]:
     return {"examples": example_sources(task), "metrics": table, "chart": chart}
 
 
-def build_translation_tab() -> None:
-    """Call inside a `gr.Tab`."""
+@cache
+def _start() -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the tab opens with (the first difficulty and its first sentence), computed once."""
+    start_task = task_outputs(FIRST_TASK)
+    return start_task, lab_outputs(FIRST_TASK, start_task["examples"][0])
+
+
+def build_translation_tab(tab: gr.Tab) -> gr.State:
+    """Call inside the `gr.Tab` it is: the lab is drawn the first time the tab is opened (a page
+    that never opens it builds none of it). Returns the flag that opens it (set it to True
+    beside selecting the tab, where a handler selects it)."""
+    opened = gr.State(False)
+    tab.select(lambda: True, None, opened, api_visibility="private", show_progress="hidden")
+
+    @gr.render(inputs=[opened], triggers=[opened.change], show_progress="hidden")
+    def draw(on: bool) -> None:
+        if on:
+            _draw()
+
+    return opened
+
+
+def _draw() -> None:
     gr.HTML(f"<style>{CSS}</style>", padding=False, container=False)
     gr.Markdown(INTRO, elem_id="tl-intro")
-    start_task = task_outputs(FIRST_TASK)
+    start_task, start = _start()
     first_source = start_task["examples"][0]
-    start = lab_outputs(FIRST_TASK, first_source)
     with gr.Row(equal_height=False):
-        task = gr.Dropdown(TASK_LABELS, value=FIRST_TASK, label="Difficulty", elem_id="tl-task")
+        task = gr.Dropdown(
+            TASK_LABELS, value=FIRST_TASK, label="Difficulty", elem_id="tl-task", interactive=True
+        )
         pick = gr.Dropdown(
             start_task["examples"],
             value=first_source,
             label="Held-out source sentence",
             allow_custom_value=False,
             elem_id="tl-pick",
+            interactive=True,
         )
     with gr.Row(equal_height=False):
         typed = gr.Textbox(
             first_source,
             label="…or type one (5–9 words, w0 … w19)",
             elem_id="tl-source",
+            interactive=True,
             scale=4,
         )
         go = gr.Button("Translate", variant="primary", elem_id="tl-go", scale=1)
