@@ -673,9 +673,8 @@ def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
 
     for module in (ui.run_tab, ui.run_views):  # the tab's handlers and the views they draw
         monkeypatch.setattr(module, "method_panel", broken)
-    controls = [p.default for m in METHODS.values() for p in m.knobs]
     updates = list(
-        handlers["on_run"](None, "tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, *controls)
+        handlers["on_run"](None, "tiny-random", "hi", "autoregressive", 4, 0.0, 1.0, 0, None, {})
     )
     last = updates[-1]
     assert _said(last) == [

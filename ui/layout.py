@@ -27,7 +27,7 @@ from .run_tab import forget as forget_run
 from .run_views import CSS
 from .tour import forget as forget_tour
 from .tour_tab import KEYS as TOUR_KEYS
-from .tour_tab import build_tour_tab, wire_live
+from .tour_tab import TOUR_WIDTH_ESTIMATE, build_tour_tab, wire_live
 from .traces import EXAMPLE_PROMPTS
 from .translation_tab import build_translation_tab
 
@@ -61,8 +61,9 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs() as tabs:
             with gr.Tab("Run", id="run"):
                 run_tab = build_run_tab(demo)
-            with gr.Tab("Tour", id="tour"):
-                tour_tab = build_tour_tab(tabs)
+            with gr.Tab("Tour", id="tour") as tour:
+                # drawn when first opened; its Run it live fills the tabs built below
+                tour_opened, tour_width = build_tour_tab(tour, tabs, lambda t: wire_live(*live(t)))
             with gr.Tab("Compare", id="compare"):
                 compare_tab = build_compare_tab(choices)
             with gr.Tab("Learn", id="learn"):
@@ -70,8 +71,17 @@ def build_demo() -> gr.Blocks:
             # last: on a phone it is the one behind the tab bar's "⋯"
             with gr.Tab("Translation lab", id="translation") as translation_tab:
                 translation_opened = build_translation_tab(translation_tab)
-        wire_live(tour_tab, run_tab, compare_tab, tabs, translation_opened)
-        take_tour.click(lambda: gr.Tabs(selected="tour"), None, tabs, api_visibility="private")
+
+        def live(tour_tab):
+            return tour_tab, run_tab, compare_tab, tabs, translation_opened
+
+        take_tour.click(
+            lambda w: (gr.Tabs(selected="tour"), True, w),
+            tour_width,
+            [tabs, tour_opened, tour_width],
+            js=f"(...a) => [{TOUR_WIDTH_ESTIMATE}]",
+            api_visibility="private",
+        )
 
         def on_close(request: gr.Request) -> None:
             """The page's per-session entries (Stop, width, replaced views, a tour stop's live

@@ -193,7 +193,7 @@ def _output(start: dict[str, Any]) -> dict[str, Any]:
             elem_id=f"panel{i + 2}",
             show_label=False,
         )
-        for i in range(MAX_EXTRA_PANELS)  # a method's further views, stacked
+        for i in range(EXTRA_PANELS)  # a method's further views, stacked
     ]
     timeline = gr.Plot(
         start["timeline"], label="Forward passes", elem_id="timeline", show_label=False
@@ -227,6 +227,10 @@ def _output(start: dict[str, Any]) -> dict[str, Any]:
         extras=extras,
         method_help=method_help,
     )
+
+
+# As many further views as the method that declares the most draws (at most MAX_EXTRA_PANELS).
+EXTRA_PANELS = min(MAX_EXTRA_PANELS, max(len(m.views) for m in METHODS.values()) - 1)
 
 
 def _initial(example: Trace | None) -> dict[str, Any]:

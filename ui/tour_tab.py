@@ -5,6 +5,7 @@ which fills the Run tab with the stop's method, prompt and settings and runs it 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,12 @@ from .tour import (
 
 SHOW_NARRATION = "() => document.querySelector('#tour-nav')?.scrollIntoView({block: 'start'})"
 TOUR_WIDTH = "(document.querySelector('#tour-panel')?.clientWidth || null)"
+# Before the tour is drawn there is no figure to measure: its column's share of the window (the
+# whole width on a phone, three fifths of the page's width beside the narration on a desktop).
+TOUR_WIDTH_ESTIMATE = (
+    "(window.innerWidth <= 768 ? window.innerWidth - 32"
+    " : Math.round(Math.min(window.innerWidth, 1600) * 0.55))"
+)
 KEYS = [s.key for s in STOPS] + [SIDE_BY_SIDE, TRANSLATION]
 CHOICES = [(f"{i + 1}. {s.title}", s.key) for i, s in enumerate(STOPS)] + [
     (f"{len(STOPS) + 1}. All of them side by side", SIDE_BY_SIDE),
@@ -175,15 +182,45 @@ def show(key: str, width: float | None = None) -> dict[str, Any]:
     }
 
 
-def build_tour_tab(tabs: gr.Tabs) -> TourTab:
-    """Call inside a `gr.Tab`: the stop picker, Prev / Next / Run it live, the narration, the
-    figure and the recorded tokens."""
+@dataclass
+class TourTab:
+    pick: Any
+    live_btn: Any
+
+
+def build_tour_tab(
+    tab: gr.Tab, tabs: gr.Tabs, wire: Callable[[TourTab], None]
+) -> tuple[gr.State, gr.Number]:
+    """Call inside the `gr.Tab` it is: the stop picker, Prev / Next / Run it live, the narration,
+    the figure and the recorded tokens, drawn the first time the tab opens (a page that never
+    opens it builds none of it); `wire` then connects its Run it live. Returns the flag that
+    opens it and the width it is drawn for (a handler that selects the tab sets both)."""
+    opened = gr.State(False)
+    width = gr.Number(None, visible=False, elem_id="tour-width")
+    tab.select(
+        lambda w: (True, w),
+        width,
+        [opened, width],
+        js=f"(...a) => [{TOUR_WIDTH_ESTIMATE}]",
+        api_visibility="private",
+        show_progress="hidden",
+    )
+
+    @gr.render(inputs=[opened, width], triggers=[opened.change], show_progress="hidden")
+    def draw(on: bool, w: float | None) -> None:
+        if on:
+            wire(_draw(tabs, width, w))
+
+    return opened, width
+
+
+def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None) -> TourTab:
     first = KEYS[0]
-    # The first stop drawn at once (a tab opened by the header's button fires no select event);
-    # opening the tab redraws it at the page's width.
-    start = show(first)
+    start = show(first, w)
     with gr.Row(elem_id="tour-nav"):
-        pick = gr.Dropdown(CHOICES, value=first, label="Stop", elem_id="tour-stop", scale=4)
+        pick = gr.Dropdown(
+            CHOICES, value=first, label="Stop", elem_id="tour-stop", scale=4, interactive=True
+        )
         with gr.Column(scale=1, min_width=160):
             with gr.Row():
                 prev_btn = gr.Button("◀ Prev", size="sm", elem_id="tour-prev", min_width=70)
@@ -202,7 +239,6 @@ def build_tour_tab(tabs: gr.Tabs) -> TourTab:
             with gr.Row():
                 prev_low = gr.Button("◀ Prev", size="sm", elem_id="tour-prev-low", min_width=70)
                 next_low = gr.Button("Next ▶", size="sm", elem_id="tour-next-low", min_width=70)
-    width = gr.Number(None, visible=False, elem_id="tour-width")
     outputs = [narration, tokens, metrics, panel, second, status]
 
     def on_stop(key: str, w: float | None) -> dict:
@@ -250,12 +286,6 @@ def build_tour_tab(tabs: gr.Tabs) -> TourTab:
         button.click(None, None, None, js=SHOW_NARRATION, api_visibility="private")
 
     return TourTab(pick, live_btn)
-
-
-@dataclass
-class TourTab:
-    pick: Any
-    live_btn: Any
 
 
 def wire_live(
