@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q --dist loadfile --no-loadscope-reorder
 
-.PHONY: setup app test test-fast test-recipe test-kernels lint format bench browser device-pack clean
+.PHONY: setup app test test-fast test-recipe test-kernels lint format bench browser device-pack docs clean
 
 $(STAMP): requirements.txt requirements-dev.txt scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
@@ -45,6 +45,9 @@ test-kernels: setup  ## the fast tier on other kernel paths: no oneDNN packing, 
 
 bench: setup  ## HumanEval first 20, 128 new tokens, every method and the transformers peers
 	$(PY) -m decoders.bench
+
+docs: setup  ## docs/METHODS.md from the methods' declarations (after adding or changing a method)
+	$(PY) -m decoders.docs
 
 device-pack: setup  ## pack the model and the corpora for a lent GPU (docs/GPU.md)
 	PY=$(PY) scripts/device/pack.sh
