@@ -23,9 +23,27 @@ ForwardKind = Literal["prefill", "target", "draft", "verify", "shallow", "sync",
 Origin = Literal["target", "draft", "correction", "bonus", "mask", "exit", "relaxed"]
 
 
+EVENT_TYPES: dict[str, type[Event]] = {}  # filled by Event.__init_subclass__
+
+
 @dataclass(frozen=True)
 class Event:
+    """An event type registers itself by being defined: a subclass that names its `type` joins
+    EVENT_TYPES (what a trace file may hold, what a method may declare)."""
+
     type: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("type")
+        if isinstance(name, str):
+            if name in EVENT_TYPES and EVENT_TYPES[name].__qualname__ != cls.__qualname__:
+                raise TypeError(f"two event types named {name!r}")
+            EVENT_TYPES[name] = cls
+
+    def token_ids(self) -> list[int]:
+        """Every token id the event names: what a view may need the text of."""
+        return []
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
@@ -48,6 +66,9 @@ class Prefill(Event):
             list(self.prompt_ids) == list(c.prompt_ids),
             f"{where}: prompt_ids differ from the trace's",
         )
+
+    def token_ids(self) -> list[int]:
+        return list(self.prompt_ids)
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,9 @@ class Draft(Event):
         c.need(self.step not in c.drafted, f"{where}: step {self.step} drafts twice")
         c.drafted[self.step] = list(self.parents)
 
+    def token_ids(self) -> list[int]:
+        return list(self.tokens)
+
 
 @dataclass(frozen=True)
 class Verify(Event):
@@ -168,6 +192,10 @@ class Verify(Event):
         )
         c.tokens(self.preferred, f"{where}.preferred")
 
+    def token_ids(self) -> list[int]:
+        # the target's token, and its own where the relaxed rule took another
+        return ([] if self.correction is None else [self.correction]) + list(self.preferred)
+
 
 @dataclass(frozen=True)
 class TopK(Event):
@@ -185,6 +213,9 @@ class TopK(Event):
             len(self.tokens) == len(self.probs), f"{where}: tokens and probs must be equally long"
         )
         c.probs(self.probs, where)
+
+    def token_ids(self) -> list[int]:
+        return list(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -218,6 +249,9 @@ class Commit(Event):
             f"{where}: origins must be among {', '.join(sorted(origins))}",
         )
         c.probs(self.probs, where)
+
+    def token_ids(self) -> list[int]:
+        return list(self.tokens)
 
 
 @dataclass(frozen=True)

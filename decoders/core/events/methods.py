@@ -57,6 +57,9 @@ class JacobiIteration(Event):
             f"(or -1), got {self.start!r}",
         )
 
+    def token_ids(self) -> list[int]:
+        return list(self.tokens)
+
 
 @dataclass(frozen=True)
 class NgramPool(Event):
@@ -84,6 +87,10 @@ class NgramPool(Event):
             c.need(len(entry) >= 2 and entry[0] >= 0, f"{where}: top entries are (count, *tokens)")
             c.tokens(entry[1:], f"{where}.top")
 
+    def token_ids(self) -> list[int]:
+        # a `top` entry is (hit count, *n-gram)
+        return [t for gram in self.added for t in gram] + [t for e in self.top for t in e[1:]]
+
 
 @dataclass(frozen=True)
 class LookaheadWindow(Event):
@@ -109,6 +116,9 @@ class LookaheadWindow(Event):
             f"{where}: the window is at most {MAX_DRAFT_NODES} wide and "
             f"{max(NGRAM_SIZES)} levels deep",
         )
+
+    def token_ids(self) -> list[int]:
+        return [t for level in self.levels for t in level] + list(self.outputs)
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,9 @@ class AttentionMask(Event):
             and len(self.branches) in (0, len(self.labels)),
             f"{where}: input_ids and branches must have one entry per label",
         )
+
+    def token_ids(self) -> list[int]:
+        return list(self.input_ids)
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,9 @@ class Recycled(Event):
             f"{where}: refreshed must say true or false for every row",
         )
 
+    def token_ids(self) -> list[int]:
+        return [t for row in self.rows for t in row]
+
 
 @dataclass(frozen=True)
 class HeadProposals(Event):
@@ -245,6 +261,9 @@ class HeadProposals(Event):
         c.probs(tuple(p for row in self.probs for p in row), where)
         # Head 1 guesses the first position after what the earlier steps committed.
         c.position(self.position, self.step, where)
+
+    def token_ids(self) -> list[int]:
+        return [t for row in self.heads for t in row]
 
 
 @dataclass(frozen=True)
@@ -286,6 +305,9 @@ class MaskGroups(Event):
         )
         c.position(self.position, self.step, where)
 
+    def token_ids(self) -> list[int]:
+        return [*self.candidates, *(t for row in self.groups for t in row), *self.guesses]
+
 
 @dataclass(frozen=True)
 class MaskPredictStep(Event):
@@ -320,6 +342,9 @@ class MaskPredictStep(Event):
             f"{where}: iteration must be a whole number in 0..{MAX_DRAFT_NODES}",
         )
         c.position(self.position, self.step, where)
+
+    def token_ids(self) -> list[int]:
+        return list(self.tokens)
 
 
 @dataclass(frozen=True)
