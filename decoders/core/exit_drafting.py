@@ -26,16 +26,24 @@ then the LM head) or LayerSkip's shared final norm and LM head on a model tuned 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Protocol
 
 import torch
+from transformers import DynamicCache
 
 from decoders.core.base import Budget, DecodeConfig
 from decoders.core.events import Draft, DraftStop, Event, Forward, Prefill
 from decoders.core.models import ModelBundle
-from decoders.core.runtime import forward, forward_from, forward_shallow, new_cache
-from decoders.core.steps import draft_until_unsure, settle_chain, settle_tree
+from decoders.core.runtime import (
+    ForwardResult,
+    forward,
+    forward_from,
+    forward_shallow,
+    new_cache,
+)
+from decoders.core.sampling import Sampler
+from decoders.core.steps import DraftedChain, draft_until_unsure, settle_chain, settle_tree
 from decoders.core.tree import chain, tree_mask, tree_positions, with_root
 
 
@@ -67,17 +75,8 @@ def decode(
     # The target's cache, every layer: drafting fills 1..ℓ; the verify pass fills ℓ+1..L, and
     # 1..ℓ for the inputs no draft forward fed (the last draft token, the runners-up)
     cache = new_cache(bundle)
-
-    yield Prefill(tuple(prompt_ids))
-    out = forward(
-        bundle, cache, prompt_ids, step=0, kind="prefill", logits_to_keep=1, hidden_at=(exit_layer,)
-    )
-    yield out.event
-    read = head.prefill(out.hidden[exit_layer])
-    if read is not None:
-        yield read
     context = list(prompt_ids)
-    yield from settle_chain(cache, context, [], out.logits, sampler, budget, 0)
+    no_states = yield from _prefill(bundle, cache, context, exit_layer, head, sampler, budget)
 
     step = 0
     while not budget.done:
@@ -88,16 +87,7 @@ def decode(
         # as point masses (the multi-draft rule), where a draw from q would be wasted: draft q's
         # top token, its runners-up after it.
         drafted = yield from draft_until_unsure(
-            lambda j, token, step=step, at=in_cache: forward_shallow(
-                bundle,
-                cache,
-                [token],
-                exit_layer,
-                step=step,
-                kind="draft",
-                positions=[at + j],
-                exit_head=head.head(at + j),
-            ),
+            _shallow_draft(bundle, cache, exit_layer, head, step, in_cache),
             context[-1],
             min(gamma, budget.remaining - 1),  # the target adds one token of its own
             gamma,
@@ -106,36 +96,14 @@ def decode(
             eos_ids=budget.eos_ids,
             pick_top=bool(siblings),
         )
-        draft, q_rows, confidences, reason = (
-            drafted.tokens,
-            drafted.q_rows,
-            drafted.confidences,
-            drafted.reason,
-        )
-        states = [d.hidden[exit_layer] for d in drafted.outs]  # h_ℓ of x, d_1 .. d_{n-1}
-        yield DraftStop(step, eta, tuple(confidences), reason)
+        draft, q_rows = drafted.tokens, drafted.q_rows
+        yield DraftStop(step, eta, tuple(drafted.confidences), drafted.reason)
         tokens, parents, probs = with_runners_up(draft, q_rows, siblings)
         if tokens:
             source = head.label + (" + runners-up" if len(tokens) > len(draft) else "")
             yield Draft(step, source, tuple(tokens), tuple(parents), probs)
-
-        # Verify: layers ℓ+1..L only, on the states drafting left; the last draft token (x when
-        # nothing was drafted) and the runners-up have not been through layers 1..ℓ yet and run
-        # them first.
-        leaves = tokens[len(draft) :]
-        shape = {}  # a chain: causal; a tree: each input at its depth, seeing its ancestors only
-        if leaves:
-            tree = with_root(parents)
-            shape = dict(positions=tree_positions(tree, in_cache), mask=tree_mask(tree, in_cache))
-        v_out = forward_from(
-            bundle,
-            cache,
-            torch.cat(states) if states else out.hidden[exit_layer][:0],
-            exit_layer,
-            step=step,
-            kind="verify" if draft else "target",
-            tokens=[draft[-1] if draft else context[-1], *leaves],
-            **shape,
+        v_out = _verify(
+            bundle, cache, context, exit_layer, step, drafted, tokens, parents, no_states
         )
         yield v_out.event
         if siblings:  # a tree of point-mass drafts (a chain where no runner-up was left)
@@ -147,6 +115,91 @@ def decode(
                 cache, context, draft, v_out.logits, sampler, budget, step, q_rows
             )
         head.settle(in_cache, len(draft), verdict.accepted, v_out.hidden[exit_layer])
+
+
+def _prefill(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    context: list[int],
+    exit_layer: int,
+    head: ExitHead,
+    sampler: Sampler,
+    budget: Budget,
+) -> Generator[Event, None, torch.Tensor]:
+    """The prompt (`context`) through every layer, its layer-ℓ states to the exit head, and the
+    first token from the full model, committed to `context`. Returns an empty [0, d] block of
+    layer-ℓ states, for a verify pass with nothing drafted."""
+    yield Prefill(tuple(context))
+    out = forward(
+        bundle, cache, context, step=0, kind="prefill", logits_to_keep=1, hidden_at=(exit_layer,)
+    )
+    yield out.event
+    read = head.prefill(out.hidden[exit_layer])
+    if read is not None:
+        yield read
+    yield from settle_chain(cache, context, [], out.logits, sampler, budget, 0)
+    return out.hidden[exit_layer][:0]
+
+
+def _shallow_draft(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    exit_layer: int,
+    head: ExitHead,
+    step: int,
+    in_cache: int,
+) -> Callable[[int, int], ForwardResult]:
+    """The j-th draft forward of this step: one token through layers 1..ℓ and the exit head, at
+    the position after the `in_cache` committed ones and the j drafts before it."""
+
+    def propose(j: int, token: int) -> ForwardResult:
+        return forward_shallow(
+            bundle,
+            cache,
+            [token],
+            exit_layer,
+            step=step,
+            kind="draft",
+            positions=[in_cache + j],
+            exit_head=head.head(in_cache + j),
+        )
+
+    return propose
+
+
+def _verify(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    context: list[int],
+    exit_layer: int,
+    step: int,
+    drafted: DraftedChain,
+    tokens: list[int],
+    parents: list[int],
+    no_states: torch.Tensor,
+) -> ForwardResult:
+    """The verify pass: layers ℓ+1..L only, on the states drafting left (h_ℓ of x, d_1 ..
+    d_{n-1}); the last draft token (x when nothing was drafted) and the runners-up have not been
+    through layers 1..ℓ yet and run them first. A chain is causal; a tree puts each input at its
+    depth, seeing its ancestors only."""
+    draft = drafted.tokens
+    states = [d.hidden[exit_layer] for d in drafted.outs]
+    leaves = tokens[len(draft) :]
+    shape = {}
+    if leaves:
+        in_cache = len(context) - 1
+        tree = with_root(parents)
+        shape = dict(positions=tree_positions(tree, in_cache), mask=tree_mask(tree, in_cache))
+    return forward_from(
+        bundle,
+        cache,
+        torch.cat(states) if states else no_states,
+        exit_layer,
+        step=step,
+        kind="verify" if draft else "target",
+        tokens=[draft[-1] if draft else context[-1], *leaves],
+        **shape,
+    )
 
 
 def with_runners_up(

@@ -89,30 +89,50 @@ def forward(
         KV, so the layers' caches differ in length until the cache is cropped back).
     features: also return the final features (the norm's output, every input) for EAGLE's head.
     """
-    model = bundle.model
-    device = bundle.device
-    ids = torch.as_tensor(tokens, dtype=torch.long, device=device).view(1, -1)
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=bundle.device).view(1, -1)
     n = ids.shape[1]
-    past = cache.get_seq_length()
-    pos = (
-        torch.arange(past, past + n, device=device)
-        if positions is None
-        else torch.as_tensor(positions, dtype=torch.long, device=device)
-    ).view(1, -1)
+    pos = _positions(bundle, positions, cache.get_seq_length(), n)
     if mask is not None:
-        mask = mask.to(device=device, dtype=bundle.dtype)
+        mask = mask.to(device=bundle.device, dtype=bundle.dtype)
     layer_ids = _layer_ids(bundle, layers, need_inner=features or bool(hidden_at))
+    if skip:
+        assert n == 1 and positions is not None, "skip-layer forwards take one token at a position"
 
     # No hooks, no attributes: the model is shared by concurrent runs, so everything this forward
     # computes stays in local variables (a hook on a shared module fires for every run's forward).
     start = time.perf_counter()
-    feats = None
+    logits, feats, hidden, n_layers = _run_model(
+        bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at, skip, features
+    )
+    if feats is not None:  # [1, n, d] after the final norm: the LM head reads the kept rows
+        logits = bundle.model.lm_head(feats[:, -logits_to_keep:] if logits_to_keep else feats)[0]
+    wall_ms = elapsed_ms(bundle, start)
+    event = Forward(step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=wall_ms)
+    return ForwardResult(logits.float(), hidden, event, feats[0] if features else None)
+
+
+def _run_model(
+    bundle: ModelBundle,
+    cache: DynamicCache,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    mask: torch.Tensor | None,
+    layer_ids: list[int] | None,
+    logits_to_keep: int,
+    hidden_at: Sequence[int],
+    skip: SkipSet | None,
+    features: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[int, torch.Tensor], int]:
+    """`forward`'s model pass, by the cheapest path that gives what was asked: the model's own
+    forward (logits), its inner model (final features), or the decoder layers written out (a
+    partial depth, hidden states) or as their residual blocks (skipped sublayers). Returns the
+    logits (None where the LM head is still to run), the final features [1, n, d] (None for the
+    model's own forward), the hidden states asked for and the decoder layers run."""
+    model = bundle.model
     if skip:
-        assert n == 1 and positions is not None, "skip-layer forwards take one token at a position"
         feats = _forward_skipping(bundle, cache, ids, pos, skip)
-        hidden: dict[int, torch.Tensor] = {}
-        n_layers = bundle.n_layers - len(skip.attn & skip.mlp)
-    elif layer_ids is None and not (features or hidden_at):
+        return None, feats, {}, bundle.n_layers - len(skip.attn & skip.mlp)
+    if layer_ids is None and not (features or hidden_at):
         # The plain path: the model's own forward, which works for any causal LM.
         out = model(
             input_ids=ids,
@@ -122,8 +142,8 @@ def forward(
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
-        logits, hidden, n_layers = out.logits[0], {}, bundle.n_layers
-    elif layer_ids is None and not hidden_at:
+        return out.logits[0], None, {}, bundle.n_layers
+    if layer_ids is None and not hidden_at:
         # Full depth with features: the inner model's output is the final norm's (what the LM
         # head reads), then the head on the kept rows, exactly as the model's own forward does.
         feats = model.model(
@@ -133,18 +153,12 @@ def forward(
             **cache_arg(cache),
             use_cache=True,
         ).last_hidden_state
-        hidden, n_layers = {}, bundle.n_layers
-    else:
-        # transformers records hidden states with hooks it installs on the shared layers; our own
-        # layer loop hands them back as return values instead.
-        run = layer_ids if layer_ids is not None else list(range(bundle.n_layers))
-        feats, hidden = _forward_layers(bundle, cache, ids, pos, mask, run, hidden_at)
-        n_layers = len(run)
-    if feats is not None:  # [1, n, d] after the final norm: the LM head reads the kept rows
-        logits = model.lm_head(feats[:, -logits_to_keep:] if logits_to_keep else feats)[0]
-    wall_ms = elapsed_ms(bundle, start)
-    event = Forward(step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=wall_ms)
-    return ForwardResult(logits.float(), hidden, event, feats[0] if features else None)
+        return None, feats, {}, bundle.n_layers
+    # transformers records hidden states with hooks it installs on the shared layers; our own
+    # layer loop hands them back as return values instead.
+    run = layer_ids if layer_ids is not None else list(range(bundle.n_layers))
+    feats, hidden = _forward_layers(bundle, cache, ids, pos, mask, run, hidden_at)
+    return None, feats, hidden, len(run)
 
 
 def _layer_ids(

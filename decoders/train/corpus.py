@@ -18,30 +18,51 @@ that shares any word 8-gram with them is dropped, and the card reports how many 
 from __future__ import annotations
 
 import argparse
-import ast
-import gzip
-import importlib.metadata
-import importlib.util
 import json
 import math
-import multiprocessing
-import os
 import random
 import re
 import shlex
 import sys
-import sysconfig
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from decoders.core.models import ModelBundle, cache_dir
 
-NGRAM = 8  # decontamination: word n-grams shared with a benchmark prompt
+# The corpus's parts, each a module of its own; their names stay importable from here.
+from decoders.train.code_sources import (  # noqa: F401
+    SKIP_DIRS,
+    _file_prompts,
+    _python_files,
+    code_chunks,
+    function_prompts,
+    source_files,
+)
+from decoders.train.decontamination import (  # noqa: F401
+    BENCHMARKS_ENV,
+    NGRAM,
+    _words,
+    benchmark_files,
+    benchmark_ngrams,
+    benchmark_sources,
+    benchmark_texts,
+    benchmarks_against,
+    contaminated,
+    ngrams,
+)
+from decoders.train.generation import (  # noqa: F401
+    _greedy,
+    answer,
+    chat_prefix,
+    complete,
+    magpie_turns,
+    pre_query,
+)
 
 TASKS = (  # (kind, template); {text} is a passage the model wrote itself
     ("summarize", "Summarize the following text in two or three sentences.\n\n{text}"),
@@ -256,6 +277,9 @@ class Clock:
 
 
 def build(bundle: ModelBundle, args: argparse.Namespace, started: float | None = None) -> Corpus:
+    """Generate the corpus these options name (seeded): the chat part (Magpie user turns and the
+    target's answers), the task turns around passages it wrote, then the code; decontaminated
+    part by part, stopped in time under --deadline, with the report its card keeps."""
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
@@ -267,89 +291,136 @@ def build(bundle: ModelBundle, args: argparse.Namespace, started: float | None =
     def until(part: str) -> float:
         return clock.until(part) if clock is not None else math.inf
 
-    cut: dict[str, int] = {}
-    against = {name: len(texts) for name, texts in benchmark_sources().items()}
-    missing = [name for name, n in against.items() if not n]
-    if missing:
-        # A corpus built without them is not decontaminated against them: never silently (a
-        # lent GPU's first corpus had neither, and reported "none removed").
-        message = (
-            f"no {' and no '.join(missing)} prompts on this machine to decontaminate against "
-            f"(set {BENCHMARKS_ENV} to a folder with question.jsonl and HumanEval.jsonl.gz)"
-        )
-        if getattr(args, "require_benchmarks", False):
-            raise SystemExit(f"error: {message}")
-        print(f"warning: {message}", file=sys.stderr)
-    banned = benchmark_ngrams()
-    removed: dict[str, int] = {}
+    against = benchmarks_against(getattr(args, "require_benchmarks", False))
+    parts = Parts(benchmark_ngrams())
+    chat_turns = chat_part(bundle, args, rng, parts, until) if args.chat else []
+    if args.tasks and parts.docs:
+        task_part(bundle, args, rng, parts, chat_turns, until)
+    if args.code or args.chunks:
+        code_part(bundle, args, rng, parts, until)
+    # What --deadline left ungenerated (user turns never sampled, answers never written):
+    # prompts run shortest first, so a cut drops the longest ones.
+    cut = {"cut_by_deadline": parts.cut, "deadline_s": deadline} if clock else {}
+    report = build_report(bundle, parts, against, t0, cut)
+    print(f"corpus: {json.dumps(report)}", file=sys.stderr)
+    return Corpus(parts.docs, parts.sources, report)
 
-    def clean(kind: str, texts: list[str]) -> list[str]:
-        kept = [t for t in texts if not contaminated(t, banned)]
-        removed[kind] = removed.get(kind, 0) + len(texts) - len(kept)
+
+@dataclass
+class Parts:
+    """What a build has made so far: the documents and their sources; per part, what the
+    decontamination removed, what --deadline cut, and the seconds it took."""
+
+    banned: set[tuple[str, ...]]  # the benchmarks' word n-grams
+    docs: list[list[int]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    removed: dict[str, int] = field(default_factory=dict)
+    cut: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+
+    def clean(self, kind: str, texts: list[str]) -> list[str]:
+        """`texts` less the contaminated ones, counted as removed from `kind`."""
+        kept = [t for t in texts if not contaminated(t, self.banned)]
+        self.removed[kind] = self.removed.get(kind, 0) + len(texts) - len(kept)
         return kept
 
-    docs: list[list[int]] = []
-    sources: list[str] = []
-    timings: dict[str, float] = {}
-    chat_turns: list[str] = []
-    if args.chat:
-        t = time.perf_counter()
-        stop = until("user turns")
-        turns = magpie_turns(bundle, args.chat, args.gen_batch, rng, until=stop)
-        if stop != math.inf:
-            cut["user turns"] = args.chat - len(turns)  # (a few may be tries that failed)
-        chat_turns = clean("chat", turns)
-        answers = answer(
-            bundle, chat_turns, args.answer_tokens, args.gen_batch, "answering", until("answers")
+    def add(self, source: str, docs: list[list[int]]) -> None:
+        self.docs += docs
+        self.sources += [source] * len(docs)
+
+
+def chat_part(
+    bundle: ModelBundle,
+    args: argparse.Namespace,
+    rng: random.Random,
+    parts: Parts,
+    until: Callable[[str], float],
+) -> list[str]:
+    """`--chat` user turns the model writes itself, answered greedily: the chat documents.
+    Returns the turns kept, in their documents' order (the task part reads their answers)."""
+    t = time.perf_counter()
+    stop = until("user turns")
+    turns = magpie_turns(bundle, args.chat, args.gen_batch, rng, until=stop)
+    if stop != math.inf:
+        parts.cut["user turns"] = args.chat - len(turns)  # (a few may be tries that failed)
+    chat_turns = parts.clean("chat", turns)
+    answers = answer(
+        bundle, chat_turns, args.answer_tokens, args.gen_batch, "answering", until("answers")
+    )
+    parts.cut["answers"] = answers.count(None)
+    done = [i for i, a in enumerate(answers) if a is not None]
+    keep = [i for i in done if not contaminated(bundle.decode(answers[i]), parts.banned)]
+    parts.removed["chat_answers"] = len(done) - len(keep)
+    parts.add("chat", [answers[i] for i in keep])
+    parts.timings["chat_s"] = round(time.perf_counter() - t)
+    return [chat_turns[i] for i in keep]
+
+
+def task_part(
+    bundle: ModelBundle,
+    args: argparse.Namespace,
+    rng: random.Random,
+    parts: Parts,
+    chat_turns: list[str],
+    until: Callable[[str], float],
+) -> None:
+    """`--tasks` task turns (TASKS) around passages of the chat answers, answered greedily."""
+    t = time.perf_counter()
+    passages = [
+        p
+        for p in (
+            bundle.decode(d[len(chat_prefix(bundle, turn)) :])
+            for d, turn in zip(parts.docs, chat_turns, strict=True)
         )
-        cut["answers"] = answers.count(None)
-        done = [i for i, a in enumerate(answers) if a is not None]
-        keep = [i for i in done if not contaminated(bundle.decode(answers[i]), banned)]
-        removed["chat_answers"] = len(done) - len(keep)
-        chat_turns = [chat_turns[i] for i in keep]
-        docs += [answers[i] for i in keep]
-        sources += ["chat"] * len(keep)
-        timings["chat_s"] = round(time.perf_counter() - t)
-    if args.tasks and docs:
-        t = time.perf_counter()
-        passages = [
-            p
-            for p in (
-                bundle.decode(d[len(chat_prefix(bundle, turn)) :])
-                for d, turn in zip(docs, chat_turns, strict=True)
-            )
-            if 300 <= len(p) <= 1500
-        ]
-        rng.shuffle(passages)
-        turns = [
-            rng.choice(TASKS)[1].format(text=p.strip().removesuffix("<|im_end|>").strip())
-            for p in passages[: args.tasks]
-        ]
-        turns = clean("task", turns)
-        answers = answer(
-            bundle, turns, args.answer_tokens, args.gen_batch, "task answers", until("tasks")
-        )
-        cut["tasks"] = answers.count(None)
-        answers = [a for a in answers if a and not contaminated(bundle.decode(a), banned)]
-        docs += answers
-        sources += ["task"] * len(answers)
-        timings["task_s"] = round(time.perf_counter() - t)
-    if args.code or args.chunks:
-        t = time.perf_counter()
-        files, labels = source_files(args.sources.split(","))
-        prompts = function_prompts(files)
-        rng.shuffle(prompts)
-        prompts = clean("code", sorted(prompts[: args.code], key=len))
-        done = complete(bundle, prompts, args.code_tokens, args.gen_batch, until("code"))
-        cut["code"] = done.count(None)
-        code = [c for c in done if c is not None]
-        chunks = clean("code_chunks", code_chunks(files, args.chunks, args.chunk_chars, rng))
-        code += [bundle.encode(c, chat=False)[:512] for c in chunks]
-        docs += code
-        sources += ["code"] * len(code)
-        timings["code_s"] = round(time.perf_counter() - t)
-        timings["code_sources"] = labels  # type: ignore[assignment]
-    report = {
+        if 300 <= len(p) <= 1500
+    ]
+    rng.shuffle(passages)
+    turns = [
+        rng.choice(TASKS)[1].format(text=p.strip().removesuffix("<|im_end|>").strip())
+        for p in passages[: args.tasks]
+    ]
+    turns = parts.clean("task", turns)
+    answers = answer(
+        bundle, turns, args.answer_tokens, args.gen_batch, "task answers", until("tasks")
+    )
+    parts.cut["tasks"] = answers.count(None)
+    answers = [a for a in answers if a and not contaminated(bundle.decode(a), parts.banned)]
+    parts.add("task", answers)
+    parts.timings["task_s"] = round(time.perf_counter() - t)
+
+
+def code_part(
+    bundle: ModelBundle,
+    args: argparse.Namespace,
+    rng: random.Random,
+    parts: Parts,
+    until: Callable[[str], float],
+) -> None:
+    """`--code` documented functions of `--sources` continued greedily by the target (shortest
+    first), then `--chunks` raw source chunks."""
+    t = time.perf_counter()
+    files, labels = source_files(args.sources.split(","))
+    prompts = function_prompts(files)
+    rng.shuffle(prompts)
+    prompts = parts.clean("code", sorted(prompts[: args.code], key=len))
+    done = complete(bundle, prompts, args.code_tokens, args.gen_batch, until("code"))
+    parts.cut["code"] = done.count(None)
+    code = [c for c in done if c is not None]
+    chunks = parts.clean("code_chunks", code_chunks(files, args.chunks, args.chunk_chars, rng))
+    code += [bundle.encode(c, chat=False)[:512] for c in chunks]
+    parts.add("code", code)
+    parts.timings["code_s"] = round(time.perf_counter() - t)
+    parts.timings["code_sources"] = labels
+
+
+def build_report(
+    bundle: ModelBundle, parts: Parts, against: dict[str, int], t0: float, cut: dict[str, Any]
+) -> dict[str, Any]:
+    """The corpus's report: documents and tokens per source, the decontamination (the rule, the
+    texts checked, what it removed), the build's minutes since `t0`, `cut` (what --deadline left
+    out, when there was one) and each part's seconds."""
+    docs, sources = parts.docs, parts.sources
+    return {
         "documents": {s: sources.count(s) for s in sorted(set(sources))},
         "tokens": {
             s: sum(len(d) for d, src in zip(docs, sources, strict=True) if src == s)
@@ -358,289 +429,15 @@ def build(bundle: ModelBundle, args: argparse.Namespace, started: float | None =
         "decontamination": {
             "rule": f"drop a document sharing any word {NGRAM}-gram with a Spec-Bench question "
             "or a HumanEval prompt",
-            "benchmark_ngrams": len(banned),
+            "benchmark_ngrams": len(parts.banned),
             "benchmark_texts": against,  # Spec-Bench turns, HumanEval prompts: 0 = not checked
-            "removed": removed,
+            "removed": parts.removed,
         },
         "build_minutes": round((time.perf_counter() - t0) / 60, 1),
-        # What --deadline left ungenerated (user turns never sampled, answers never written):
-        # prompts run shortest first, so a cut drops the longest ones.
-        **({"cut_by_deadline": cut, "deadline_s": deadline} if clock else {}),
-        **timings,
+        **cut,
+        **parts.timings,
         "device": str(bundle.device),
     }
-    print(f"corpus: {json.dumps(report)}", file=sys.stderr)
-    return Corpus(docs, sources, report)
-
-
-# --- chat ---------------------------------------------------------------------------------------
-
-
-def chat_prefix(bundle: ModelBundle, turn: str) -> list[int]:
-    return bundle.encode(turn, chat=True)
-
-
-def pre_query(bundle: ModelBundle) -> list[int]:
-    """The chat template up to where a user's message begins (system turn included)."""
-    marker = "\x00USER\x00"
-    text = bundle.tokenizer.apply_chat_template(
-        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=False
-    )
-    return bundle.tokenizer(text[: text.index(marker)], add_special_tokens=False).input_ids
-
-
-@torch.inference_mode()
-def magpie_turns(
-    bundle: ModelBundle,
-    n: int,
-    batch: int,
-    rng: random.Random,
-    max_tokens: int = 80,
-    until: float = math.inf,
-) -> list[str]:
-    """`n` distinct user messages the model writes itself when handed the template up to a user
-    turn (temperature 1). A message must end on its own (EOS before `max_tokens`), have 3 to 80
-    words, and differ from every kept one in its normalised text and its first six words. Fewer
-    when time.perf_counter() passes `until`."""
-    prefix = pre_query(bundle)
-    x = torch.tensor([prefix] * batch, device=bundle.device)
-    kept: list[str] = []
-    seen: set[str] = set()
-    tries = 0
-    with tqdm(total=n, desc="user turns", file=sys.stderr) as bar:
-        last = 0.0  # the last batch's seconds: a batch that would not end in time is not begun
-        while len(kept) < n and tries < 4 * n and time.perf_counter() + last < until:
-            began = time.perf_counter()
-            torch.manual_seed(rng.randrange(2**31))
-            out = bundle.model.generate(
-                input_ids=x,
-                attention_mask=torch.ones_like(x),
-                do_sample=True,
-                temperature=1.0,
-                top_p=0.995,
-                max_new_tokens=max_tokens,
-                pad_token_id=min(bundle.eos_ids),
-            )
-            tries += batch
-            last = time.perf_counter() - began
-            for row in out[:, len(prefix) :].tolist():
-                end = next((i for i, t in enumerate(row) if t in bundle.eos_ids), None)
-                if end is None:
-                    continue
-                text = bundle.decode(row[:end]).strip()
-                words = text.split()
-                norm = " ".join(re.findall(r"[a-z0-9]+", text.lower()))
-                first = " ".join(norm.split()[:6])
-                if not 3 <= len(words) <= 80 or "<|" in text or norm in seen or first in seen:
-                    continue
-                seen |= {norm, first}
-                kept.append(text)
-                bar.update(1)
-                if len(kept) == n:
-                    break
-    return kept
-
-
-def answer(
-    bundle: ModelBundle,
-    turns: list[str],
-    max_new_tokens: int,
-    batch: int,
-    desc: str,
-    until: float = math.inf,
-) -> list[list[int] | None]:
-    """Each turn in the chat template, answered greedily by the target: template + answer ids
-    (None: not reached by `until`)."""
-    prompts = [chat_prefix(bundle, t) for t in turns]
-    return _greedy(bundle, prompts, max_new_tokens, batch, desc, until)
-
-
-def complete(
-    bundle: ModelBundle,
-    prompts: list[str],
-    max_new_tokens: int,
-    batch: int,
-    until: float = math.inf,
-) -> list[list[int] | None]:
-    """Greedy continuations of raw-text prompts (no chat template): prompt + completion ids
-    (None: not reached by `until`)."""
-    ids = [bundle.encode(p, chat=False) for p in prompts]
-    return _greedy(bundle, ids, max_new_tokens, batch, "code completions", until)
-
-
-@torch.inference_mode()
-def _greedy(
-    bundle: ModelBundle,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    batch: int,
-    desc: str,
-    until: float = math.inf,
-) -> list[list[int] | None]:
-    """Batched greedy generation, left-padded, prompts of similar length together; results in
-    the input order, each cut after its first EOS. Batches that would not end by
-    time.perf_counter() `until` (as long as the last one took) are left out (None)."""
-    pad = min(bundle.eos_ids)
-    out: list[list[int] | None] = [None] * len(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    last = 0.0  # the last batch's seconds: a batch that would not end in time is not begun
-    for k in tqdm(range(0, len(order), batch), desc=desc, file=sys.stderr):
-        began = time.perf_counter()
-        if began + last >= until:
-            break
-        group = order[k : k + batch]
-        width = max(len(prompts[i]) for i in group)
-        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in group])
-        mask = torch.tensor(
-            [[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in group]
-        )
-        gen = bundle.model.generate(
-            input_ids=ids.to(bundle.device),
-            attention_mask=mask.to(bundle.device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-        )
-        for i, row in zip(group, gen[:, width:].tolist(), strict=True):
-            stop = next((j + 1 for j, t in enumerate(row) if t in bundle.eos_ids), len(row))
-            out[i] = prompts[i] + row[:stop]
-        last = time.perf_counter() - began
-    return out
-
-
-# --- code ---------------------------------------------------------------------------------------
-
-
-SKIP_DIRS = {"test", "tests", "testing", "idlelib", "site-packages", "lib2to3", "turtledemo"}
-
-
-def _python_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(root).parts))
-
-
-def source_files(sources: list[str]) -> tuple[list[Path], list[str]]:
-    """The .py files of each source ('stdlib', or an installed package such as 'numpy'), and a
-    label per source with its version, for the card."""
-    files, labels = [], []
-    for name in sources:
-        if name == "stdlib":
-            files += _python_files(Path(sysconfig.get_paths()["stdlib"]))
-            labels.append(f"Python {sys.version.split()[0]} standard library")
-            continue
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
-            raise SystemExit(f"error: --sources: no installed package {name!r}")
-        files += _python_files(Path(next(iter(spec.submodule_search_locations))))
-        # The import name can differ from the distribution's (sklearn is scikit-learn).
-        dists = importlib.metadata.packages_distributions().get(name, [name])
-        try:
-            labels.append(f"{name} {importlib.metadata.version(dists[0])}")
-        except importlib.metadata.PackageNotFoundError:
-            labels.append(name)
-    return files, labels
-
-
-def function_prompts(files: list[Path]) -> list[str]:
-    """Every documented top-level function, cut right after its docstring: signature + docstring,
-    the shape of a code-completion prompt. Files are parsed in parallel, results kept in order."""
-    if len(files) < 64:
-        found = [_file_prompts(path) for path in files]
-    else:
-        with multiprocessing.get_context("fork").Pool() as pool:  # workers only parse text
-            found = pool.map(_file_prompts, files, chunksize=16)
-    # Once each: packages copy helpers between modules (transformers' "Copied from": 2951
-    # prompts, 1831 distinct), which would weigh them many times over.
-    return list(dict.fromkeys(p for prompts in found for p in prompts))
-
-
-def _file_prompts(path: Path) -> list[str]:
-    try:
-        source = path.read_text(encoding="utf-8")
-        tree = ast.parse(source)
-    except (SyntaxError, UnicodeDecodeError, ValueError):
-        return []
-    lines, prompts = source.splitlines(), []
-    for node in tree.body:
-        if not isinstance(node, ast.FunctionDef) or not node.body:
-            continue
-        doc = ast.get_docstring(node)
-        if not doc or not 40 <= len(doc) <= 1200 or len(node.body) < 2:
-            continue
-        header = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
-        if len(header) <= 2000:
-            prompts.append(header)
-    return prompts
-
-
-def code_chunks(files: list[Path], n: int, chars: int, rng: random.Random) -> list[str]:
-    """`n` random spans of raw source, each starting at a line boundary."""
-    texts = [t for t in (p.read_text(encoding="utf-8", errors="replace") for p in files) if t]
-    chunks: list[str] = []
-    while len(chunks) < n and any(len(t) >= chars for t in texts):
-        text = rng.choice(texts)
-        if len(text) < chars:
-            continue
-        start = text.rfind("\n", 0, rng.randrange(len(text) - chars + 1)) + 1
-        chunks.append(text[start : start + chars])
-    return chunks
-
-
-# --- decontamination ----------------------------------------------------------------------------
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    w = _words(text)
-    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
-
-
-# A folder holding question.jsonl (Spec-Bench) and HumanEval.jsonl.gz, for a machine that has
-# neither at its usual place (a lent GPU: scripts/device/pack.sh carries them there).
-BENCHMARKS_ENV = "DECODING_LAB_BENCHMARKS"
-
-
-def benchmark_files() -> dict[str, Path | None]:
-    """Where this machine keeps each benchmark's prompts (None: nowhere)."""
-    from decoders.bench import DEFAULT_SPEC_BENCH, humaneval_path
-
-    folder = os.environ.get(BENCHMARKS_ENV)
-    spec_bench = Path(folder) / "question.jsonl" if folder else DEFAULT_SPEC_BENCH
-    humaneval = Path(folder) / "HumanEval.jsonl.gz" if folder else humaneval_path()
-    return {
-        "spec_bench": spec_bench if spec_bench.is_file() else None,
-        "humaneval": humaneval if humaneval is not None and humaneval.is_file() else None,
-    }
-
-
-def benchmark_texts(spec_bench: Path | None = None) -> list[str]:
-    """Every Spec-Bench question turn and every HumanEval prompt this machine has."""
-    return [t for texts in benchmark_sources(spec_bench).values() for t in texts]
-
-
-def benchmark_sources(spec_bench: Path | None = None) -> dict[str, list[str]]:
-    """The texts of each benchmark, by name (an empty list: not on this machine)."""
-    files = benchmark_files()
-    path = spec_bench or files["spec_bench"]
-    sources: dict[str, list[str]] = {"spec_bench": [], "humaneval": []}
-    if path is not None and path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                sources["spec_bench"] += json.loads(line)["turns"]
-    if files["humaneval"] is not None:
-        with gzip.open(files["humaneval"], "rt") as f:
-            sources["humaneval"] = [json.loads(line)["prompt"] for line in f if line.strip()]
-    return sources
-
-
-def benchmark_ngrams(texts: Iterable[str] | None = None) -> set[tuple[str, ...]]:
-    return set().union(*(ngrams(t) for t in (benchmark_texts() if texts is None else texts)))
-
-
-def contaminated(text: str, banned: set[tuple[str, ...]]) -> bool:
-    return not banned.isdisjoint(ngrams(text))
 
 
 # --- `python -m decoders.train corpus` -----------------------------------------------------------

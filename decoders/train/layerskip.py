@@ -29,6 +29,8 @@ import argparse
 import dataclasses
 import json
 import random
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,6 +43,8 @@ from decoders.train.corpus import add_arguments as add_corpus_arguments
 from decoders.train.loop import Loop, add_loop_arguments, init_weights, run_fields
 from decoders.train.states import Prepared, States, card, checkpoint_path, draft_vocabulary, prepare
 from decoders.trained import exit_tuned
+
+Window = tuple[int, int]  # a span of positions in the states, [start, end)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -209,111 +213,23 @@ def eval_layers(n_layers: int, focus: tuple[int, ...]) -> list[int]:
 
 
 def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
+    """Tune a private copy of the model for early exits (the Loop, resumable), write the delta
+    and its card after every epoch, then once more with the shipped delta's greedy agreement
+    with the original; returns the card."""
     bundle, states = prep.bundle, prep.states
-    n_layers = bundle.n_layers
-    focus = parse_focus(args.focus, n_layers)
+    focus = parse_focus(args.focus, bundle.n_layers)
     torch.manual_seed(args.seed)
     tuning = Tuning(bundle, args.rank, args.alpha)
     tuning.warm_start(args.init)
-    model = tuning.model
-    head, norm = model.lm_head, model.model.norm
-    drop = exit_tuned.dropout_rates(n_layers, args.p_max)
-    cuda = bundle.device.type == "cuda"
+    drop = exit_tuned.dropout_rates(bundle.n_layers, args.p_max)
     vocab = draft_vocabulary(bundle, states, args.vocab)
-
-    spans = opening_windows(states, prep.train_docs, args.window)
-    random.Random(args.seed).shuffle(spans)
-    batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
-    held = {
-        source: (states, [d for d in prep.held_docs if states.sources[d] == source])
-        for source in sorted(set(states.sources))
-    }
-    if prep.probe is not None:  # the tuning prompts' answers: where the exits will be read
-        held["probe"] = (prep.probe, list(range(len(prep.probe.starts))))
-    held = {k: (st, opening_windows(st, docs, args.window)) for k, (st, docs) in held.items()}
+    spans, batches, held = training_windows(prep, args)
     noise = torch.Generator(device=bundle.device).manual_seed(args.seed)
-    counter = [0]
-
-    def run(batch, exits: set[int], dropout: bool):
-        ids, feats, valid = make_batch(states, batch, bundle.device)
-        with torch.autocast(bundle.device.type, dtype=torch.bfloat16, enabled=cuda):
-            final, kept = forward_states(model, ids, exits, drop if dropout else None, noise)
-            with torch.no_grad():
-                teacher = torch.softmax(head(feats[valid].to(final.dtype)).float(), -1)
-            out = {"final": soft_ce(head, norm, final[valid], teacher, normed=True)}
-            for ell, h in kept.items():
-                out[ell] = soft_ce(head, norm, h[valid], teacher)
-        return out
-
-    def step_loss(batch) -> dict[str, torch.Tensor]:
-        exits = active_exits(counter[0], n_layers, args.rotation, focus)
-        counter[0] += 1
-        out = run(batch, exits, dropout=True)
-        weights = {ell: ell / n_layers for ell in exits}
-        exit_loss = sum(weights[ell] * out[ell][0] for ell in exits) / sum(weights.values())
-        loss = out["final"][0] + args.e_scale * exit_loss
-        logged = {"loss": loss, "final": out["final"][0], "exits": exit_loss}
-        for ell in focus:
-            logged[f"top1_l{ell}"] = out[ell][1]
-        return logged
-
-    layers = eval_layers(n_layers, focus)
-
-    def evaluate() -> dict[str, float]:
-        scores: dict[str, float] = {}
-        for source, (st, spans_) in held.items():
-            sums: dict[str, float] = {}
-            count = 0
-            for i in range(0, len(spans_), 4):
-                ids, feats, valid = make_batch(st, spans_[i : i + 4], bundle.device)
-                with torch.autocast(bundle.device.type, dtype=torch.bfloat16, enabled=cuda):
-                    final, kept = forward_states(model, ids, set(layers))
-                    teacher = head(feats[valid].to(final.dtype)).float().log_softmax(-1)
-                    logits = head(final[valid]).float()
-                    tops = {ell: head(norm(h[valid])).argmax(-1) for ell, h in kept.items()}
-                nxt = torch.roll(ids, -1, dims=1)[valid]
-                n = int(valid.sum())
-                final_top = logits.argmax(-1)
-                add = {
-                    "nll_original": -teacher.gather(1, nxt[:, None]).mean().item(),
-                    "nll_tuned": nn.functional.cross_entropy(logits, nxt).item(),
-                    "same_as_original": (final_top == teacher.argmax(-1)).float().mean().item(),
-                }
-                for ell in layers:
-                    add[f"l{ell}_vs_tuned"] = (tops[ell] == final_top).float().mean().item()
-                for k, v in add.items():
-                    sums[k] = sums.get(k, 0.0) + v * n
-                count += n
-            for k, v in sums.items():
-                scores[f"{source}_{k}"] = round(v / max(count, 1), 4)
-        return scores
-
+    step_loss = exit_losses(tuning.model, bundle, states, drop, noise, focus, args)
+    evaluate = held_out_scores(tuning.model, bundle, held, eval_layers(bundle.n_layers, focus))
     out_path = Path(args.out) if args.out else exit_tuned.delta_path(bundle.model_id)
-
-    def shipped() -> dict[str, torch.Tensor]:
-        return exit_tuned.delta_state(tuning.params, args.rank, args.alpha, vocab)
-
-    def write(result: dict, quality: dict | None = None) -> None:
-        from decoders.trained.artifacts import save_artifact
-
-        fields = {
-            "tuned_model": bundle.model_id + exit_tuned.TUNED_SUFFIX,
-            "rank": args.rank,
-            "alpha": args.alpha,
-            "p_max": args.p_max,
-            "e_scale": args.e_scale,
-            "rotation": args.rotation,
-            "focus": list(focus),
-            "vocab": int(vocab.numel()),
-            "parameters": sum(p.numel() for p in tuning.params.values()),
-            "train_tokens": sum(e - a for a, e in spans),
-            "held_out": result["held_out"],
-            "history": result.get("history", []),
-            **({"quality": quality} if quality else {}),
-            **run_fields(args, prep, result),
-        }
-        save_artifact(shipped(), out_path, card(prep, "layerskip", argv, **fields))
-
+    tokens = sum(e - a for a, e in spans)
+    write = partial(save_delta, out_path, tuning, vocab, focus, tokens, prep, args, argv)
     loop = Loop(
         epochs=args.epochs,
         lr=args.lr,
@@ -332,6 +248,150 @@ def train(prep: Prepared, args: argparse.Namespace, argv: list[str]) -> dict:
     )
     write(result, quality)
     return json.loads(out_path.with_suffix(".json").read_text())
+
+
+def training_windows(
+    prep: Prepared, args: argparse.Namespace
+) -> tuple[list[Window], list[list[Window]], dict[str, tuple[States, list[Window]]]]:
+    """The training documents' opening windows (shuffled with the seed) and their batches; and
+    the held-out windows per source, the probe's (the tuning prompts' answers) among them."""
+    states = prep.states
+    spans = opening_windows(states, prep.train_docs, args.window)
+    random.Random(args.seed).shuffle(spans)
+    batches = [spans[i : i + args.batch_size] for i in range(0, len(spans), args.batch_size)]
+    held = {
+        source: (states, [d for d in prep.held_docs if states.sources[d] == source])
+        for source in sorted(set(states.sources))
+    }
+    if prep.probe is not None:  # the tuning prompts' answers: where the exits will be read
+        held["probe"] = (prep.probe, list(range(len(prep.probe.starts))))
+    held = {k: (st, opening_windows(st, docs, args.window)) for k, (st, docs) in held.items()}
+    return spans, batches, held
+
+
+def exit_losses(
+    model: nn.Module,
+    bundle: ModelBundle,
+    states: States,
+    drop: list[float],
+    noise: torch.Generator,
+    focus: tuple[int, ...],
+    args: argparse.Namespace,
+) -> Callable[[list[Window]], dict[str, torch.Tensor]]:
+    """The Loop's loss on a batch, under layer dropout: the last layer's soft cross-entropy
+    against the original, plus `--e-scale` times the exits' (this step's rotation and the focus
+    layers; exit ℓ weighs ℓ / L); logged beside it, the focus exits' top-1 agreement."""
+    n_layers, counter = bundle.n_layers, [0]
+    head, norm = model.lm_head, model.model.norm
+
+    def step_loss(batch: list[Window]) -> dict[str, torch.Tensor]:
+        exits = active_exits(counter[0], n_layers, args.rotation, focus)
+        counter[0] += 1
+        ids, feats, valid = make_batch(states, batch, bundle.device)
+        cuda = bundle.device.type == "cuda"
+        with torch.autocast(bundle.device.type, dtype=torch.bfloat16, enabled=cuda):
+            final, kept = forward_states(model, ids, exits, drop, noise)
+            with torch.no_grad():
+                teacher = torch.softmax(head(feats[valid].to(final.dtype)).float(), -1)
+            out = {"final": soft_ce(head, norm, final[valid], teacher, normed=True)}
+            for ell, h in kept.items():
+                out[ell] = soft_ce(head, norm, h[valid], teacher)
+        weights = {ell: ell / n_layers for ell in exits}
+        exit_loss = sum(weights[ell] * out[ell][0] for ell in exits) / sum(weights.values())
+        loss = out["final"][0] + args.e_scale * exit_loss
+        logged = {"loss": loss, "final": out["final"][0], "exits": exit_loss}
+        for ell in focus:
+            logged[f"top1_l{ell}"] = out[ell][1]
+        return logged
+
+    return step_loss
+
+
+def held_out_scores(
+    model: nn.Module,
+    bundle: ModelBundle,
+    held: dict[str, tuple[States, list[Window]]],
+    layers: list[int],
+) -> Callable[[], dict[str, float]]:
+    """The Loop's held-out evaluation: per source, the next token's NLL under the original and
+    the tuned model, their top-1 agreement, and each of `layers`' exits' agreement with the
+    tuned model's output; means over the scored positions."""
+
+    def evaluate() -> dict[str, float]:
+        scores: dict[str, float] = {}
+        for source, (st, spans) in held.items():
+            sums: dict[str, float] = {}
+            count = 0
+            for i in range(0, len(spans), 4):
+                add, n = _batch_scores(model, bundle, st, spans[i : i + 4], layers)
+                for k, v in add.items():
+                    sums[k] = sums.get(k, 0.0) + v * n
+                count += n
+            for k, v in sums.items():
+                scores[f"{source}_{k}"] = round(v / max(count, 1), 4)
+        return scores
+
+    return evaluate
+
+
+def _batch_scores(
+    model: nn.Module, bundle: ModelBundle, states: States, spans: list[Window], layers: list[int]
+) -> tuple[dict[str, float], int]:
+    """One held-out batch's means (see `held_out_scores`) and its count of scored positions."""
+    head, norm = model.lm_head, model.model.norm
+    ids, feats, valid = make_batch(states, spans, bundle.device)
+    cuda = bundle.device.type == "cuda"
+    with torch.autocast(bundle.device.type, dtype=torch.bfloat16, enabled=cuda):
+        final, kept = forward_states(model, ids, set(layers))
+        teacher = head(feats[valid].to(final.dtype)).float().log_softmax(-1)
+        logits = head(final[valid]).float()
+        tops = {ell: head(norm(h[valid])).argmax(-1) for ell, h in kept.items()}
+    nxt = torch.roll(ids, -1, dims=1)[valid]
+    final_top = logits.argmax(-1)
+    add = {
+        "nll_original": -teacher.gather(1, nxt[:, None]).mean().item(),
+        "nll_tuned": nn.functional.cross_entropy(logits, nxt).item(),
+        "same_as_original": (final_top == teacher.argmax(-1)).float().mean().item(),
+    }
+    for ell in layers:
+        add[f"l{ell}_vs_tuned"] = (tops[ell] == final_top).float().mean().item()
+    return add, int(valid.sum())
+
+
+def save_delta(
+    out_path: Path,
+    tuning: Tuning,
+    vocab: torch.Tensor,
+    focus: tuple[int, ...],
+    train_tokens: int,
+    prep: Prepared,
+    args: argparse.Namespace,
+    argv: list[str],
+    result: dict,
+    quality: dict | None = None,
+) -> None:
+    """Write the delta as shipped (decoders/trained/exit_tuned.py) with its card: the tuning's
+    settings, the Loop's `result` and, once measured, the greedy `quality`."""
+    from decoders.trained.artifacts import save_artifact
+
+    fields = {
+        "tuned_model": prep.bundle.model_id + exit_tuned.TUNED_SUFFIX,
+        "rank": args.rank,
+        "alpha": args.alpha,
+        "p_max": args.p_max,
+        "e_scale": args.e_scale,
+        "rotation": args.rotation,
+        "focus": list(focus),
+        "vocab": int(vocab.numel()),
+        "parameters": sum(p.numel() for p in tuning.params.values()),
+        "train_tokens": train_tokens,
+        "held_out": result["held_out"],
+        "history": result.get("history", []),
+        **({"quality": quality} if quality else {}),
+        **run_fields(args, prep, result),
+    }
+    shipped = exit_tuned.delta_state(tuning.params, args.rank, args.alpha, vocab)
+    save_artifact(shipped, out_path, card(prep, "layerskip", argv, **fields))
 
 
 def greedy_agreement(

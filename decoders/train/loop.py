@@ -113,6 +113,38 @@ def warm_start(module: nn.Module, spec: str | None) -> None:
 
 
 @dataclass
+class _Run:
+    """Where one `Loop.fit` stands: its optimiser and schedule, the steps done and planned (a
+    time budget may cut `total` and `warm` mid-run: the schedule reads them at every step), the
+    per-epoch history, and its clock."""
+
+    opt: torch.optim.Optimizer
+    total: int
+    warm: int
+    sched: Any = None
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    minutes_before: float = 0.0  # spent before a resumption
+    t0: float = 0.0  # the clock when this process began training
+    first: int = 0  # the step this process began at
+    timed_from: float = 0.0  # the clock after this process's first step (the budget's timing)
+
+
+def _schedule(run: _Run) -> Callable[[int], float]:
+    """The learning rate's factor at a step: linear warm-up over `run.warm` steps, then a cosine
+    decay to 0 at `run.total` (read at each step, so a time budget's cut reshapes it). A plain
+    function, so the scheduler's checkpoint holds no copy of it."""
+
+    def factor(step: int) -> float:
+        warm, total = run.warm, run.total
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+    return factor
+
+
+@dataclass
 class Loop:
     epochs: int
     lr: float
@@ -142,13 +174,47 @@ class Loop:
         """Train `module`'s trainable parameters on `batches` (shuffled each epoch with the seed,
         so a resumed run replays the same order). Returns the last held-out metrics, the steps,
         the minutes, and the per-epoch history."""
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
-        groups: dict[float, list[nn.Parameter]] = {}
-        for name, p in named:
-            lr = next((v for k, v in self.lr_for.items() if name.startswith(k)), self.lr)
-            groups.setdefault(lr, []).append(p)
         per_epoch = len(batches)
+        run = self._begin(module, per_epoch)
+        params = [p for p in module.parameters() if p.requires_grad]
+        module.train()
+        while run.step < run.total:
+            epoch, done = divmod(run.step, per_epoch)
+            order = list(range(per_epoch))
+            random.Random(self.seed * 1000 + epoch).shuffle(order)
+            bar = tqdm(
+                order[done : min(per_epoch, done + run.total - run.step)],
+                desc=f"{self.desc} epoch {epoch + 1}/{self.epochs}",
+                file=sys.stderr,
+            )
+            for i in bar:
+                out = self._step(run, params, loss_fn, batches[i])
+                if self.minutes:
+                    self._keep_to_budget(run)
+                if run.step % 10 == 0:
+                    bar.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in out.items()})
+                if self.checkpoint_every and run.step % self.checkpoint_every == 0:
+                    self._save(module, run)
+                if run.step >= run.total:
+                    break
+            if run.step % per_epoch == 0 or run.step == run.total:
+                self._end_epoch(module, run, epoch, evaluate, on_epoch)
+        module.eval()
+        return {
+            "held_out": run.history[-1] if run.history else {},
+            "steps": run.step,
+            "minutes": self._minutes(run),
+            "history": run.history,
+        }
+
+    def _begin(self, module: nn.Module, per_epoch: int) -> _Run:
+        """The run's length, its AdamW (a parameter group per peak learning rate) and schedule,
+        resumed from the checkpoint when asked; the clock starts here."""
+        groups: dict[float, list[nn.Parameter]] = {}
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                lr = next((v for k, v in self.lr_for.items() if name.startswith(k)), self.lr)
+                groups.setdefault(lr, []).append(p)
         total = self.epochs * per_epoch
         if self.max_steps:
             total = min(total, self.max_steps)
@@ -158,98 +224,96 @@ class Loop:
             weight_decay=self.weight_decay,
             betas=(0.9, 0.95),
         )
-        warm = max(1, int(total * self.warmup))
-
-        def schedule(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        step, history, minutes_before = 0, [], 0.0
+        run = _Run(opt, total, max(1, int(total * self.warmup)))
+        run.sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(run))
         if self.resume and self.checkpoint and self.checkpoint.is_file():
-            saved = torch.load(self.checkpoint, weights_only=False)
-            module.load_state_dict(saved["module"])
-            opt.load_state_dict(saved["opt"])
-            sched.load_state_dict(saved["sched"])
-            step, history = saved["step"], saved["history"]
-            minutes_before = saved.get("minutes", 0.0)
-            if "rng" in saved:  # the noise a loss draws continues as if never interrupted
-                torch.set_rng_state(saved["rng"])
-            if saved.get("cuda_rng") and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(saved["cuda_rng"])
-            print(f"resumed at step {step}/{total} from {self.checkpoint}", file=sys.stderr)
-        t0 = self.clock()
+            self._resume(module, run)
+        run.t0, run.first = self.clock(), run.step
+        return run
 
-        def minutes() -> float:
-            return round(minutes_before + (self.clock() - t0) / 60, 2)
+    def _resume(self, module: nn.Module, run: _Run) -> None:
+        """Continue from the checkpoint: weights, optimiser, schedule, position, history, time
+        spent and the random generators' states."""
+        saved = torch.load(self.checkpoint, weights_only=False)
+        module.load_state_dict(saved["module"])
+        run.opt.load_state_dict(saved["opt"])
+        run.sched.load_state_dict(saved["sched"])
+        run.step, run.history = saved["step"], saved["history"]
+        run.minutes_before = saved.get("minutes", 0.0)
+        if "rng" in saved:  # the noise a loss draws continues as if never interrupted
+            torch.set_rng_state(saved["rng"])
+        if saved.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        print(f"resumed at step {run.step}/{run.total} from {self.checkpoint}", file=sys.stderr)
 
-        def save() -> None:
-            if self.checkpoint:
-                self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                state = {
-                    "module": module.state_dict(),
-                    "opt": opt.state_dict(),
-                    "sched": sched.state_dict(),
-                    "step": step,
-                    "history": history,
-                    "minutes": minutes(),
-                    "rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                }
-                torch.save(state, self.checkpoint.with_suffix(".tmp"))
-                self.checkpoint.with_suffix(".tmp").replace(self.checkpoint)
+    def _step(
+        self, run: _Run, params: list[nn.Parameter], loss_fn: LossFn, batch: Batch
+    ) -> dict[str, torch.Tensor]:
+        """One optimiser step on `batch` (gradients clipped, the schedule advanced); the loss's
+        entries, for the bar."""
+        out = loss_fn(batch)
+        run.opt.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        if self.clip:
+            nn.utils.clip_grad_norm_(params, self.clip)
+        run.opt.step()
+        run.sched.step()
+        run.step += 1
+        return out
 
-        first, timed_from = step, 0.0
-        module.train()
-        while step < total:
-            epoch, done = divmod(step, per_epoch)
-            order = list(range(per_epoch))
-            random.Random(self.seed * 1000 + epoch).shuffle(order)
-            bar = tqdm(
-                order[done : min(per_epoch, done + total - step)],
-                desc=f"{self.desc} epoch {epoch + 1}/{self.epochs}",
-                file=sys.stderr,
-            )
-            for i in bar:
-                out = loss_fn(batches[i])
-                opt.zero_grad(set_to_none=True)
-                out["loss"].backward()
-                if self.clip:
-                    nn.utils.clip_grad_norm_(params, self.clip)
-                opt.step()
-                sched.step()
-                step += 1
-                if self.minutes and step == first + 1:
-                    timed_from = self.clock()  # the first step pays for warming up
-                if self.minutes and step == first + 1 + CALIBRATION_STEPS:
-                    total = _fit_budget(self, step, total, t0 - 60 * minutes_before, timed_from)
-                    warm = min(warm, max(1, int(total * self.warmup)))
-                elif self.minutes and minutes() > self.minutes:
-                    total = step  # over budget (evaluations, a slower pace): stop here, scored
-                if step % 10 == 0:
-                    bar.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in out.items()})
-                if self.checkpoint_every and step % self.checkpoint_every == 0:
-                    save()
-                if step >= total:
-                    break
-            if step % per_epoch == 0 or step == total:
-                module.eval()
-                with torch.no_grad():
-                    score = evaluate()
-                module.train()
-                history.append({"epoch": epoch + 1, "step": step, **score})
-                print(f"{self.desc} epoch {epoch + 1}: held-out {score}", file=sys.stderr)
-                save()
-                if on_epoch:
-                    on_epoch({"held_out": score, "steps": step, "minutes": minutes()})
+    def _keep_to_budget(self, run: _Run) -> None:
+        """`minutes`: time the steps after the first, then fit the run's length (and its
+        schedule) to the time left; stop once the minutes are spent."""
+        if run.step == run.first + 1:
+            run.timed_from = self.clock()  # the first step pays for warming up
+        if run.step == run.first + 1 + CALIBRATION_STEPS:
+            began = run.t0 - 60 * run.minutes_before
+            run.total = _fit_budget(self, run.step, run.total, began, run.timed_from)
+            run.warm = min(run.warm, max(1, int(run.total * self.warmup)))
+        elif self._minutes(run) > self.minutes:
+            run.total = run.step  # over budget (evaluations, a slower pace): stop here, scored
+
+    def _end_epoch(
+        self,
+        module: nn.Module,
+        run: _Run,
+        epoch: int,
+        evaluate: Callable[[], dict[str, float]],
+        on_epoch: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        """Score the held-out set (eval mode, no gradients), record it, checkpoint, and hand the
+        score to `on_epoch`."""
         module.eval()
-        return {
-            "held_out": history[-1] if history else {},
-            "steps": step,
-            "minutes": minutes(),
-            "history": history,
+        with torch.no_grad():
+            score = evaluate()
+        module.train()
+        run.history.append({"epoch": epoch + 1, "step": run.step, **score})
+        print(f"{self.desc} epoch {epoch + 1}: held-out {score}", file=sys.stderr)
+        self._save(module, run)
+        if on_epoch:
+            on_epoch({"held_out": score, "steps": run.step, "minutes": self._minutes(run)})
+
+    def _minutes(self, run: _Run) -> float:
+        """Minutes spent training, those before a resumption included."""
+        return round(run.minutes_before + (self.clock() - run.t0) / 60, 2)
+
+    def _save(self, module: nn.Module, run: _Run) -> None:
+        """Write the checkpoint (atomically: a temporary file, then renamed), if there is one."""
+        if not self.checkpoint:
+            return
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "module": module.state_dict(),
+            "opt": run.opt.state_dict(),
+            "sched": run.sched.state_dict(),
+            "step": run.step,
+            "history": run.history,
+            "minutes": self._minutes(run),
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
+        torch.save(state, self.checkpoint.with_suffix(".tmp"))
+        self.checkpoint.with_suffix(".tmp").replace(self.checkpoint)
 
 
 CALIBRATION_STEPS = 8  # steps timed before a time budget fixes the run's length
