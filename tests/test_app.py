@@ -684,13 +684,13 @@ def test_a_failing_view_during_a_run_is_a_message_with_the_views_cleared(
 
 
 def test_a_failing_export_after_an_import_is_a_message(tiny_trace, handlers, monkeypatch, tmp_path):
-    import ui.run_tab
     import ui.run_views
+    import ui.run_wires
 
     def full_disk(trace):
         raise OSError(28, "No space left on device")
 
-    for module in (ui.run_tab, ui.run_views):
+    for module in (ui.run_wires, ui.run_views):
         monkeypatch.setattr(module, "_export", full_disk)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(tiny_trace))
@@ -705,10 +705,10 @@ def test_the_pages_opening_redraw_leaves_views_an_import_replaced(
     land after a quick import: a bad file's cleared views and its message must stand."""
     import types
 
-    import ui.run_tab
+    import ui.run_session
     from ui.traces import load_example
 
-    monkeypatch.setattr(ui.run_tab, "REPLACED", set())
+    monkeypatch.setattr(ui.run_session, "REPLACED", set())
     example = load_example()
     opening = types.SimpleNamespace(session_hash="opened-then-imported")
     drawn = handlers["on_open"](opening, example, example.last_step, 700)
@@ -717,7 +717,7 @@ def test_the_pages_opening_redraw_leaves_views_an_import_replaced(
     bad.write_text(json.dumps({**tiny_trace, "n_layers": "abc"}))
     cleared = list(handlers["on_import"](opening, str(bad), None))[-1]
     assert any(isinstance(v, str) and "Could not import the trace" in v for v in cleared.values())
-    assert opening.session_hash in ui.run_tab.REPLACED
+    assert opening.session_hash in ui.run_session.REPLACED
     late = handlers["on_open"](opening, example, example.last_step, 700)
     assert not any(isinstance(v, str) and "dl-tok" in v for v in late.values())
     opening.query_params = {"method": "jacobi", "prompt": "hi"}  # opened from a link
@@ -733,24 +733,29 @@ def test_a_closed_page_leaves_nothing_of_its_session_behind(handlers, monkeypatc
     go when the page closes, and only that page's."""
     import types
 
-    import ui.run_tab
+    import ui.run_session
     import ui.tour
 
     for name, empty in (("STOPS", {}), ("WIDTHS", {}), ("REPLACED", set())):
-        monkeypatch.setattr(ui.run_tab, name, empty)
+        monkeypatch.setattr(ui.run_session, name, empty)
     monkeypatch.setattr(ui.tour, "LIVE", {})
     closing, staying = (types.SimpleNamespace(session_hash=h) for h in ("closing", "staying"))
     for page in (closing, staying):
-        ui.run_tab.STOPS[page.session_hash] = 1.0
+        ui.run_session.STOPS[page.session_hash] = 1.0
         handlers["on_step"](page, None, 0, 700)  # says its width
-        ui.run_tab.REPLACED.add(page.session_hash)
+        ui.run_session.REPLACED.add(page.session_hash)
         ui.tour.LIVE[page.session_hash] = "jacobi"
     handlers["on_close"](closing)
     from ui import build_demo
 
     unload = [f for f in build_demo().fns.values() if any(t[1] == "unload" for t in f.targets)]
     assert [f.fn.__name__ for f in unload] == ["on_close"]  # what gradio calls when a page closes
-    for kept in (ui.run_tab.STOPS, ui.run_tab.WIDTHS, ui.run_tab.REPLACED, ui.tour.LIVE):
+    for kept in (
+        ui.run_session.STOPS,
+        ui.run_session.WIDTHS,
+        ui.run_session.REPLACED,
+        ui.tour.LIVE,
+    ):
         assert "closing" not in kept and "staying" in kept
 
 
