@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from decoders import DecodingLabError
+from decoders.core.readings import fmt_speedup
 from visualizer import quality_chart, race_chart, speedup_chart, token_spans_html
 
 from .common import api, budget_slider, gpu, message, model_picker
@@ -28,7 +29,6 @@ from .compare import (
     TABLE_HEADERS,
     Comparison,
     compare_methods,
-    fmt_speedup,
     prices_line,
     remeasure_prices,
     table_rows,
