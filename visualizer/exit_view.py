@@ -8,6 +8,8 @@
 - `hash_layers`: HASH EE's token → layer table for the input tokens on screen;
 - `catch_ups`: FREE's synchronized passes: the held-back tokens each caught up, whether the deep
   model agreed with them, and the threshold as it adapted.
+
+What the heatmap shows is computed in exit_data (plain data); this module draws it.
 """
 
 from __future__ import annotations
@@ -18,24 +20,17 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.core.events import CatchUp, Commit, Event, Forward, LayerExit
+from decoders.core.events import CatchUp, Event, LayerExit
 
 from .cells import _tok
+from .exit_data import WINDOW as WINDOW
+from .exit_data import ExitMap, _exits, _oracle, _outputs, exit_map
 from .figures import SUBTITLE_CHARS, _base_layout, _empty
 from .text import escape, short_token, visible, wrap
 
 EARLY_EXIT = ("calm", "free", "hash_ee")  # the methods these views draw
-WINDOW = 32  # tokens a heatmap shows around the current step (a phone's width of columns)
 MAX_TOKEN_TICKS = 8  # labelled tokens under it (hover names every one): slanted, they fit a phone
 EXIT_MARK = "#37474f"
-
-
-def _exits(events: Sequence[Event]) -> list[LayerExit]:
-    return sorted((e for e in events if isinstance(e, LayerExit)), key=lambda e: e.position)
-
-
-def _outputs(events: Sequence[Event]) -> list[int]:
-    return [t for e in events if isinstance(e, Commit) for t in e.tokens]
 
 
 def _none(title: str, events: Sequence[Event], step: int) -> go.Figure:
@@ -44,120 +39,100 @@ def _none(title: str, events: Sequence[Event], step: int) -> go.Figure:
     return _empty(title, "this trace has no layer exits (not a calm, free or hash_ee run)")
 
 
-def _oracle(events: Sequence[Event]) -> bool:
-    """CALM's oracle run: it weighs no confidence (an exit scores 1 when its top-1 is the full
-    model's token, which it peeked at first), so no threshold and no "confidence" is drawn."""
-    return any(isinstance(e, Forward) and e.kind == "oracle" for e in events)
-
-
-def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
-    title = "Where each token left the model"
-    exits = _exits(events)
-    if not exits:
-        return _none(title, events, step)
-    oracle = _oracle(events)
-    n_layers = exits[0].n_layers
-    now = next((e for e in exits if e.step == step), None)
-    centre = now.position if now is not None else exits[-1].position
-    shown = [e for e in exits if centre - WINDOW + 8 <= e.position <= centre + 8][-WINDOW:]
-    outputs = _outputs(events)
-    rows = sorted({ell for e in shown for ell in e.layers} | {e.layer for e in shown})
-    y = [f"ℓ {ell}" if ell < n_layers else f"{ell} (full)" for ell in rows]
-    x = [e.position for e in shown]
-    z: list[list[float | None]] = [[None] * len(shown) for _ in rows]
-    hover = [[""] * len(shown) for _ in rows]
-    for c, e in enumerate(shown):
-        tok = outputs[e.position] if e.position < len(outputs) else None
-        conf = dict(zip(e.layers, e.confidences, strict=True))
-        for r, ell in enumerate(rows):
-            where = "left here" if ell == e.layer else ("passed" if ell < e.layer else "not run")
-            if ell in conf:
-                z[r][c] = conf[ell]
-                score = (
-                    f"{'gives' if conf[ell] else 'misses'} the full model's token"
-                    if oracle
-                    else f"confidence {conf[ell]:.3f} vs λ {e.threshold:.3f}"
-                )
-                hover[r][c] = (
-                    f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: {score}<br>{where}"
-                )
-            else:
-                hover[r][c] = f"token {e.position}: {_tok(texts, tok)}<br>layer {ell}: {where}"
-    fig = go.Figure()
-    if any(v is not None for row in z for v in row):
+def _exit_traces(fig: go.Figure, m: ExitMap, texts: Mapping[int, str]) -> None:
+    """The confidences as a heatmap (when any exit was offered), then a ◆ where each token left."""
+    x = [e.position for e in m.shown]
+    if any(v is not None for row in m.z for v in row):
         fig.add_trace(
             go.Heatmap(
-                z=z,
+                z=m.z,
                 x=x,
-                y=y,
+                y=m.y,
                 zmin=0.0,
                 zmax=1.0,
                 colorscale="Blues",
                 colorbar=dict(
-                    title=dict(text="oracle score" if oracle else "confidence", side="right"),
+                    title=dict(text="oracle score" if m.oracle else "confidence", side="right"),
                     thickness=10,
                     len=0.8,
                 ),
-                text=hover,
+                text=m.hover,
                 hoverinfo="text",
                 xgap=1,
                 ygap=1,
                 name="confidence",
             )
         )
+    outputs = m.outputs
     fig.add_trace(
         go.Scatter(
             x=x,
-            y=[y[rows.index(e.layer)] for e in shown],
+            y=[m.y[m.rows.index(e.layer)] for e in m.shown],
             mode="markers",
             marker=dict(symbol="diamond", size=9, color=EXIT_MARK),
             name="left the model here",
             text=[
                 f"token {e.position}: "
                 f"{_tok(texts, outputs[e.position] if e.position < len(outputs) else None)}"
-                f"<br>left after layer {e.layer} of {n_layers}"
-                for e in shown
+                f"<br>left after layer {e.layer} of {m.n_layers}"
+                for e in m.shown
             ],
             hoverinfo="text",
         )
     )
-    if now is not None:
+
+
+def _exit_note(m: ExitMap) -> str:
+    """How many tokens left early and from what depth, the rule, and which tokens are shown."""
+    note = (
+        f"{m.early} of the {m.exits} tokens after the prefill's left early; they were written "
+        f"from {m.depth:.0%} of the depth on average (the layers a token skipped may still run "
+        "later, for its keys and values)"
+    ) + (
+        "; layer = hash(input)"
+        if m.rule == "hash"
+        else "; the oracle: 1 where an exit gives the full model's token"
+        if m.oracle
+        else "; λ_t per token in the hover"
+    )
+    if len(m.shown) < m.exits:  # the window follows the step: say which tokens it shows
+        note += f"; shown: tokens {m.shown[0].position}–{m.shown[-1].position}, around this step's"
+    return note
+
+
+def exit_heatmap(events: Sequence[Event], texts: Mapping[int, str], step: int) -> go.Figure:
+    """Where each token around `step` left the model (see the module doc)."""
+    title = "Where each token left the model"
+    m = exit_map(events, texts, step)
+    if m is None:
+        return _none(title, events, step)
+    fig = go.Figure()
+    _exit_traces(fig, m, texts)
+    if m.now is not None:
         fig.add_vrect(
-            x0=now.position - 0.5,
-            x1=now.position + 0.5,
+            x0=m.now.position - 0.5,
+            x1=m.now.position + 0.5,
             line=dict(color="#ef6c00", width=2),
             fillcolor="rgba(0,0,0,0)",
         )
+    x = [e.position for e in m.shown]
     labelled = x[:: max(1, math.ceil(len(x) / MAX_TOKEN_TICKS))]  # slanted labels stay apart
     fig.update_xaxes(
         title_text="output token",
         tickmode="array",
         tickvals=labelled,
         ticktext=[
-            short_token(texts.get(outputs[p], "?"), 5) if p < len(outputs) else "?"
+            short_token(texts.get(m.outputs[p], "?"), 5) if p < len(m.outputs) else "?"
             for p in labelled
         ],
         tickangle=-60,
     )
-    fig.update_yaxes(type="category", categoryorder="array", categoryarray=y, title_text="exit")
-    early = sum(e.layer < e.n_layers for e in exits)
-    depth = sum(e.layer for e in exits) / (len(exits) * n_layers)
-    rule = exits[0].rule
-    note = (
-        f"{early} of the {len(exits)} tokens after the prefill's left early; they were written "
-        f"from {depth:.0%} of the depth on average (the layers a token skipped may still run "
-        "later, for its keys and values)"
-    ) + (
-        "; layer = hash(input)"
-        if rule == "hash"
-        else "; the oracle: 1 where an exit gives the full model's token"
-        if oracle
-        else "; λ_t per token in the hover"
-    )
-    if len(shown) < len(exits):  # the window follows the step: say which tokens it shows
-        note += f"; shown: tokens {shown[0].position}–{shown[-1].position}, around this step's"
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=m.y, title_text="exit")
     return _base_layout(
-        fig, title, height=min(520, 200 + 26 * len(rows)), subtitle=wrap(note, SUBTITLE_CHARS)
+        fig,
+        title,
+        height=min(520, 200 + 26 * len(m.rows)),
+        subtitle=wrap(_exit_note(m), SUBTITLE_CHARS),
     )
 
 

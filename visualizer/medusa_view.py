@@ -5,7 +5,8 @@ guesses the token i places after the root (the last committed token), so row i h
 nodes at depth i: cells the tree used are coloured by what verification made of them (accepted
 green, compared and lost red, never checked grey), cells it left out stay white. A bar along each
 cell's foot is the head's probability; an outline marks the target's own token after the
-accepted path where a head had it among its candidates.
+accepted path where a head had it among its candidates. `heads_data` holds what it shows (plain
+data).
 
 `blockwise_chain`: the chain blockwise decoding verified: x, then each head's top token, coloured
 by the verdict, with the head's probability; the target's committed tokens underneath.
@@ -14,6 +15,7 @@ by the verdict, with the head's probability; the target's committed tokens under
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
@@ -91,22 +93,30 @@ def cell_status(
     return out
 
 
-def heads_grid(
-    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
-) -> go.Figure:
-    """Each head's top candidates at `step` (rows = heads, columns = ranks), coloured by what the
-    tree made of them, with the head's probability as a bar. `width`: the figure's width in the
-    page; labels hold as many characters as a column of it does (a phone's when not given)."""
-    title = f"Step {step}: the heads' guesses"
-    proposals, draft, verify, commit = _step_events(events, step)
-    if proposals is None:
-        if step == 0:
-            return _empty(
-                title, "step 0 is the prefill: it gives the heads their first features", 220
-            )
-        if any(isinstance(e, HeadProposals) for e in events):
-            return _empty(title, f"no guesses at step {step}: a plain target step", 220)
-        return _empty(title, "this trace has no head detail (recorded without it)", 220)
+@dataclass(frozen=True)
+class HeadsData:
+    """What the heads grid shows at one step: each head's candidates (rows = heads, columns =
+    ranks, bounded), their probabilities, what the tree made of them and where the target's own
+    token after the accepted path stood among them."""
+
+    step: int
+    heads: list[list[int]]
+    probs: list[list[float]]
+    status: dict[tuple[int, int], str]  # (row, rank) -> CELL_STYLE key, for the cells in the tree
+    accepted: int
+    target: tuple[int, int, str] | None  # (row, rank, origin) of the target's token, if guessed
+
+    @property
+    def cells(self) -> list[tuple[int, int]]:
+        """Every cell's (row, rank), row by row."""
+        return [(r, k) for r, row in enumerate(self.heads) for k in range(len(row))]
+
+
+def heads_data(
+    proposals: HeadProposals, draft: Draft | None, verify: Verify | None, commit: Commit | None
+) -> HeadsData | None:
+    """The heads grid's data from one step's events (see `heads_grid`); None when the guesses'
+    tokens and probabilities differ in shape."""
     heads = [list(row[:MAX_COLUMNS]) for row in proposals.heads[:MAX_ROWS]]
     probs = [list(row[:MAX_COLUMNS]) for row in proposals.probs[:MAX_ROWS]]
     if (
@@ -114,32 +124,46 @@ def heads_grid(
         or len(probs) != len(heads)
         or any(len(p) != len(h) for p, h in zip(probs, heads, strict=False))
     ):
-        return _empty(title, "malformed head guesses: tokens and probabilities differ in shape")
-    status = cell_status(heads, draft, verify)
+        return None
     n_acc = len(verify.accepted) if verify is not None else 0
-
     # The target's own token after the accepted path: which head guessed that position, at what rank.
-    target: tuple[int, int, str] | None = None  # (row, rank, origin)
+    target: tuple[int, int, str] | None = None
     if commit is not None and verify is not None and len(commit.tokens) > n_acc:
         token, origin = commit.tokens[n_acc], commit.origins[n_acc]
         if n_acc < len(heads) and token in heads[n_acc]:
             target = (n_acc, heads[n_acc].index(token), origin)
+    return HeadsData(
+        step=proposals.step,
+        heads=heads,
+        probs=probs,
+        status=cell_status(heads, draft, verify),
+        accepted=n_acc,
+        target=target,
+    )
 
-    columns = max(len(h) for h in heads)
-    limit = cell_chars(columns, max(int(width) - 70, NARROWEST_PX) if width else NARROWEST_PX)
-    fig = go.Figure()
-    cells = [(r, k) for r, row in enumerate(heads) for k in range(len(row))]
+
+def _no_guesses(events: Sequence[Event], step: int) -> str:
+    """Why there are no head guesses at `step`."""
+    if step == 0:
+        return "step 0 is the prefill: it gives the heads their first features"
+    if any(isinstance(e, HeadProposals) for e in events):
+        return f"no guesses at step {step}: a plain target step"
+    return "this trace has no head detail (recorded without it)"
+
+
+def _hover_targets(fig: go.Figure, data: HeadsData, texts: Mapping[int, str]) -> None:
+    """Hover targets at the cells' centres (invisible: the cells are shapes, sized with the plot)."""
+    cells, status, target = data.cells, data.status, data.target
     hover = []
     for r, k in cells:
-        t, st = heads[r][k], status.get((r, k), "unused")
+        t, st = data.heads[r][k], status.get((r, k), "unused")
         note = ""
         if target is not None and (r, k) == target[:2]:
             note = f"<br>the target's token here ({LABELS.get(target[2], target[2])})"
         hover.append(
             f"{token_hover(texts.get(t, '?'), t)}<br>head {r + 1}, rank {k + 1}: "
-            f"p = {probs[r][k]:.3f}<br>{CELL_STYLE[st][1]}{note}"
+            f"p = {data.probs[r][k]:.3f}<br>{CELL_STYLE[st][1]}{note}"
         )
-    # Hover targets at the cells' centres (invisible: the cells are shapes, sized with the plot).
     fig.add_trace(
         go.Scatter(
             x=[k + 1 for _, k in cells],
@@ -153,80 +177,111 @@ def heads_grid(
             showlegend=False,
         )
     )
-    for name, (fill, label) in CELL_STYLE.items():  # legend entries, for the statuses present
-        if any(status.get(c, "unused") == name for c in cells):
-            legend_square(fig, fill, label, CELL_EDGE)
-    # Cells, bars and labels as plain dicts set once (adding hundreds one by one is quadratic).
-    shapes: list[dict] = []
-    labels: list[dict] = []
-    for r, row in enumerate(heads):
-        for k, t in enumerate(row):
-            x, y = k + 1, r + 1
-            shapes.append(
-                dict(
-                    type="rect",
-                    x0=x - 0.46,
-                    x1=x + 0.46,
-                    y0=y - 0.42,
-                    y1=y + 0.42,
-                    fillcolor=CELL_STYLE[status.get((r, k), "unused")][0],
-                    # Left out of the tree: a dotted edge (white and the pending grey are close).
-                    line=dict(
-                        width=1, color=CELL_EDGE, dash="dot" if (r, k) not in status else "solid"
-                    ),
-                    layer="below",
-                )
-            )
-            p = min(max(probs[r][k], 0.0), 1.0)
-            if p > 0:  # the head's probability: a bar along the cell's foot
-                shapes.append(
-                    dict(
-                        type="rect",
-                        x0=x - 0.46,
-                        x1=x - 0.46 + 0.92 * p,
-                        y0=y + 0.3,
-                        y1=y + 0.42,
-                        fillcolor=BAR_COLOUR,
-                        line=dict(width=0),
-                        layer="below",
-                    )
-                )
-            labels.append(
-                dict(
-                    x=x,
-                    y=y - 0.06,
-                    text=short_token(texts.get(t, "?"), limit),
-                    showarrow=False,
-                    font=dict(size=10, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
-                    name=f"cell {r} {k}",
-                )
-            )
-    if target is not None:
-        r, k, origin = target
+
+
+def _cell_shapes(data: HeadsData, r: int, k: int) -> list[dict]:
+    """Cell (r, k)'s box, and a bar along its foot for the head's probability."""
+    x, y = k + 1, r + 1
+    shapes = [
+        dict(
+            type="rect",
+            x0=x - 0.46,
+            x1=x + 0.46,
+            y0=y - 0.42,
+            y1=y + 0.42,
+            fillcolor=CELL_STYLE[data.status.get((r, k), "unused")][0],
+            # Left out of the tree: a dotted edge (white and the pending grey are close).
+            line=dict(
+                width=1, color=CELL_EDGE, dash="dot" if (r, k) not in data.status else "solid"
+            ),
+            layer="below",
+        )
+    ]
+    p = min(max(data.probs[r][k], 0.0), 1.0)
+    if p > 0:
         shapes.append(
             dict(
                 type="rect",
-                x0=k + 1 - 0.5,
-                x1=k + 1 + 0.5,
-                y0=r + 1 - 0.48,
-                y1=r + 1 + 0.48,
-                line=dict(width=3, color=_outline(origin)),
-                fillcolor="rgba(0,0,0,0)",
-                name="target's token",
+                x0=x - 0.46,
+                x1=x - 0.46 + 0.92 * p,
+                y0=y + 0.3,
+                y1=y + 0.42,
+                fillcolor=BAR_COLOUR,
+                line=dict(width=0),
+                layer="below",
             )
         )
-        fig.add_trace(  # its legend entry
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                marker=dict(symbol="square-open", size=12, color=_outline(origin)),
-                name=f"the target's token ({LABELS.get(origin, origin)})",
-                hoverinfo="skip",
+    return shapes
+
+
+def _target_outline(fig: go.Figure, target: tuple[int, int, str]) -> dict:
+    """The outline around the target's own token (returned: a shape), and its legend entry."""
+    r, k, origin = target
+    fig.add_trace(
+        go.Scatter(
+            x=[None],
+            y=[None],
+            mode="markers",
+            marker=dict(symbol="square-open", size=12, color=_outline(origin)),
+            name=f"the target's token ({LABELS.get(origin, origin)})",
+            hoverinfo="skip",
+        )
+    )
+    return dict(
+        type="rect",
+        x0=k + 1 - 0.5,
+        x1=k + 1 + 0.5,
+        y0=r + 1 - 0.48,
+        y1=r + 1 + 0.48,
+        line=dict(width=3, color=_outline(origin)),
+        fillcolor="rgba(0,0,0,0)",
+        name="target's token",
+    )
+
+
+def _draw_cells(fig: go.Figure, data: HeadsData, texts: Mapping[int, str], limit: int) -> None:
+    """Cells, bars and labels as plain dicts set once (adding hundreds one by one is quadratic)."""
+    shapes: list[dict] = []
+    labels: list[dict] = []
+    for r, k in data.cells:
+        shapes += _cell_shapes(data, r, k)
+        labels.append(
+            dict(
+                x=k + 1,
+                y=r + 1 - 0.06,
+                text=short_token(texts.get(data.heads[r][k], "?"), limit),
+                showarrow=False,
+                font=dict(size=10, family="ui-monospace, SFMono-Regular, Menlo, monospace"),
+                name=f"cell {r} {k}",
             )
         )
+    if data.target is not None:
+        shapes.append(_target_outline(fig, data.target))
     fig.update_layout(shapes=shapes, annotations=labels)
 
+
+def heads_grid(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
+) -> go.Figure:
+    """Each head's top candidates at `step` (rows = heads, columns = ranks), coloured by what the
+    tree made of them, with the head's probability as a bar. `width`: the figure's width in the
+    page; labels hold as many characters as a column of it does (a phone's when not given)."""
+    title = f"Step {step}: the heads' guesses"
+    proposals, draft, verify, commit = _step_events(events, step)
+    if proposals is None:
+        return _empty(title, _no_guesses(events, step), 220)
+    data = heads_data(proposals, draft, verify, commit)
+    if data is None:
+        return _empty(title, "malformed head guesses: tokens and probabilities differ in shape")
+    heads = data.heads
+    columns = max(len(h) for h in heads)
+    limit = cell_chars(columns, max(int(width) - 70, NARROWEST_PX) if width else NARROWEST_PX)
+    fig = go.Figure()
+    _hover_targets(fig, data, texts)
+    for name, (fill, label) in CELL_STYLE.items():  # legend entries, for the statuses present
+        if any(data.status.get(c, "unused") == name for c in data.cells):
+            legend_square(fig, fill, label, CELL_EDGE)
+    _draw_cells(fig, data, texts, limit)
     rank_axis(fig, columns, "rank")
     fig.update_yaxes(
         tickmode="array",
@@ -238,11 +293,10 @@ def heads_grid(
         fixedrange=True,
     )
     after = _root_label(events, texts, step, "the root")
-    used = len(status)
     subtitle = (
         f"row i: head i's guesses for the token i after {after}; "
-        f"{used} of {sum(map(len, heads))} cells in the tree, {n_acc} accepted; "
-        "bar: the head's probability"
+        f"{len(data.status)} of {sum(map(len, heads))} cells in the tree, {data.accepted} "
+        "accepted; bar: the head's probability"
     )
     height = min(900, MARGINS_PX + ROW_PX * len(heads))
     return _base_layout(fig, title, height=height, subtitle=subtitle)
