@@ -41,7 +41,7 @@ from decoders.core.events import Draft, Forward, Verify
 from decoders.core.models import ModelBundle, load_model
 from decoders.core.runtime import SkipSet
 from decoders.engine import generate
-from decoders.methods.self_speculative import format_skip, skip_set_path
+from decoders.trained.skip_sets import format_skip, skip_set_path
 
 VERIFY_PER_TOKEN = 0.05
 MIN_DRAFT_SHARE = 0.6  # "most steps draft": share of steps with at least one draft token

@@ -1,8 +1,11 @@
 """What importing costs: the visualizer (pure functions over events) and the trace format load
-without torch, while `from decoders import ...` still gives the whole engine."""
+without torch, while `from decoders import ...` still gives the whole engine; and which way the
+engine's layers import."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +71,41 @@ def test_the_installed_version_is_the_pinned_one(package):
     assert str(pin.specifier).startswith("=="), f"{package} is not pinned: {pin}"
     installed = Version(version(package)).base_version  # 2.13.0+cpu -> 2.13.0
     assert pin.specifier.contains(installed), f"{package} {installed} against the pin {pin}"
+
+
+# Each layer of decoders/ and what it must never import: the methods sit on drafting, which sits
+# on the trained parts and the core; nothing below a layer imports it, and no method another.
+BELOW = {
+    "methods": ("decoders.methods",),
+    "drafting": ("decoders.methods",),
+    "trained": ("decoders.methods", "decoders.drafting"),
+    "core": ("decoders.methods", "decoders.drafting"),
+}
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Every import in root/decoders/<layer>/ of a module its layer must not import, read with
+    `ast` (nothing is imported), relative imports resolved: 'path:line: module'."""
+    found = []
+    for layer, banned in BELOW.items():
+        for path in sorted((root / "decoders" / layer).rglob("*.py")):
+            package = list(path.relative_to(root).parts[:-1])  # what `from .` names
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    if node.level:  # from . import x / from ..y import z
+                        up = package[: len(package) - node.level + 1]
+                        base = ".".join([*up, *([base] if base else [])])
+                    names = [base, *(f"{base}.{a.name}" for a in node.names)]
+                else:
+                    continue
+                hits = [n for n in names if any(n == b or n.startswith(b + ".") for b in banned)]
+                if hits:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {hits[0]}")
+    return found
+
+
+def test_the_layers_import_downwards():
+    assert not upward_imports(ROOT), upward_imports(ROOT)

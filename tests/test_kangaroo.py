@@ -25,9 +25,9 @@ from decoders.core.events import Commit, Done, Draft, DraftStop, Forward, Prefil
 from decoders.core.runtime import forward, new_cache
 from decoders.core.sampling import Sampler
 from decoders.core.tree import chain
-from decoders.methods import kangaroo
-from decoders.methods.kangaroo import KangarooAdapter, best_exit_layer, shipped_exit_layers
+from decoders.trained import kangaroo
 from decoders.trained.artifacts import vocab_head
+from decoders.trained.kangaroo import KangarooAdapter, best_exit_layer, shipped_exit_layers
 
 
 @pytest.fixture(autouse=True)

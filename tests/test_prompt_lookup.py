@@ -14,7 +14,7 @@ from decoders import METHODS, generate
 from decoders.core.events import Commit, CopySource, Draft, Prefill, Verify
 from decoders.core.sampling import Sampler
 from decoders.core.verify import greedy_chain, sample_deterministic_chain
-from decoders.methods.prompt_lookup import find, lookup
+from decoders.drafting.ngram import find, lookup
 
 
 def humaneval(i: int) -> str:

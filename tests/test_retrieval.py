@@ -15,8 +15,8 @@ from conftest import greedy
 from decoders import generate
 from decoders.core.events import Commit, CopySource, Draft, Recycled, StoreMatch
 from decoders.core.suffix_automaton import SEPARATOR, ContextMatch, StaticAutomaton
+from decoders.drafting import recycled, retrieval
 from decoders.engine import greedy_reference
-from decoders.methods import recycling, sam
 from decoders.trained import datastore
 
 # --- the automata ---------------------------------------------------------------------------------
@@ -123,11 +123,11 @@ def tiny_store(tiny):
 
 @pytest.fixture()
 def with_store(monkeypatch, tiny_store):
-    monkeypatch.setattr(sam, "load_store", lambda bundle: tiny_store)
-    monkeypatch.setattr(recycling, "load_store", lambda bundle: tiny_store)
-    recycling._warm.clear()
+    monkeypatch.setattr(retrieval, "load_store", lambda bundle: tiny_store)
+    monkeypatch.setattr(recycled, "load_store", lambda bundle: tiny_store)
+    recycled._warm.clear()
     yield tiny_store
-    recycling._warm.clear()
+    recycled._warm.clear()
 
 
 @pytest.mark.parametrize(
@@ -192,8 +192,8 @@ def test_sam_drafts_what_the_datastore_continues_most_often(tiny, with_store):
 
 
 def test_the_adjacency_matrix_recycles_each_input_s_top_successors():
-    matrix = recycling.Adjacency(10, None)
-    assert matrix.succ[3].tolist() == [3] * recycling.K  # nothing known: the token itself
+    matrix = recycled.Adjacency(10, None)
+    assert matrix.succ[3].tolist() == [3] * recycled.K  # nothing known: the token itself
     logits = torch.full((3, 10), -10.0)
     for row, best in enumerate((4, 6, 2)):
         logits[row, best] = 5.0

@@ -12,15 +12,8 @@ from decoders import METHODS, generate
 from decoders.core.events import Commit, Draft, DraftStop, Forward, Verify
 from decoders.core.runtime import forward, new_cache
 from decoders.core.sampling import Sampler
-from decoders.methods.self_speculative import (
-    ALPHA,
-    BETA1,
-    BETA2,
-    EPSILON,
-    format_skip,
-    parse_skip,
-    searched_skip,
-)
+from decoders.methods.self_speculative import ALPHA, BETA1, BETA2, EPSILON
+from decoders.trained.skip_sets import format_skip, parse_skip, searched_skip
 
 # Prompts for the embedded-model checks: none of them is a search prompt (assets/search_prompts).
 HELD_OUT = [

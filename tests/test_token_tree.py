@@ -25,19 +25,11 @@ from decoders import InvalidParameter, generate, load_model, stream
 from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.events import Commit, Draft, Forward, Verify
 from decoders.core.tree import ancestors, depths, feed_mask, tree_mask, tree_positions, with_root
-from decoders.methods.prompt_lookup import lookup
-from decoders.methods.token_tree import (
-    DEFAULT_CHOICES,
-    MAX_NODES,
-    CopyRates,
-    TreeDraft,
-    draft_cost,
-    graft,
-    grow_dynamic,
-    parse_choices,
-    spelled,
-    worth,
-)
+from decoders.drafting.copied import CopyRates
+from decoders.drafting.eagle import grow_dynamic
+from decoders.drafting.ngram import lookup
+from decoders.drafting.trees import MAX_NODES, TreeDraft, graft, parse_choices, spelled, worth
+from decoders.methods.token_tree import DEFAULT_CHOICES, draft_cost
 from decoders.trained.drafters import auto_draft
 
 # --- size=cost: which nodes pay for their input ------------------------------------------------------

@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import decoders.methods.kangaroo
 import decoders.trained.artifacts
+import decoders.trained.kangaroo
 from conftest import KERNEL_TOL, PROMPTS, ROOT, assert_greedy, one_thread
 from decoders import InvalidParameter, generate
 from decoders.bench import DEFAULT_SPEC_BENCH
 from decoders.core.models import cache_dir
-from decoders.methods.kangaroo import KangarooAdapter, load_adapter
 from decoders.train import ARTIFACTS
 from decoders.train import corpus as corpus_builder
 from decoders.train import eagle as eagle_trainer
@@ -53,6 +52,7 @@ from decoders.train.states import (
 )
 from decoders.trained.artifacts import artifact_path, read_card, save_artifact
 from decoders.trained.eagle import EagleHead, load_head
+from decoders.trained.kangaroo import KangarooAdapter, load_adapter
 from decoders.trained.medusa_heads import MedusaHeads, load_heads
 
 KINDS = ("eagle", "kangaroo", "medusa")
@@ -303,7 +303,7 @@ def trained(tiny, states, vocab, tmp_path_factory):
 def assets(trained, monkeypatch):
     """The trained artifacts where the methods look for shipped ones (this test only)."""
     monkeypatch.setattr(decoders.trained.artifacts, "ASSETS", trained[0])
-    monkeypatch.setattr(decoders.methods.kangaroo, "ASSETS", trained[0])  # its shipped-ℓ listing
+    monkeypatch.setattr(decoders.trained.kangaroo, "ASSETS", trained[0])  # its shipped-ℓ listing
     return trained[0]
 
 
@@ -389,7 +389,7 @@ def test_the_methods_read_their_artifacts_from_the_stand_in(tiny, method, params
     # With an empty stand-in every method refuses, so the tests above decode with the files the
     # `trained` fixture wrote, not with the shipped ones.
     monkeypatch.setattr(decoders.trained.artifacts, "ASSETS", ROOT / "no-such-assets")
-    monkeypatch.setattr(decoders.methods.kangaroo, "ASSETS", ROOT / "no-such-assets")
+    monkeypatch.setattr(decoders.trained.kangaroo, "ASSETS", ROOT / "no-such-assets")
     with pytest.raises(InvalidParameter, match="no trained"):
         generate(tiny, PROMPTS[0], method, 4, chat=False, record=False, **params)
 

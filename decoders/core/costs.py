@@ -38,15 +38,16 @@ import platform
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from decoders.core.errors import InvalidParameter
+from decoders.core.events import Event, Forward
 from decoders.core.models import ModelBundle, cache_dir, slug
-from decoders.core.prices import CONTEXT, ROUNDS, WIDTHS, PriceTable
+from decoders.core.prices import CONTEXT, ROUNDS, WIDTHS, PriceTable, drafter_key
 from decoders.core.runtime import crop_cache, forward, new_cache, require_layers
 
 _tables: dict[int, PriceTable] = {}  # per loaded model (id of its module)
@@ -161,6 +162,26 @@ def drafter_price(bundle: ModelBundle, label: str, measure: Callable[[], float])
                 table = replace(table, drafters={**table.drafters, label: price})
                 _tables[id(bundle.model)] = _save(bundle, table)
     return table.drafters[label]
+
+
+def draft_price(
+    bundle: ModelBundle, label: str, depth: int | None, runs: Callable[[], Iterable[Event]]
+) -> float:
+    """One draft forward of drafter `label`, in one-token target forwards, so that every run sizes
+    its drafts alike: the target's own first `depth` layers by the table's depth rule; any other
+    drafter (`depth` None: a trained head, another model) by its price in the table, measured the
+    first time it is needed (`drafter_price`) as the median draft forward after the first step of
+    the events `runs()` yields, against the table's one-token forward."""
+    if depth is not None:
+        return price_table(bundle).forward(1, depth, bundle.n_layers)
+
+    def measured() -> float:
+        times = [
+            e.wall_ms for e in runs() if isinstance(e, Forward) and e.kind == "draft" and e.step > 1
+        ]
+        return statistics.median(times) / forward_ms(bundle) if times else 0.0
+
+    return drafter_price(bundle, drafter_key(label), measured)
 
 
 def measure(bundle: ModelBundle, drafters: DrafterPricer | None = None) -> PriceTable:

@@ -35,7 +35,7 @@ from decoders.core.models import ModelBundle
 from decoders.core.params import Param
 from decoders.core.runtime import new_cache
 from decoders.core.steps import start, verify_tree
-from decoders.methods.token_tree import parse_choices
+from decoders.drafting.trees import parse_choices
 from decoders.trained.medusa_heads import HeadReader, MedusaHeads, Proposal, load_heads
 
 # Medusa's sparse tree for Vicuna-7B (mc_sim_7b_63): 63 paths of head ranks, at most 4 deep,

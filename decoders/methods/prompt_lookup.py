@@ -17,15 +17,16 @@ sampling uses the deterministic-draft rejection rule, lossless in distribution.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from decoders.core.base import Budget, DecodeConfig, Method
-from decoders.core.events import CopySource, Draft, Event
+from decoders.core.events import CopySource, Event
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
 from decoders.core.runtime import new_cache
 from decoders.core.steps import start, verify_chain
-from decoders.core.tree import chain
+from decoders.drafting.ngram import NgramProposer
+from decoders.drafting.trees import draft_event
 
 PARAMS = (
     Param("max_ngram", int, 3, "N: longest suffix n-gram to look up (tries N, N-1, …, 1)", 1, 8),
@@ -40,49 +41,23 @@ PARAMS = (
 )
 
 
-def find(
-    context: Sequence[int], max_ngram: int, k: int, match: str = "earliest"
-) -> tuple[list[int], int, int]:
-    """The k tokens that followed an earlier occurrence of the longest matching suffix (the first
-    occurrence, or the latest). Returns (draft, n, start): n the matched n-gram's length and start
-    the index of its earlier occurrence in the context; ([], 0, -1) when nothing matches."""
-    size = len(context)
-    for n in range(min(max_ngram, size - 1), 0, -1):
-        suffix = list(context[size - n :])
-        # A match must leave at least one token after it, before the suffix itself.
-        starts = range(size - n) if match == "earliest" else range(size - n - 1, -1, -1)
-        for at in starts:
-            if context[at : at + n] == suffix:
-                return list(context[at + n : at + n + k]), n, at
-    return [], 0, -1
-
-
-def lookup(
-    context: Sequence[int], max_ngram: int, k: int, match: str = "earliest"
-) -> tuple[list[int], int]:
-    """`find` without the position: (draft, n), ([], 0) when nothing matches."""
-    draft, n, _ = find(context, max_ngram, k, match)
-    return draft, n
-
-
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
     sampler = cfg.sampler()
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
-    max_ngram, k, match = cfg.params["max_ngram"], cfg.params["num_draft"], cfg.params["match"]
+    ngram = NgramProposer(cfg.params["max_ngram"], cfg.params["num_draft"], cfg.params["match"])
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget)
     step = 0
     while not budget.done:
         step += 1
         # The correction token x comes with this step's forward, so at most remaining - 1 drafts.
-        draft, n, at = find(context, max_ngram, min(k, budget.remaining - 1), match)
+        draft = ngram.propose(context, step, budget.remaining - 1)
         if draft:
-            yield CopySource(step, at, n, len(context))
-            yield Draft(
-                step, f"prompt lookup (n={n})", tuple(draft), chain(len(draft)), (1.0,) * len(draft)
-            )
-        yield from verify_chain(bundle, cache, context, draft, sampler, budget, step)
+            yield CopySource(step, ngram.start, ngram.n, len(context))
+            yield draft_event(step, f"prompt lookup (n={ngram.n})", draft)
+        tokens = draft.tokens if draft else []
+        yield from verify_chain(bundle, cache, context, tokens, sampler, budget, step)
 
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.

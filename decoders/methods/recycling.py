@@ -22,24 +22,19 @@ a node's chance is its path's product of the target's own probabilities, stored 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
-
-import numpy as np
-import torch
+from collections.abc import Iterator
 
 from decoders.core.base import Budget, DecodeConfig, Method
 from decoders.core.costs import forward_ms
 from decoders.core.errors import InvalidParameter
-from decoders.core.events import Draft, Event, Priced, Recycled
+from decoders.core.events import Event, Priced, Recycled
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
 from decoders.core.runtime import new_cache
 from decoders.core.steps import start, verify_tree
-from decoders.methods.token_tree import TreeDraft, _subtree, node_cost, parse_choices, worth
-from decoders.trained.datastore import load_store
+from decoders.drafting.recycled import Adjacency, K, RecycledProposer, warm_start
+from decoders.drafting.trees import TreeDraft, draft_event, keep_paying, node_cost, parse_choices
 
-K = 8  # successors kept per token (the paper's k)
 # A template 4 deep: wide at the first level, where the matrix is most often right.
 DEFAULT_TEMPLATE = (
     "0 1 2 3 4 5 0.0 0.1 0.2 1.0 1.1 2.0 3.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0.0 0.0.0.1 0.1.0.0"
@@ -73,85 +68,6 @@ PARAMS = (
 )
 
 
-class Adjacency:
-    """The matrix: `succ[t]` = the k likeliest successors of token t, best first, and `prob[t]`
-    their probabilities as the target gave them; `fresh[t]`: row t was written by this run."""
-
-    def __init__(self, vocab: int, warm: tuple[np.ndarray, np.ndarray] | None) -> None:
-        self.warm = warm is not None and len(warm[0]) == vocab
-        if self.warm:
-            self.succ = torch.from_numpy(warm[0].copy())
-            self.prob = torch.from_numpy(warm[1].copy())
-        else:  # nothing known: a row drafts its own token (right only in repetitions)
-            self.succ = torch.arange(vocab).unsqueeze(1).repeat(1, K)
-            self.prob = torch.zeros(vocab, K)
-        self.fresh = torch.zeros(vocab, dtype=torch.bool)
-
-    def update(self, inputs: Sequence[int], logits: torch.Tensor) -> None:
-        """Recycle a forward: row inputs[i] := the top k of logits[i] (a token fed twice keeps
-        its last row)."""
-        last = {t: i for i, t in enumerate(inputs)}
-        rows = torch.tensor(list(last.values()), device=logits.device)
-        probs = torch.softmax(logits[rows].float(), dim=-1).cpu()  # the matrix lives on the CPU
-        top = probs.topk(K, dim=-1)
-        ids = torch.tensor(list(last.keys()))
-        self.succ[ids] = top.indices
-        self.prob[ids] = top.values
-        self.fresh[ids] = True
-
-    def draft(self, x: int, template: Sequence[tuple[int, ...]], depth: int) -> TreeDraft:
-        """The template's paths (up to `depth`) read from the matrix; a path whose token a
-        sibling already drafted is left out with its subtree."""
-        tree = TreeDraft()
-        node_of: dict[tuple[int, ...], int] = {}
-        token_of: dict[tuple[int, ...], int] = {(): x}
-        for path in template:
-            parent_token = token_of.get(path[:-1])
-            if len(path) > depth or parent_token is None:
-                continue
-            parent = node_of.get(path[:-1], -1)
-            token = int(self.succ[parent_token, path[-1]])
-            if any(tree.tokens[c] == token for c, q in enumerate(tree.parents) if q == parent):
-                continue
-            node_of[path] = tree.add(token, parent, float(self.prob[parent_token, path[-1]]))
-            token_of[path] = token
-        return tree
-
-    def rows(self, x: int, tree: TreeDraft) -> list[int]:
-        """The rows a tree was read from: its root's and each parent node's token, in order."""
-        out = [x]
-        for parent in tree.parents:
-            if parent >= 0 and tree.tokens[parent] not in out:
-                out.append(tree.tokens[parent])
-        return out
-
-
-_warm: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
-_warm_lock = threading.Lock()
-
-
-def warm_start(bundle: ModelBundle) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each token's K most frequent successors in the model's datastore, with their shares (a
-    token never seen there: itself, share 0). None when no datastore ships. Computed once."""
-    store = load_store(bundle)
-    if store is None:
-        return None
-    vocab = int(bundle.model.config.vocab_size)
-    with _warm_lock:
-        if bundle.model_id not in _warm:
-            succ = np.repeat(np.arange(vocab, dtype=np.int64)[:, None], K, axis=1)
-            prob = np.zeros((vocab, K), dtype=np.float32)
-            for t in range(vocab):
-                state = store.child(0, t)
-                if state < 0:
-                    continue
-                total = max(int(store.count[state]), 1)
-                for r, (token, count, _) in enumerate(store.ranked(state, K)):
-                    succ[t, r], prob[t, r] = token, count / total
-            _warm[bundle.model_id] = (succ, prob)
-        return _warm[bundle.model_id]
-
-
 def check(bundle: ModelBundle, params) -> None:
     template = parse_choices(params["template"])
     if any(r >= K for path in template for r in path):
@@ -167,6 +83,7 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     matrix = Adjacency(
         int(bundle.model.config.vocab_size), warm_start(bundle) if p["warm"] == "auto" else None
     )
+    recycled = RecycledProposer(matrix, template)
     cost = node_cost(bundle, "cost") if p["size"] == "cost" else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget)
@@ -175,37 +92,22 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     step = 0
     while not budget.done:
         step += 1
-        x = context[-1]
-        tree = matrix.draft(x, template, budget.remaining - 1)
+        tree = recycled.propose(context, step, budget.remaining - 1) or TreeDraft()
         if cost is not None and tree.tokens:  # the likeliest paths first, while they pay
-            kept = sorted(range(len(tree.tokens)), key=lambda n: (-tree.score[n], n))
-            kept = kept[: max(1, worth([tree.score[n] for n in kept], cost))]
-            # keep the template's shape: a node comes with its ancestors
-            closed = set()
-            for n in kept:
-                while n >= 0 and n not in closed:
-                    closed.add(n)
-                    n = tree.parents[n]
-            tree = _subtree(tree, sorted(closed))
+            tree = keep_paying(tree, cost)  # with their ancestors: the template's shape
         if tree.tokens:
-            rows = matrix.rows(x, tree)
+            rows = matrix.rows(recycled.root, tree)
             yield Recycled(
                 step,
                 tuple((t, *map(int, matrix.succ[t].tolist())) for t in rows),
                 tuple(bool(matrix.fresh[t]) for t in rows),
                 matrix.warm,
             )
-            yield Draft(
-                step,
-                "token recycling",
-                tuple(tree.tokens),
-                tuple(tree.parents),
-                tuple(round(v, 6) for v in tree.probs),
-            )
-        _, logits = yield from verify_tree(
+            yield draft_event(step, "token recycling", tree)
+        verdict, logits = yield from verify_tree(
             bundle, cache, context, tree.tokens, tree.parents, sampler, budget, step
         )
-        matrix.update([x, *tree.tokens], logits)
+        recycled.accepted(tree, verdict.accepted, logits)
 
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.

@@ -2,7 +2,8 @@
 
 The draft is the target itself with a fixed set of attention and MLP sublayers left out, so it
 needs no extra weights and shares the target's KV cache. The set is searched offline with
-Bayesian optimisation (`python -m decoders.search_skip`) and ships in `assets/skip_sets/`.
+Bayesian optimisation (`python -m decoders.search_skip`) and ships in `assets/skip_sets/`
+(read by decoders/trained/skip_sets.py).
 
     repeat:
         x = last committed token
@@ -19,19 +20,16 @@ A low acceptance rate raises θ (draft less, stop earlier); a high one lowers it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from pathlib import Path
 
 from decoders.core.base import Budget, DecodeConfig, Method
-from decoders.core.errors import InvalidParameter
 from decoders.core.events import DraftStop, Event
-from decoders.core.models import ModelBundle, slug
+from decoders.core.models import ModelBundle
 from decoders.core.params import Param
-from decoders.core.runtime import SkipSet, crop_cache, forward, new_cache, require_layers
+from decoders.core.runtime import crop_cache, forward, new_cache, require_layers
 from decoders.core.steps import chain_draft, draft_until_unsure, start, verify_chain
+from decoders.trained.skip_sets import resolve_skip
 
-SKIP_SETS = Path(__file__).resolve().parents[2] / "assets" / "skip_sets"
 ALPHA, EPSILON, BETA1, BETA2 = 0.85, 0.01, 0.5, 0.9  # target acceptance rate and update rates
 
 PARAMS = (
@@ -56,58 +54,6 @@ PARAMS = (
     Param("adaptive", bool, True, "adapt θ to the acceptance rate (Draft & Verify's rule)"),
     Param("max_draft", int, 10, "most draft tokens per step", 1, 32),
 )
-
-
-def skip_set_path(model_id: str) -> Path:
-    return SKIP_SETS / f"{slug(model_id)}.json"
-
-
-def parse_skip(text: str, n_layers: int) -> SkipSet:
-    """'attn:1,3 mlp:2' -> SkipSet(attn={1, 3}, mlp={2})."""
-    parts: dict[str, set[int]] = {"attn": set(), "mlp": set()}
-    for chunk in text.replace(";", " ").split():
-        kind, _, layers = chunk.partition(":")
-        if kind not in parts or not layers:
-            raise InvalidParameter(
-                f"skip {text!r}: expected 'attn:I,J mlp:K' (layer indices), or 'searched'"
-            )
-        try:
-            ids = {int(i) for i in layers.split(",") if i}
-        except ValueError:
-            raise InvalidParameter(f"skip {text!r}: layer indices must be integers") from None
-        if any(not 0 <= i < n_layers for i in ids):
-            raise InvalidParameter(f"skip {text!r}: layers must be in 0..{n_layers - 1}")
-        parts[kind] |= ids
-    return SkipSet(frozenset(parts["attn"]), frozenset(parts["mlp"]))
-
-
-def format_skip(skip: SkipSet) -> str:
-    return " ".join(
-        f"{kind}:{','.join(map(str, sorted(ids)))}"
-        for kind, ids in (("attn", skip.attn), ("mlp", skip.mlp))
-        if ids
-    )
-
-
-def searched_skip(bundle: ModelBundle) -> SkipSet:
-    path = skip_set_path(bundle.model_id)
-    if not path.is_file():
-        raise InvalidParameter(
-            f"no searched skip set for {bundle.model_id!r} (looked for {path.name} in "
-            "assets/skip_sets); run `python -m decoders.search_skip --model ...` or give one, "
-            "e.g. skip='attn:10,12 mlp:11,13'"
-        )
-    data = json.loads(path.read_text())
-    return SkipSet(frozenset(data["attn"]), frozenset(data["mlp"]))
-
-
-def resolve_skip(bundle: ModelBundle, text: str) -> SkipSet:
-    skip = (
-        searched_skip(bundle) if text.strip() == "searched" else parse_skip(text, bundle.n_layers)
-    )
-    if not skip:
-        raise InvalidParameter("skip: leave out at least one sublayer, or the draft IS the target")
-    return skip
 
 
 def check(bundle: ModelBundle, params) -> None:

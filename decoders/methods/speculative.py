@@ -33,14 +33,7 @@ from decoders.core.models import ModelBundle
 from decoders.core.params import Param
 from decoders.core.runtime import new_cache
 from decoders.core.steps import chain_draft, draft_until_unsure, start, verify_chain
-from decoders.trained.drafters import check_draft, make_drafter
-
-DRAFT_HELP = (
-    "auto = the trained EAGLE head shipped for this model if there is one, else self; "
-    "self:k = the target's first k layers (self = a quarter of them); eagle = the trained EAGLE "
-    "head shipped for this model (eagle:<file> for another); or a model id with the same "
-    "tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
-)
+from decoders.trained.drafters import DRAFT_HELP, check_draft, make_drafter
 
 PARAMS = (
     Param("draft", str, "auto", DRAFT_HELP),

@@ -23,11 +23,11 @@ import time
 import torch
 
 from decoders.core.models import slug
-from decoders.methods.kangaroo import KIND, KangarooAdapter, adapter_path
 from decoders.train.corpus import add_arguments as add_corpus_arguments
 from decoders.train.loop import add_loop_arguments, fit_artifact
 from decoders.train.states import Prepared, States, draft_vocabulary, prepare, windows
 from decoders.trained.artifacts import ASSETS
+from decoders.trained.kangaroo import KIND, KangarooAdapter, adapter_path
 
 SEARCH_PROMPTS = ASSETS / "tuning_prompts.jsonl"  # tuning prompts, never benchmark prompts
 

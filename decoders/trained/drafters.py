@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from decoders.trained.eagle import EagleHead
 
 SELF_DRAFT = re.compile(r"^self:(\d+)$")
+# The `draft` parameter's help, shared by the methods that take one (speculative, token_tree).
+DRAFT_HELP = (
+    "auto = the trained EAGLE head shipped for this model if there is one, else self; "
+    "self:k = the target's first k layers (self = a quarter of them); eagle = the trained EAGLE "
+    "head shipped for this model (eagle:<file> for another); or a model id with the same "
+    "tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
+)
 
 
 class SelfDrafter(Drafter):
