@@ -2,7 +2,7 @@
 
     python scripts/make_tour.py            # assets/tour/<stop>.json and side_by_side.json
 
-Each stop (ui/tour.py) is a real run on the tour's prompt with the lossless check against greedy
+Each stop (declared with its method, `Method.tour`; ordered by ui/tour.py) is a real run on the tour's prompt with the lossless check against greedy
 recorded in the file; the last stop is a Compare of every stop's run, several rounds, so its
 speedups are medians with their spread. `tests/test_tour.py` re-runs each stop against the
 current decoders and fails when a recording no longer matches: re-run this script then.
@@ -26,10 +26,10 @@ from ui.compare import compare_methods
 from ui.live import run_to_end
 from ui.tour import (
     BUDGET,
+    DECLARED,
     PROMPT,
     ROUNDS,
     SIDE_BY_SIDE,
-    STOPS,
     TOUR,
     draft_fingerprint,
     drafting_dtype,
@@ -47,7 +47,7 @@ def main() -> None:
     # One thread, as the test suite that re-runs each stop has (its float sums then match ours).
     torch.set_num_threads(1)
     TOUR.mkdir(parents=True, exist_ok=True)
-    for stop in STOPS:
+    for stop in DECLARED:  # every stop a method declares
         if (args.only and stop.key not in args.only) or stop.same_run_as:
             continue
         trace = run_to_end(EMBEDDED_ID, PROMPT, stop.method, BUDGET, dict(stop.params))
@@ -61,7 +61,7 @@ def main() -> None:
         )
     if args.only and SIDE_BY_SIDE not in args.only:
         return
-    specs = [spec_of_stop(s) for s in STOPS if not s.same_run_as]
+    specs = [spec_of_stop(s) for s in DECLARED if not s.same_run_as]
     pin_prices(recorded("token_tree"))  # the comparison's trees: the recorded stop's
     *_, last = compare_methods(EMBEDDED_ID, PROMPT, specs, BUDGET, rounds=ROUNDS)
     record = {

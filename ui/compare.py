@@ -30,6 +30,7 @@ from decoders.core.readings import (  # the rules a reading follows, one place e
 )
 from decoders.engine import check_request, run_events, with_near_tie
 from decoders.specs import BREAK as SPEC_BREAK
+from decoders.specs import spec_of  # parse_spec's inverse, one spelling everywhere
 
 from .compare_text import (  # noqa: F401  (what a comparison says, by its old names too)
     REFERENCE,
@@ -54,15 +55,6 @@ ROUNDS = 3  # the default: a median and a spread from three rounds
 
 
 # --- specs and presets ----------------------------------------------------------------------------
-
-
-def _spell(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def spec_of(name: str, values: Mapping[str, Any]) -> str:
-    """('lookahead', {'N': 5, 'W': 15}) -> 'lookahead:N=5:W=15' (parse_spec's inverse)."""
-    return ":".join([name, *(f"{k}={_spell(v)}" for k, v in values.items())])
 
 
 def paper_spec(name: str) -> str:

@@ -75,6 +75,8 @@ def sweep(prompt: str, gamma: int, model: str | None = None) -> Iterator[tuple[l
     """Speculative decoding with the EAGLE head at γ drafts a step, every draft token accepted
     with each SWEEP probability (synthetic acceptance: not exact), beside autoregressive, on
     this machine: (rows so far, status) after each run."""
+    from decoders.specs import parse_method
+
     from .compare import compare_methods
 
     specs = [
@@ -84,7 +86,7 @@ def sweep(prompt: str, gamma: int, model: str | None = None) -> Iterator[tuple[l
         rows = [
             {**r, "synthetic": a}
             for r in result.rows[1:]
-            for a in [float(r["method"].rsplit("=", 1)[1])]
+            for a in [float(parse_method(r["method"])[1]["synthetic"])]
         ]
         yield (
             rows,

@@ -22,6 +22,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from decoders import METHODS
 from decoders.core import facts
 from decoders.core.events import (
     Commit,
@@ -36,6 +37,7 @@ from decoders.core.events import (
 )
 from decoders.core.readings import fmt_share
 from decoders.engine import has_float
+from decoders.specs import spec_of
 
 from .live import Trace
 from .traces import EXAMPLE_PROMPTS
@@ -176,312 +178,78 @@ LESS = _lossy_chapter()
 ALL = "7 · All of them side by side"
 BEYOND = "8 · Beyond language models: translation"
 
-STOPS: tuple[Stop, ...] = (
-    Stop(
-        "autoregressive",
-        BOTTLENECK,
-        "The bottleneck: one token per forward",
-        "autoregressive",
-        "A language model writes by predicting one token, appending it and running again. Each "
-        "forward pass reads every weight of the model to produce a single token, so on most "
-        "hardware the time goes into moving weights, not into arithmetic, and the machine could "
-        "have checked several tokens for nearly the same price. Every method in this tour "
-        "attacks that: it guesses tokens cheaply and lets one forward check many of them. This "
-        "run is the reference every other stop is measured against.",
-        "the model's top candidates at one step: it was unsure, and still it spent a whole "
-        "forward to write one token.",
-        least_sure,
-        "the step whose token the model was least sure of",
-    ),
-    Stop(
-        "prompt_lookup",
-        GUESS,
-        "Guess by copying from the prompt",
-        "prompt_lookup",
-        "The cheapest guess costs nothing: code and edits repeat what is already written. "
-        "Prompt lookup finds the last few tokens earlier in the context and proposes whatever "
-        "followed them there. The target model then runs once over the guess: it keeps the "
-        "longest prefix that matches what it would have written itself and adds one token of its "
-        "own. A wrong guess costs only a slightly wider forward; the output is exactly greedy's.",
-        "where the copy came from in the context, and how much of it the target kept.",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "sam",
-        GUESS,
-        "Copy the longest match, from the text or a datastore: SAM",
-        "sam",
-        "Prompt lookup copies after a match of at most three tokens. SAM-Decoding keeps two "
-        "suffix automata, structures that find the longest suffix of a growing text seen before "
-        "in constant time per token: one over the prompt and output, one over a datastore of the "
-        "model's own writing. The longer match wins: a context match is copied as a chain, a "
-        "datastore match drafts its most frequent continuations as a small tree. Still no draft "
-        "model, and the target still decides every token.",
-        "where the draft came from, the matched suffix, and how much of it the target kept.",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "speculative",
-        GUESS,
-        "Guess and check: speculative decoding",
-        "speculative",
-        "A small drafter (here a one-layer head trained on this model's features) proposes a "
-        "few tokens; the target verifies them all in one forward. Each draft token is kept while "
-        "it equals the target's own choice; at the first mismatch the target's token replaces "
-        "it, so nothing the target would not write ever survives. The gain is the accepted "
-        "length per forward minus what drafting cost. Under sampling, the same accept/reject "
-        "rule keeps the output distribution exactly the target's.",
-        "the drafted tokens the target accepted (green) and the one it corrected.",
-        most_committed,
-        "the step that committed the most tokens",
-        head_drafted=True,
-    ),
-    Stop(
-        "token_tree",
-        TREE,
-        "Many guesses at once: the token tree",
-        "token_tree",
-        "Why bet on one guess? A tree drafts several continuations, branching where the drafter "
-        "is unsure, and the target checks every branch in a single forward: a tree-shaped "
-        "attention mask lets each node see only its own ancestors. The longest branch the "
-        "target agrees with wins, and one more token of the target's own comes free. A wider "
-        "forward costs a little more than a one-token forward, so the tree's size is chosen by "
-        "this machine's measured cost of each extra input.",
-        "the green path: every node on it was accepted, all checked in one forward.",
-        most_committed,
-        "the step that committed the most tokens",
-        focus=("accepted", "bonus", "correction", "root"),
-        head_drafted=True,
-    ),
-    Stop(
-        "token_tree_copy",
-        TREE,
-        "A copied branch joins the tree",
-        "token_tree",
-        "The tree takes guesses from two sources. Beside the trained drafter, a chain copied "
-        "from the context (prompt lookup: the tokens that followed the last few tokens' "
-        "earlier occurrence) is grafted onto the tree, outlined in purple. Copying is free and "
-        "code repeats its own names, so when the match is long the tree trusts the copy alone "
-        "and skips the drafter. Whichever branch the target agrees with wins; the figure's "
-        "subtitle says which.",
-        "the purple-outlined copied branch and how far along it the target agreed.",
+CHAPTERS = {
+    "bottleneck": BOTTLENECK,
+    "guess": GUESS,
+    "tree": TREE,
+    "no_drafter": NO_DRAFTER,
+    "self": SELF,
+    "lossy": LESS,
+}
+# The rules a stop may name for its telling step, each said on the page beside the figure.
+RULES: dict[str, tuple[Callable[[Trace], int], str]] = {
+    "most_committed": (most_committed, "the step that committed the most tokens"),
+    "least_sure": (least_sure, "the step whose token the model was least sure of"),
+    "copied_won": (
         copied_won,
         "the step where the most accepted tokens were copied from the context",
-        focus=("accepted", "copied", "bonus", "correction", "root"),
-        same_run_as="token_tree",
     ),
-    Stop(
-        "jacobi",
-        NO_DRAFTER,
-        "Guessing without a drafter: Jacobi iteration",
-        "jacobi",
-        "Jacobi decoding needs no drafter at all. It guesses a whole block of future tokens, "
-        "runs the model once over the block, and replaces every guess with the model's "
-        "prediction at that position. Tokens at the front become correct first; a guess that "
-        "stays the same between iterations has reached a fixed point and can be committed. "
-        "Lossless, because each committed token is verified against the model's own choice, "
-        "but plain guesses rarely converge more than a token or two ahead.",
-        "the block's guesses changing between iterations, and which settled.",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "lookahead",
-        NO_DRAFTER,
-        "Guessing without a drafter: Lookahead decoding",
-        "lookahead",
-        "Lookahead keeps Jacobi's parallel guessing, but does not throw the trajectories away: "
-        "every window of guesses leaves n-grams behind in a pool. When the last token matches "
-        "the start of a pooled n-gram, that n-gram becomes a candidate, and the same forward "
-        "that advances the guessing window also verifies the candidates. Code that repeats "
-        "itself fills the pool quickly.",
-        "the candidate n-grams from the pool, one per row after x: the green ones the target "
-        "accepted in the same forward that moved the window.",
-        most_committed,
-        "the step that committed the most tokens",
-        view="pool_candidates",
-    ),
-    Stop(
-        "recycling",
-        NO_DRAFTER,
-        "Guessing without a drafter: Token Recycling",
-        "recycling",
-        "Every verify forward scores the whole vocabulary at every input and keeps one token. "
-        "Token Recycling keeps the runners-up: an adjacency matrix holds, for each token, the "
-        "eight tokens the target ranked likeliest right after it the last time it saw it. A "
-        "draft is a tree read from that table, starting at the last token; after the forward, "
-        "every input's row is overwritten with its new top eight. No model drafts, and nothing "
-        "is trained.",
-        "the rows the draft was read from, and which of their cells the target accepted.",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "kangaroo",
-        SELF,
-        "The model drafts for itself: Kangaroo",
-        "kangaroo",
-        "A separate drafter is one more model to train and load. Kangaroo drafts with the "
-        "target's own first layers plus a small trained adapter: a shallow sub-network that "
-        "shares the big model's embeddings and head. It keeps drafting while its confidence "
-        "stays above a threshold η, then the full model verifies. The deep layers that a draft "
-        "skipped are computed once, for all the drafted tokens, in the verify pass.",
-        "each draft token's confidence against η, and where drafting stopped.",
-        most_committed,
-        "the step that committed the most tokens",
-        head_drafted=True,
-    ),
-    Stop(
-        "self_speculative",
-        SELF,
-        "The model drafts for itself: Draft & Verify",
-        "self_speculative",
-        "Draft & Verify drafts with the full model minus some of its layers (a skip set searched "
-        "once for this model). No training, nothing extra to load. Whether it wins depends on "
-        "how much cheaper the skipping draft is than a full forward, and how many of its "
-        "tokens survive: a draft forward here skips only a few layers, so a step must accept "
-        "several tokens to pay for itself. The verdict under the figure does that sum.",
-        "the drafted tokens' confidence against θ (the last one, below it, ended the draft and "
-        "was still verified) and the sentence under the bars: did drafting pay?",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "layerskip",
-        SELF,
-        "The model drafts for itself: LayerSkip",
-        "layerskip",
-        "LayerSkip exits early: the first layers of the target, read out through its own LM "
-        "head, draft; the remaining layers verify, reusing the draft's early layers instead of "
-        "recomputing them. It works best on a model trained so that its early layers already "
-        "predict well; on this untuned model the early exit guesses less often, which the "
-        "confidence view shows.",
-        "the exit's confidence per draft token, and how many the full model kept.",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "medusa",
-        SELF,
-        "The model drafts for itself: Medusa's heads",
-        "medusa",
-        "Medusa adds several small heads on the last layer: head k predicts the token k+1 "
-        "positions ahead, all from the same forward. Their top choices combine into a tree of "
-        "candidates that the next forward verifies with a tree mask. One forward both "
-        "verifies the last guesses and produces the next ones, so drafting costs almost "
-        "nothing. The heads are small and trained on this model's own outputs; how far ahead "
-        "they can see is the limit: the first head is often right, the last rarely.",
-        "each head's candidates and which ones the target accepted.",
-        most_committed,
-        "the step that committed the most tokens",
-        head_drafted=True,
-    ),
-    Stop(
-        "blockwise",
-        SELF,
-        "The model drafts for itself: Blockwise parallel decoding",
-        "blockwise",
-        "Blockwise parallel decoding is Medusa's ancestor: k heads, each guessing one position "
-        "ahead, but only their top token, as one chain. The target verifies the chain and keeps "
-        "the longest prefix it agrees with. Simple, and weaker than a tree: one wrong head "
-        "ends the step, and a head far ahead is right less often than the one before it. "
-        "Its guesses come from the same forward that verified the last ones, as Medusa's do.",
-        "the chain of head guesses and where the target first disagreed.",
-        most_committed,
-        "the step that committed the most tokens",
-        head_drafted=True,
-    ),
-    Stop(
-        "space",
-        SELF,
-        "The model drafts for itself: SPACE",
-        "space",
-        "SPACE appends mask tokens to the input, so one forward both verifies the previous "
-        "guesses and fills the masks with new ones: semi-autoregressive drafting and "
-        "verification in the same pass, the model correcting its own guesses as it goes. The "
-        "relay shows it step by step: the guesses a step's masks made are verified by the next "
-        "step's forward, which fills new masks at the same time. No drafter, no extra head: the "
-        "model was tuned to fill masks.",
-        "the relay: last step's guesses verified while the masks propose the next.",
-        most_committed,
-        "the step that committed the most tokens",
-    ),
-    Stop(
-        "calm",
-        LESS,
-        "Doing less per token: CALM's early exit",
-        "calm",
-        "Instead of writing more tokens per forward, spend fewer layers per token. CALM reads "
-        "the model out after each layer and stops as soon as it is confident enough, skipping "
-        "the deep layers for easy tokens. That is a trade: a token from an early exit was never "
-        "checked by the full model, so the output can differ from greedy. The heatmap shows "
-        "where each token left.",
-        "the shallowest exit in the heatmap, and how much the output agrees with greedy.",
-        shallowest_exit,
-        "the step whose token left the model earliest",
-    ),
-    Stop(
-        "free",
-        LESS,
-        "Doing less per token: FREE's shallow-deep module",
-        "free",
-        "FREE has one fixed early exit. A confident token leaves there; the deep layers for the "
-        "tokens that left early are caught up later in parallel, in a synchronized pass with "
-        "the next deep token, so their keys and values exist when later tokens attend to them. "
-        "Less compute per token, paid for by tokens the full model never chose.",
-        "the tokens that left at the shallow exit (◆ on its row) and the confidence each "
-        "reached; the deep layers they skipped run later, caught up in one pass.",
-        shallowest_exit,
-        "the step whose token left the model earliest",
-    ),
-    Stop(
-        "hash_ee",
-        LESS,
-        "Doing less per token: HASH EE",
-        "hash_ee",
-        "HASH EE decides each token's depth before running it, from a hash of the input token: "
-        "no confidence to compute, no learned router. Tokens of the same kind always leave at "
-        "the same layer. Cheap and predictable, and lossy: the exit is chosen without asking "
-        "whether the model is sure. The heatmap shows the depth the hash gave each token; "
-        "the badge, how much of the output still agrees with greedy.",
-        "which layer each token's hash sent it to.",
-        shallowest_exit,
-        "the step whose token left the model earliest",
-    ),
-    Stop(
-        "relaxed",
-        LESS,
-        "Accepting more than the target would: relaxed verification",
-        "speculative",
-        "Speculative decoding's exact rule keeps only what the target itself would write. "
-        "Relaxed verification (SpecDec's β and τ) also accepts a draft token that is among the "
-        "target's top β candidates and within τ of its best score. More tokens per forward "
-        "({{tour.relaxed.tpf}} here, against the exact rule's {{tour.speculative.tpf}}), and "
-        "an output that drifts from greedy: the lab marks every token only the relaxed rule "
-        "accepted, and reports how much of the output agrees with greedy.",
-        "the tokens only the relaxed rule accepted, beside the target's own choice.",
+    "most_relaxed": (
         most_relaxed,
         "the step where the relaxed rule accepted the most drafts the exact rule would reject",
-        params={"draft": "eagle", "beta": 4, "tolerance": 2},
-        head_drafted=True,
     ),
-    Stop(
-        "mask_predict",
-        LESS,
-        "Writing a block at once: Mask-Predict",
-        "mask_predict",
-        "Non-autoregressive decoding writes all the tokens of a block at once, then refines: "
-        "Mask-Predict re-masks the tokens it is least confident about and predicts them again, "
-        "for a fixed number of iterations. Each position is predicted independently, so the "
-        "block can mix two good continuations; iterations repair some of that. The output "
-        "differs from greedy; the badge says how much.",
-        "the tokens re-masked and refilled at each iteration of this block.",
-        most_refilled,
-        "the block where refilling changed the most tokens",
-    ),
-)
+    "shallowest_exit": (shallowest_exit, "the step whose token left the model earliest"),
+    "most_refilled": (most_refilled, "the block where refilling changed the most tokens"),
+}
+
+
+def _declared() -> tuple[Stop, ...]:
+    """Every stop the methods declare (`Method.tour`), in the lesson's order: chapter, then its
+    place there; a key already taken (a copied method's copied stop) is left to its first."""
+    found = sorted(
+        ((name, s) for name, m in METHODS.items() for s in m.tour),
+        key=lambda d: (list(CHAPTERS).index(d[1].chapter), d[1].place, d[0]),
+    )
+    stops: dict[str, Stop] = {}
+    for name, s in found:
+        if s.chapter not in CHAPTERS or s.rule not in RULES:
+            raise ValueError(f"{name}: tour stop {s.title!r} names no chapter or rule of the tour")
+        pick, rule = RULES[s.rule]
+        stop = Stop(
+            s.key or name,
+            CHAPTERS[s.chapter],
+            s.title,
+            name,
+            s.narration,
+            s.look,
+            pick,
+            rule,
+            s.params,
+            s.focus,
+            s.same_run_as,
+            s.view,
+            s.head_drafted,
+        )
+        stops.setdefault(stop.key, stop)
+    return tuple(stops.values())
+
+
+DECLARED: tuple[Stop, ...] = _declared()  # what `scripts/make_tour.py` records
+
+
+def _recorded(declared: Sequence[Stop]) -> tuple[Stop, ...]:
+    """The tour: the declared stops whose run the side-by-side recording holds (a method added
+    since joins once `python scripts/make_tour.py` has recorded it)."""
+    try:
+        specs = {str(r["method"]) for r in side_by_side()["rows"]}
+    except (OSError, ValueError, KeyError):
+        return tuple(declared)
+    by_key = {s.key: s for s in declared}
+    return tuple(
+        s
+        for s in declared
+        if spec_of_stop(by_key.get(s.same_run_as, s)) in specs and s.same_run_as in ("", *by_key)
+    )
 
 
 # A tour stop's "Run it live", per browser session: the stop whose rule the run opens at.
@@ -644,8 +412,8 @@ def pin_prices(trace: Trace) -> None:
 
 
 def spec_of_stop(stop: Stop) -> str:
-    """The stop's run as a Compare spec (`name:key=value`)."""
-    return ":".join([stop.method, *(f"{k}={v}" for k, v in stop.params.items())])
+    """The stop's run as a Compare spec (`name:key=value`, decoders.specs' spelling)."""
+    return spec_of(stop.method, stop.params)
 
 
 def mark(fig: go.Figure, focus: Sequence[str]) -> go.Figure:
@@ -666,3 +434,6 @@ def mark(fig: go.Figure, focus: Sequence[str]) -> go.Figure:
         if a.bgcolor in dimmed:
             a.opacity = 0.3
     return fig
+
+
+STOPS: tuple[Stop, ...] = _recorded(DECLARED)  # the tour, in the lesson's order

@@ -83,6 +83,29 @@ EVERY_RUN = ("Prefill", "Forward", "Commit", "Done")  # the events of any run, w
 
 
 @dataclass(frozen=True)
+class TourStop:
+    """A method's stop on the guided tour (ui/tour.py draws it from its recorded run, made by
+    `python scripts/make_tour.py` for every declared stop): where it sits in the lesson, what it
+    says, what to look at, and the rule that picks its telling step."""
+
+    chapter: str  # the lesson's chapter, by key: bottleneck, guess, tree, no_drafter, self, lossy
+    place: int  # its order within the chapter
+    title: str
+    narration: str  # may quote the recordings: {{tour.<stop>.<reading>}} (decoders/core/facts.py)
+    look: str  # the one thing to look at, said after "Look at:"
+    rule: str = "most_committed"  # the telling step: one of ui/tour.py's RULES, by name
+    key: str = ""  # its recording's name in assets/tour/ ("" = the method's name)
+    params: Mapping[str, Any] = field(default_factory=dict)  # its run's settings (the defaults)
+    # Legend entries (their names contain one of these) kept bright; the rest is dimmed.
+    focus: tuple[str, ...] = ()
+    same_run_as: str = ""  # another stop's recording, shown at another step
+    view: str = ""  # the method's view the stop draws (one of its declared views; "": the first)
+    # Its drafts come from a trained head, which may draft in bfloat16: a machine whose kernels
+    # round it otherwise grows other trees from the same heads, lossless all the same.
+    head_drafted: bool = False
+
+
+@dataclass(frozen=True)
 class Method:
     """A method's declaration, in its own module (`METHOD = Method(...)` in decoders/methods/):
     everything the registry, the CLI, the Run tab's controls, the Learn tab, Compare's presets
@@ -115,6 +138,8 @@ class Method:
     # The event types its runs emit besides every run's (EVERY_RUN): the views read them, an
     # imported trace may hold no others (ui/traces.py), and a test holds each method to it.
     events: tuple[str, ...] = ()
+    # Its stops on the guided tour, in the lesson's chapters (ui/tour.py orders and draws them).
+    tour: tuple[TourStop, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import Commit, Event, Prefill, TopK
 from decoders.core.models import ModelBundle
 from decoders.core.runtime import forward, new_cache
@@ -39,8 +39,32 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield out.event
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="bottleneck",
+        place=1,
+        title="The bottleneck: one token per forward",
+        narration=(
+            "A language model writes by predicting one token, appending it and running again. "
+            "Each forward pass reads every weight of the model to produce a single token, so on "
+            "most hardware the time goes into moving weights, not into arithmetic, and the "
+            "machine could have checked several tokens for nearly the same price. Every method in "
+            "this tour attacks that: it guesses tokens cheaply and lets one forward check many of "
+            "them. This run is the reference every other stop is measured against."
+        ),
+        look=(
+            "the model's top candidates at one step: it was unsure, and still it spent a whole "
+            "forward to write one token."
+        ),
+        rule="least_sure",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="autoregressive",
     family="baseline",
     title="Autoregressive (baseline)",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Draft, Event
 from decoders.core.models import ModelBundle
@@ -92,8 +92,29 @@ def decode_with(
         )
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="self",
+        place=5,
+        title="The model drafts for itself: Blockwise parallel decoding",
+        narration=(
+            "Blockwise parallel decoding is Medusa's ancestor: k heads, each guessing one "
+            "position ahead, but only their top token, as one chain. The target verifies the "
+            "chain and keeps the longest prefix it agrees with. Simple, and weaker than a tree: "
+            "one wrong head ends the step, and a head far ahead is right less often than the one "
+            "before it. Its guesses come from the same forward that verified the last ones, as "
+            "Medusa's do."
+        ),
+        look=("the chain of head guesses and where the target first disagreed."),
+        head_drafted=True,
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="blockwise",
     family="draft and verify",
     rank=5,

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import Event, LayerExit
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -199,8 +199,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield commit_exit(step, logits, depth, n_layers, budget)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="lossy",
+        place=1,
+        title="Doing less per token: CALM's early exit",
+        narration=(
+            "Instead of writing more tokens per forward, spend fewer layers per token. CALM reads "
+            "the model out after each layer and stops as soon as it is confident enough, skipping "
+            "the deep layers for easy tokens. That is a trade: a token from an early exit was "
+            "never checked by the full model, so the output can differ from greedy. The heatmap "
+            "shows where each token left."
+        ),
+        look=("the shallowest exit in the heatmap, and how much the output agrees with greedy."),
+        rule="shallowest_exit",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="calm",
     family="early exit",
     rank=1,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import CatchUp, Commit, Event, LayerExit
 from decoders.core.models import ModelBundle
@@ -192,8 +192,30 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield commit_exit(step, deep.logits[-1], n_layers, n_layers, budget)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="lossy",
+        place=2,
+        title="Doing less per token: FREE's shallow-deep module",
+        narration=(
+            "FREE has one fixed early exit. A confident token leaves there; the deep layers for "
+            "the tokens that left early are caught up later in parallel, in a synchronized pass "
+            "with the next deep token, so their keys and values exist when later tokens attend to "
+            "them. Less compute per token, paid for by tokens the full model never chose."
+        ),
+        look=(
+            "the tokens that left at the shallow exit (◆ on its row) and the confidence each "
+            "reached; the deep layers they skipped run later, caught up in one pass."
+        ),
+        rule="shallowest_exit",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     family_best=True,  # Compare's "each family at its best"
     name="free",
     family="early exit",

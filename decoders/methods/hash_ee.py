@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Event, LayerExit
 from decoders.core.models import ModelBundle
@@ -126,8 +126,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield commit_exit(step, logits, depth, n_layers, budget)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="lossy",
+        place=3,
+        title="Doing less per token: HASH EE",
+        narration=(
+            "HASH EE decides each token's depth before running it, from a hash of the input "
+            "token: no confidence to compute, no learned router. Tokens of the same kind always "
+            "leave at the same layer. Cheap and predictable, and lossy: the exit is chosen "
+            "without asking whether the model is sure. The heatmap shows the depth the hash gave "
+            "each token; the badge, how much of the output still agrees with greedy."
+        ),
+        look=("which layer each token's hash sent it to."),
+        rule="shallowest_exit",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="hash_ee",
     family="early exit",
     rank=3,

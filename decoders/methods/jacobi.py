@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import Draft, Event, JacobiIteration
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -67,8 +67,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         guesses += [guesses[-1] if guesses else context[-1]] * (m - len(guesses))
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="no_drafter",
+        place=1,
+        title="Guessing without a drafter: Jacobi iteration",
+        narration=(
+            "Jacobi decoding needs no drafter at all. It guesses a whole block of future tokens, "
+            "runs the model once over the block, and replaces every guess with the model's "
+            "prediction at that position. Tokens at the front become correct first; a guess that "
+            "stays the same between iterations has reached a fixed point and can be committed. "
+            "Lossless, because each committed token is verified against the model's own choice, "
+            "but plain guesses rarely converge more than a token or two ahead."
+        ),
+        look=("the block's guesses changing between iterations, and which settled."),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="jacobi",
     family="parallel",
     rank=1,

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from decoders.core import exit_drafting
-from decoders.core.base import DecodeConfig, Method
+from decoders.core.base import DecodeConfig, Method, TourStop
 from decoders.core.events import Event
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -86,8 +86,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     yield from exit_drafting.decode(bundle, prompt_ids, cfg, exit_layer, head)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="self",
+        place=1,
+        title="The model drafts for itself: Kangaroo",
+        narration=(
+            "A separate drafter is one more model to train and load. Kangaroo drafts with the "
+            "target's own first layers plus a small trained adapter: a shallow sub-network that "
+            "shares the big model's embeddings and head. It keeps drafting while its confidence "
+            "stays above a threshold η, then the full model verifies. The deep layers that a "
+            "draft skipped are computed once, for all the drafted tokens, in the verify pass."
+        ),
+        look=("each draft token's confidence against η, and where drafting stopped."),
+        head_drafted=True,
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     family_best=True,  # Compare's "each family at its best"
     name="kangaroo",
     family="self-drafting",

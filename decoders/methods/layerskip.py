@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from decoders.core import exit_drafting, packing
-from decoders.core.base import DecodeConfig, Method
+from decoders.core.base import DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Event
 from decoders.core.models import ModelBundle, tuned_base
@@ -157,8 +157,27 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
     yield from exit_drafting.decode(bundle, prompt_ids, cfg, exit_layer, head)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="self",
+        place=3,
+        title="The model drafts for itself: LayerSkip",
+        narration=(
+            "LayerSkip exits early: the first layers of the target, read out through its own LM "
+            "head, draft; the remaining layers verify, reusing the draft's early layers instead "
+            "of recomputing them. It works best on a model trained so that its early layers "
+            "already predict well; on this untuned model the early exit guesses less often, which "
+            "the confidence view shows."
+        ),
+        look=("the exit's confidence per draft token, and how many the full model kept."),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="layerskip",
     family="self-drafting",
     rank=3,

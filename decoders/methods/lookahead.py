@@ -25,7 +25,7 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import Draft, Event, LookaheadWindow, NgramPool
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -210,8 +210,31 @@ def _window_labels(levels: Sequence[Sequence[int]]) -> list[str]:
     return [f"look L{j}·{i}" for j, level in enumerate(levels) for i in range(len(level))]
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="no_drafter",
+        place=2,
+        title="Guessing without a drafter: Lookahead decoding",
+        narration=(
+            "Lookahead keeps Jacobi's parallel guessing, but does not throw the trajectories "
+            "away: every window of guesses leaves n-grams behind in a pool. When the last token "
+            "matches the start of a pooled n-gram, that n-gram becomes a candidate, and the same "
+            "forward that advances the guessing window also verifies the candidates. Code that "
+            "repeats itself fills the pool quickly."
+        ),
+        look=(
+            "the candidate n-grams from the pool, one per row after x: the green ones the target "
+            "accepted in the same forward that moved the window."
+        ),
+        view="pool_candidates",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="lookahead",
     family="parallel",
     rank=2,

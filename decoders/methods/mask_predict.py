@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import AttentionMask, Commit, Event, MaskPredictStep, Prefill
 from decoders.core.models import ModelBundle
@@ -199,8 +199,28 @@ def _mask_event(step, order, tokens, attention, cached, pending, masked) -> Atte
     )
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="lossy",
+        place=5,
+        title="Writing a block at once: Mask-Predict",
+        narration=(
+            "Non-autoregressive decoding writes all the tokens of a block at once, then refines: "
+            "Mask-Predict re-masks the tokens it is least confident about and predicts them "
+            "again, for a fixed number of iterations. Each position is predicted independently, "
+            "so the block can mix two good continuations; iterations repair some of that. The "
+            "output differs from greedy; the badge says how much."
+        ),
+        look=("the tokens re-masked and refilled at each iteration of this block."),
+        rule="most_refilled",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     family_best=True,  # Compare's "each family at its best"
     name="mask_predict",
     family="non-autoregressive",

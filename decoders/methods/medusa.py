@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Draft, Event
 from decoders.core.models import ModelBundle
@@ -161,8 +161,29 @@ def decode_with(
         )
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="self",
+        place=4,
+        title="The model drafts for itself: Medusa's heads",
+        narration=(
+            "Medusa adds several small heads on the last layer: head k predicts the token k+1 "
+            "positions ahead, all from the same forward. Their top choices combine into a tree of "
+            "candidates that the next forward verifies with a tree mask. One forward both "
+            "verifies the last guesses and produces the next ones, so drafting costs almost "
+            "nothing. The heads are small and trained on this model's own outputs; how far ahead "
+            "they can see is the limit: the first head is often right, the last rarely."
+        ),
+        look=("each head's candidates and which ones the target accepted."),
+        head_drafted=True,
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="medusa",
     family="draft and verify",
     rank=4,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import CopySource, Event
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -60,8 +60,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         yield from verify_chain(bundle, cache, context, tokens, sampler, budget, step)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="guess",
+        place=1,
+        title="Guess by copying from the prompt",
+        narration=(
+            "The cheapest guess costs nothing: code and edits repeat what is already written. "
+            "Prompt lookup finds the last few tokens earlier in the context and proposes whatever "
+            "followed them there. The target model then runs once over the guess: it keeps the "
+            "longest prefix that matches what it would have written itself and adds one token of "
+            "its own. A wrong guess costs only a slightly wider forward; the output is exactly "
+            "greedy's."
+        ),
+        look=("where the copy came from in the context, and how much of it the target kept."),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="prompt_lookup",
     family="draft and verify",
     rank=1,

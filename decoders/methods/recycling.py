@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.costs import forward_ms
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import Event, Priced, Recycled
@@ -110,8 +110,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         recycled.accepted(tree, verdict.accepted, logits)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="no_drafter",
+        place=3,
+        title="Guessing without a drafter: Token Recycling",
+        narration=(
+            "Every verify forward scores the whole vocabulary at every input and keeps one token. "
+            "Token Recycling keeps the runners-up: an adjacency matrix holds, for each token, the "
+            "eight tokens the target ranked likeliest right after it the last time it saw it. A "
+            "draft is a tree read from that table, starting at the last token; after the forward, "
+            "every input's row is overwritten with its new top eight. No model drafts, and "
+            "nothing is trained."
+        ),
+        look=("the rows the draft was read from, and which of their cells the target accepted."),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="recycling",
     family="draft and verify",
     rank=1,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import Event
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -89,8 +89,28 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         )
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="guess",
+        place=2,
+        title="Copy the longest match, from the text or a datastore: SAM",
+        narration=(
+            "Prompt lookup copies after a match of at most three tokens. SAM-Decoding keeps two "
+            "suffix automata, structures that find the longest suffix of a growing text seen "
+            "before in constant time per token: one over the prompt and output, one over a "
+            "datastore of the model's own writing. The longer match wins: a context match is "
+            "copied as a chain, a datastore match drafts its most frequent continuations as a "
+            "small tree. Still no draft model, and the target still decides every token."
+        ),
+        look=("where the draft came from, the matched suffix, and how much of it the target kept."),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="sam",
     family="draft and verify",
     rank=2,

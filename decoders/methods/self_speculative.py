@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.events import DraftStop, Event
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param
@@ -116,8 +116,30 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             threshold, rate = update_threshold(threshold, rate, len(verdict.accepted), len(draft))
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="self",
+        place=2,
+        title="The model drafts for itself: Draft & Verify",
+        narration=(
+            "Draft & Verify drafts with the full model minus some of its layers (a skip set "
+            "searched once for this model). No training, nothing extra to load. Whether it wins "
+            "depends on how much cheaper the skipping draft is than a full forward, and how many "
+            "of its tokens survive: a draft forward here skips only a few layers, so a step must "
+            "accept several tokens to pay for itself. The verdict under the figure does that sum."
+        ),
+        look=(
+            "the drafted tokens' confidence against θ (the last one, below it, ended the draft "
+            "and was still verified) and the sentence under the bars: did drafting pay?"
+        ),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="self_speculative",
     family="self-drafting",
     rank=1,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import AttentionMask, Event, MaskGroups, Prefill
 from decoders.core.models import ModelBundle
@@ -200,8 +200,28 @@ def _tops(rows: torch.Tensor) -> tuple[tuple[int, ...], tuple[float, ...]]:
     return tuple(t.tolist()), tuple(round(float(x), 6) for x in p)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="self",
+        place=6,
+        title="The model drafts for itself: SPACE",
+        narration=(
+            "SPACE appends mask tokens to the input, so one forward both verifies the previous "
+            "guesses and fills the masks with new ones: semi-autoregressive drafting and "
+            "verification in the same pass, the model correcting its own guesses as it goes. The "
+            "relay shows it step by step: the guesses a step's masks made are verified by the "
+            "next step's forward, which fills new masks at the same time. No drafter, no extra "
+            "head: the model was tuned to fill masks."
+        ),
+        look=("the relay: last step's guesses verified while the masks propose the next."),
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     family_best=True,  # Compare's "each family at its best"
     name="space",
     family="parallel",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.costs import forward_ms, input_cost, pays
 from decoders.core.events import DraftStop, Event, Priced
 from decoders.core.models import ModelBundle
@@ -119,8 +119,48 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             gamma = min(MAX_GAMMA, gamma + 2) if full else max(1, gamma - 1)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="guess",
+        place=3,
+        title="Guess and check: speculative decoding",
+        narration=(
+            "A small drafter (here a one-layer head trained on this model's features) proposes a "
+            "few tokens; the target verifies them all in one forward. Each draft token is kept "
+            "while it equals the target's own choice; at the first mismatch the target's token "
+            "replaces it, so nothing the target would not write ever survives. The gain is the "
+            "accepted length per forward minus what drafting cost. Under sampling, the same "
+            "accept/reject rule keeps the output distribution exactly the target's."
+        ),
+        look=("the drafted tokens the target accepted (green) and the one it corrected."),
+        head_drafted=True,
+    ),
+    TourStop(
+        chapter="lossy",
+        place=4,
+        title="Accepting more than the target would: relaxed verification",
+        narration=(
+            "Speculative decoding's exact rule keeps only what the target itself would write. "
+            "Relaxed verification (SpecDec's β and τ) also accepts a draft token that is among "
+            "the target's top β candidates and within τ of its best score. More tokens per "
+            "forward ({{tour.relaxed.tpf}} here, against the exact rule's "
+            "{{tour.speculative.tpf}}), and an output that drifts from greedy: the lab marks "
+            "every token only the relaxed rule accepted, and reports how much of the output "
+            "agrees with greedy."
+        ),
+        look=("the tokens only the relaxed rule accepted, beside the target's own choice."),
+        rule="most_relaxed",
+        key="relaxed",
+        params={"draft": "eagle", "beta": 4, "tolerance": 2},
+        head_drafted=True,
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     name="speculative",
     family="draft and verify",
     rank=2,

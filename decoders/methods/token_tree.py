@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.base import Budget, DecodeConfig, Method, TourStop
 from decoders.core.costs import draft_price, forward_ms
 from decoders.core.events import Event, Priced
 from decoders.core.models import ModelBundle
@@ -225,8 +225,48 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             recycled.accepted(tree, verdict.accepted, logits)
 
 
+# Its stop on the guided tour (ui/tour.py): the narration, what to look at, the telling step.
+TOUR = (
+    TourStop(
+        chapter="tree",
+        place=1,
+        title="Many guesses at once: the token tree",
+        narration=(
+            "Why bet on one guess? A tree drafts several continuations, branching where the "
+            "drafter is unsure, and the target checks every branch in a single forward: a "
+            "tree-shaped attention mask lets each node see only its own ancestors. The longest "
+            "branch the target agrees with wins, and one more token of the target's own comes "
+            "free. A wider forward costs a little more than a one-token forward, so the tree's "
+            "size is chosen by this machine's measured cost of each extra input."
+        ),
+        look=("the green path: every node on it was accepted, all checked in one forward."),
+        focus=("accepted", "bonus", "correction", "root"),
+        head_drafted=True,
+    ),
+    TourStop(
+        chapter="tree",
+        place=2,
+        title="A copied branch joins the tree",
+        narration=(
+            "The tree takes guesses from two sources. Beside the trained drafter, a chain copied "
+            "from the context (prompt lookup: the tokens that followed the last few tokens' "
+            "earlier occurrence) is grafted onto the tree, outlined in purple. Copying is free "
+            "and code repeats its own names, so when the match is long the tree trusts the copy "
+            "alone and skips the drafter. Whichever branch the target agrees with wins; the "
+            "figure's subtitle says which."
+        ),
+        look=("the purple-outlined copied branch and how far along it the target agreed."),
+        rule="copied_won",
+        key="token_tree_copy",
+        focus=("accepted", "copied", "bonus", "correction", "root"),
+        same_run_as="token_tree",
+    ),
+)
+
+
 # The declaration the registry, the CLI, the UI and trace validation derive from.
 METHOD = Method(
+    tour=TOUR,
     family_best=True,  # Compare's "each family at its best"
     name="token_tree",
     family="draft and verify",

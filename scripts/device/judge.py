@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from decoders import generate, load_model  # noqa: E402
-from decoders.methods import kangaroo  # noqa: E402
-from decoders.trained import mask_model  # noqa: E402
+from decoders.trained import kangaroo, mask_model  # noqa: E402
 
 # The module whose adapter_path locates each lossless method's artifact (artifacts are cached
 # per path). Mask-Predict shares SPACE's masks but is lossy: judge the masks through `space`.
