@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from decoders.core.prices import PriceTable
+from decoders.core.prices import (
+    REFERENCE,
+    PriceTable,
+)
 from decoders.core.readings import (  # the rules a reading follows, one place each
     contradicts,
     decision_margin,
@@ -17,8 +20,6 @@ from decoders.core.readings import (  # the rules a reading follows, one place e
     speedup_range,
 )
 from decoders.specs import BREAK
-
-REFERENCE = "autoregressive"  # the row every speedup is against
 
 
 def headline(rows: list[Mapping[str, Any]]) -> str:

@@ -8,6 +8,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The one-token-a-forward loop every cost is priced against, by its registry name: the price
+# table measures it beside the rest, and every speedup is a ratio to it. The one place the
+# engine core names it.
+REFERENCE = "autoregressive"
+
 WIDTHS = (1, 2, 4, 8, 17, 32)  # 17: the input price's reference width (1 + 16 inputs)
 CONTEXT = 64  # the cache the shapes are measured after
 ROUNDS = 7
@@ -101,7 +106,7 @@ class PriceTable:
         a = acceptance
         tokens = gamma + 1.0 if a >= 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
         factor, between = self.per_step(method)
-        ar_factor, ar_between = self.per_step("autoregressive")
+        ar_factor, ar_between = self.per_step(REFERENCE)
         step = (gamma * draft_cost + self.inputs(gamma + 1)) * factor + between
         return tokens, tokens * (ar_factor + ar_between) / step
 

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from decoders.core.events import Commit, Draft, Event, Forward, LayerExit, Priced, Verify
-from decoders.core.prices import PriceTable, drafter_key
+from decoders.core.prices import REFERENCE, PriceTable, drafter_key
 from decoders.core.tree import depths
 
 TARGET_KINDS = ("prefill", "target", "verify", "sync")
@@ -156,9 +156,7 @@ class StatsAccumulator:
             return {"work": None, "modelled_speedup": None}
         factor, between = self.prices.per_step(self.method) if self.method else (1.0, 0.0)
         work = self.work * factor + self.steps * between
-        ar_factor, ar_between = (
-            self.prices.per_step("autoregressive") if self.method else (1.0, 0.0)
-        )
+        ar_factor, ar_between = self.prices.per_step(REFERENCE) if self.method else (1.0, 0.0)
         reference = (self.new_tokens - 1) * (ar_factor + ar_between)
         return {
             "work": round(work, 3),
