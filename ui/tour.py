@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 
 from decoders import METHODS
 from decoders.core import facts
+from decoders.core.base import TourStop
 from decoders.core.events import (
     Commit,
     Done,
@@ -203,53 +204,58 @@ RULES: dict[str, tuple[Callable[[Trace], int], str]] = {
 }
 
 
-def _declared() -> tuple[Stop, ...]:
-    """Every stop the methods declare (`Method.tour`), in the lesson's order: chapter, then its
-    place there; a key already taken (a copied method's copied stop) is left to its first."""
+def _stop(name: str, s: TourStop) -> Stop:
+    """A declared stop, as the tour draws it (its chapter's title, its rule's function)."""
+    if s.chapter not in CHAPTERS or s.rule not in RULES:
+        raise ValueError(f"{name}: tour stop {s.title!r} names no chapter or rule of the tour")
+    pick, rule = RULES[s.rule]
+    return Stop(
+        s.key or name,
+        CHAPTERS[s.chapter],
+        s.title,
+        name,
+        s.narration,
+        s.look,
+        pick,
+        rule,
+        s.params,
+        s.focus,
+        s.same_run_as,
+        s.view,
+        s.head_drafted,
+    )
+
+
+def _recorded_specs() -> set[str] | None:
+    """The runs the side-by-side recording holds, as specs (None: no recording to read)."""
+    try:
+        return {str(r["method"]) for r in side_by_side()["rows"]}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _stops() -> tuple[tuple[Stop, ...], tuple[Stop, ...]]:
+    """(every declared stop, the recorded ones), in the lesson's order: chapter, then place. A
+    stop is recorded when the side-by-side recording holds its run (a stop shown at another
+    stop's recording: that stop's run, of the same method); a method added since joins once
+    `python scripts/make_tour.py` has recorded it. Two stops with one key (a copied method's
+    copied stop): a recorded one keeps it, else the first."""
     found = sorted(
         ((name, s) for name, m in METHODS.items() for s in m.tour),
         key=lambda d: (list(CHAPTERS).index(d[1].chapter), d[1].place, d[0]),
     )
-    stops: dict[str, Stop] = {}
-    for name, s in found:
-        if s.chapter not in CHAPTERS or s.rule not in RULES:
-            raise ValueError(f"{name}: tour stop {s.title!r} names no chapter or rule of the tour")
-        pick, rule = RULES[s.rule]
-        stop = Stop(
-            s.key or name,
-            CHAPTERS[s.chapter],
-            s.title,
-            name,
-            s.narration,
-            s.look,
-            pick,
-            rule,
-            s.params,
-            s.focus,
-            s.same_run_as,
-            s.view,
-            s.head_drafted,
-        )
-        stops.setdefault(stop.key, stop)
-    return tuple(stops.values())
+    stops = [_stop(name, s) for name, s in found]
+    specs = _recorded_specs()
 
+    def recorded(stop: Stop) -> bool:
+        run = next((o for o in stops if o.method == stop.method and o.key == stop.recording), None)
+        return run is not None and (specs is None or spec_of_stop(run) in specs)
 
-DECLARED: tuple[Stop, ...] = _declared()  # what `scripts/make_tour.py` records
-
-
-def _recorded(declared: Sequence[Stop]) -> tuple[Stop, ...]:
-    """The tour: the declared stops whose run the side-by-side recording holds (a method added
-    since joins once `python scripts/make_tour.py` has recorded it)."""
-    try:
-        specs = {str(r["method"]) for r in side_by_side()["rows"]}
-    except (OSError, ValueError, KeyError):
-        return tuple(declared)
-    by_key = {s.key: s for s in declared}
-    return tuple(
-        s
-        for s in declared
-        if spec_of_stop(by_key.get(s.same_run_as, s)) in specs and s.same_run_as in ("", *by_key)
-    )
+    kept: dict[str, Stop] = {}
+    for stop in sorted(stops, key=lambda st: not recorded(st)):  # stable: lesson order within
+        kept.setdefault(stop.key, stop)
+    declared = tuple(s for s in stops if kept.get(s.key) is s)
+    return declared, tuple(s for s in declared if recorded(s))
 
 
 # A tour stop's "Run it live", per browser session: the stop whose rule the run opens at.
@@ -436,4 +442,5 @@ def mark(fig: go.Figure, focus: Sequence[str]) -> go.Figure:
     return fig
 
 
-STOPS: tuple[Stop, ...] = _recorded(DECLARED)  # the tour, in the lesson's order
+# What `scripts/make_tour.py` records, and the tour (the recorded ones), in the lesson's order.
+DECLARED, STOPS = _stops()
