@@ -114,12 +114,19 @@ def assert_greedy(bundle, result, reference: list[int]) -> None:
 
 # The files that drive the app server, and most of them the page: one xdist scope, so one worker
 # runs them one after another against one app server (the other decodes meanwhile).
+# (test_app_traces.py and test_compare_results.py drive neither: split from their files, they run
+# with them.)
 ON_THE_SERVER = (
     "test_browser_views.py",
     "test_browser.py",
+    "test_browser_links.py",
+    "test_browser_tour.py",
     "test_compare.py",
+    "test_compare_page.py",
+    "test_compare_results.py",
     "test_concurrency.py",
     "test_app.py",
+    "test_app_traces.py",
 )
 # The longest first (by their time in `make test`, 2026-11-29): pytest-xdist hands out groups
 # (whole files, or the group above) in the order they were collected (make test turns its
@@ -128,16 +135,27 @@ ON_THE_SERVER = (
 HEAVY_FIRST = (
     *ON_THE_SERVER,
     "test_token_tree.py",
+    "test_token_tree_lookup.py",
+    "test_token_tree_sizing.py",
     "test_lossless.py",
     "test_kangaroo.py",
+    "test_kangaroo_mirror.py",
+    "test_kangaroo_views.py",
     "test_speculative.py",
+    "test_speculative_stop.py",
     "test_tour.py",
     "test_eagle.py",
     "test_medusa.py",
+    "test_medusa_views.py",
     "test_calm.py",
+    "test_calm_free.py",
+    "test_calm_views.py",
     "test_self_speculative.py",
     "test_space.py",
+    "test_space_train.py",
     "test_train.py",
+    "test_train_corpus.py",
+    "test_train_options.py",
     "test_seq2seq.py",
     "test_prompt_lookup.py",
     "test_lookahead.py",
@@ -151,6 +169,7 @@ HEAVY_FIRST = (
     "test_retrieval.py",
     "test_imports.py",
     "test_lookahead_views.py",
+    "test_lookahead_views_pool.py",
 )
 
 
