@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args, timeout=180):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # One torch thread, as the app server the tests start has: beside two test workers a second
+    # thread only spin-waits for a core (a CLI run timed out at 300 s so on a busy box).
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "decoders", *args],
         cwd=ROOT,
