@@ -3,6 +3,7 @@ page's checks that need no server: shared links, a stopped run, where a finished
 sampled run's badge. Trace files and the page's handlers: test_app_traces.py."""
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ def test_run_on_the_embedded_model_matches_the_cli(client):
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # one torch thread, as the app server's
     )
     expected = json.loads(cli.stdout)
     assert trace["token_ids"] == expected["token_ids"]
