@@ -123,10 +123,8 @@ ON_THE_SERVER = (
     "test_browser_tour.py",
     "test_compare.py",
     "test_compare_page.py",
-    "test_compare_results.py",
     "test_concurrency.py",
     "test_app.py",
-    "test_app_traces.py",
 )
 # The longest first (by their time in `make test`, 2026-11-29): pytest-xdist hands out groups
 # (whole files, or the group above) in the order they were collected (make test turns its
@@ -134,6 +132,9 @@ ON_THE_SERVER = (
 # worker idles. Files not named here take 10 s or less (in either tier).
 HEAVY_FIRST = (
     *ON_THE_SERVER,
+    # split from the server's files, but in process: on the other worker, started first
+    "test_compare_results.py",
+    "test_app_traces.py",
     "test_token_tree.py",
     "test_token_tree_lookup.py",
     "test_token_tree_sizing.py",
