@@ -24,7 +24,7 @@ from .live import run_to_end
 from .models import model_choices
 from .run_tab import build_run_tab
 from .run_tab import forget as forget_run
-from .run_views import CSS
+from .style import CSS
 from .tour import forget as forget_tour
 from .tour_tab import KEYS as TOUR_KEYS
 from .tour_tab import TOUR_WIDTH_ESTIMATE, build_tour_tab, wire_live
