@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 def walk_the_tour(page, width: int, only: tuple[str, ...] = ()) -> None:
     """Every stop by Next (or, with `only`, those stops by the picker): its narration, a figure
     that fits, no error badge."""
-    from ui.tour_tab import CHOICES, KEYS
+    from ui.tour_show import CHOICES, KEYS
 
     page.get_by_role("tab", name="Tour").click()
     for k in range(1, len(KEYS) + 1):

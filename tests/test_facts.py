@@ -20,7 +20,7 @@ from decoders.core import facts, readings
 def prose() -> dict[str, str]:
     """Every text a reader is told numbers in, raw (placeholders unfilled), by where it lives."""
     from ui.tour import STOPS
-    from ui.tour_tab import TRANSLATION_NARRATION
+    from ui.tour_show import TRANSLATION_NARRATION
 
     texts = {f"{name}.md": m.explainer_path.read_text() for name, m in METHODS.items()}
     texts["overview.md"] = (ROOT / "ui" / "overview.md").read_text()

@@ -5,6 +5,7 @@ walked in tests/test_browser.py."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -29,7 +30,8 @@ from ui.tour import (
     side_by_side,
     spec_of_stop,
 )
-from ui.tour_tab import KEYS, show
+from ui.tour_marks import DIM_INK, UNKNOWN, VERDICT_COLOURS, question
+from ui.tour_show import KEYS, link, moved, path, read_link, show
 
 
 def test_the_tour_visits_every_method_in_order_of_the_lesson():
@@ -70,9 +72,12 @@ def test_each_stop_opens_at_its_step_with_narration_and_a_figure(stop):
     if stop.focus:  # what the stop points at stays bright, the rest is dimmed
         names = [t.name or "" for t in fig.data]
         assert any(any(f in n for f in stop.focus) for n in names)
-        assert any(t.opacity == 0.25 for t in fig.data) or all(
-            any(f in n for f in stop.focus) for n in names
+        dimmed = [t for t in fig.data if not any(f in (t.name or "") for f in stop.focus)]
+        assert dimmed and all(
+            t.opacity == 0.5 or getattr(t.marker, "opacity", None) == 0.5 for t in dimmed
         )
+        # projector-safe: what is dimmed keeps its text dark (9:1 on white)
+        assert all(t.textfont.color == DIM_INK for t in dimmed if t.text is not None)
 
 
 def test_the_step_rules_pick_what_they_say():
@@ -176,7 +181,58 @@ def test_a_stops_live_run_opens_at_the_step_its_rule_picks_once():
     trace = recorded("speculative")
     LIVE["s1"] = "speculative"
     rule = "the tour stop's rule, the step that committed the most tokens"
-    assert tour_step("s1", trace) == (most_committed(trace), rule, replay_note(STOPS[3], trace))
+    opened = tour_step("s1", trace)
+    assert (opened.step, opened.why, opened.note) == (
+        most_committed(trace),
+        rule,
+        replay_note(STOPS[3], trace),
+    )
     assert tour_step("s1", trace) is None  # once: the session's next run opens as usual
     LIVE["s1"] = "jacobi"
     assert tour_step("s1", trace) is None  # another method's run: not this stop's
+
+
+def test_a_question_paints_the_answer_over_and_the_reveal_shows_it():
+    """Predict, then reveal: at its telling step a stop that asks shows its question, with the
+    verdict colours painted over and its concealed entries hidden; the reveal is the stop's own
+    figure. The figure `question` is given stays as it was."""
+    asking = [s for s in STOPS if s.ask]
+    assert {"speculative", "prompt_lookup", "jacobi", "calm"} <= {s.key for s in asking}
+    for stop in asking:
+        asked, shown = show(stop.key, 700, asking=True), show(stop.key, 700)
+        assert asked["asked"] == stop.ask and not shown["asked"]
+        q = asked["panel"].to_plotly_json()
+        colours = json.dumps([[t for t in q["data"] if t.get("visible") is not False], q["layout"]])
+        assert not any(c in colours for c in VERDICT_COLOURS), stop.key
+        hidden = [t.name for t in asked["panel"].data if t.visible is False]
+        assert all(any(c in (n or "") for n in hidden) for c in stop.conceal), stop.key
+        assert UNKNOWN in colours or hidden, stop.key  # something of the answer is held back
+    fig = show("speculative", 700)["panel"]
+    before = fig.to_json()
+    question(fig, ("target",))
+    assert fig.to_json() == before
+    # another step than the telling one asks nothing
+    assert not show("speculative", 700, step=1, asking=True)["asked"]
+
+
+def test_tour_links_open_a_stop_at_a_step_and_name_a_bad_value():
+    n = KEYS.index("speculative") + 1
+    last = recorded("speculative").last_step
+    assert read_link({}) is None
+    assert read_link({"tour": str(n), "step": "2"}) == {
+        "key": "speculative",
+        "step": 2,
+        "lesson": False,
+        "error": "",
+    }
+    assert link("speculative", 2, False) == f"?tour={n}&step=2"
+    for bad, names in (({"tour": "0"}, "tour='0'"), ({"tour": "x"}, "tour='x'")):
+        got = read_link(bad)
+        assert got["key"] == KEYS[0] and names in got["error"]
+    got = read_link({"tour": str(n), "step": str(last + 1)})
+    assert got["step"] is None and f"0–{last}" in got["error"]
+    # the lesson: about 15 minutes in about eight stops, walked in the tour's order
+    lesson = path(True)
+    assert 6 <= len(lesson) <= 10 and lesson == [k for k in KEYS if k in lesson]
+    assert moved(lesson[0], 1, True) == lesson[1] and moved(lesson[-1], 1, True) == lesson[-1]
+    assert moved(KEYS[KEYS.index(lesson[1]) + 1], -1, True) == lesson[1]  # off the path: back on

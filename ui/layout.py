@@ -26,8 +26,9 @@ from .run_tab import build_run_tab
 from .run_tab import forget as forget_run
 from .style import CSS
 from .tour import forget as forget_tour
-from .tour_tab import KEYS as TOUR_KEYS
-from .tour_tab import TOUR_WIDTH_ESTIMATE, build_tour_tab, wire_live
+from .tour_show import KEYS as TOUR_KEYS
+from .tour_tab import CSS as TOUR_CSS
+from .tour_tab import TOUR_WIDTH_ESTIMATE, build_tour_tab, wire_live, wire_tour_link
 from .traces import EXAMPLE_PROMPTS
 from .translation_tab import build_translation_tab
 
@@ -47,10 +48,13 @@ def build_demo() -> gr.Blocks:
     method_choices = [(m.title, name) for name, m in METHODS.items()]
 
     with gr.Blocks(title="Decoding Lab") as demo:
-        gr.HTML(f"<style>{CSS}</style>", padding=False, container=False, elem_id="dl-style")
+        gr.HTML(
+            f"<style>{CSS}{TOUR_CSS}</style>", padding=False, container=False, elem_id="dl-style"
+        )
         gr.Markdown(
             "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or "
-            "several. Pick a method, run it on a real model, then step through what happened."
+            "several. Pick a method, run it on a real model, then step through what happened.",
+            elem_id="dl-title",
         )
         take_tour = gr.Button(
             f"🧭 New here? Take the tour ({len(TOUR_KEYS)} stops)",
@@ -63,7 +67,9 @@ def build_demo() -> gr.Blocks:
                 run_tab = build_run_tab(demo)
             with gr.Tab("Tour", id="tour") as tour:
                 # drawn when first opened; its Run it live fills the tabs built below
-                tour_opened, tour_width = build_tour_tab(tour, tabs, lambda t: wire_live(*live(t)))
+                tour_opened, tour_width, tour_start = build_tour_tab(
+                    tour, tabs, lambda t: wire_live(*live(t))
+                )
             with gr.Tab("Compare", id="compare"):
                 compare_tab = build_compare_tab(choices)
             with gr.Tab("Learn", id="learn"):
@@ -91,6 +97,7 @@ def build_demo() -> gr.Blocks:
             forget_tour(session)
 
         demo.unload(on_close)
+        wire_tour_link(demo, tabs, tour_opened, tour_width, tour_start)
 
         # --- API for scripts (gradio_client) -------------------------------------------------------
 

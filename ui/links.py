@@ -36,7 +36,10 @@ def check_budget(max_new_tokens: Any, shown: Any = None) -> int:
 
 # The form's own fields a link may set; any method parameter may follow (`?method=jacobi&block=8`),
 # or come as one JSON object (`?params={"block": 8}`), or from a named preset (`?preset=paper`).
-LINK_FORM_FIELDS = ("model", "prompt", "method", "max_new_tokens", "preset", "params")
+LINK_FORM_FIELDS = ("model", "prompt", "method", "max_new_tokens", "preset", "params", "step")
+# A tour link's own fields (`?tour=5&step=2&lesson=1&present=1`: ui/tour_show.read_link); no
+# method's parameter may take one of these names, nor a form field's (tests/test_links.py).
+TOUR_LINK_FIELDS = ("tour", "step", "lesson", "present")
 SAMPLING_BY_NAME = {p.name: p for p in SAMPLING_PARAMS}
 
 
@@ -109,6 +112,12 @@ def parse_link(query: Mapping[str, str], default_method: str) -> Link:
             )
         else:
             link.fields["prompt"] = q["prompt"]
+    if "step" in q and "tour" not in q:  # the Run tab's: its next run opens at that step
+        raw = q["step"]
+        if raw.isdigit():
+            link.fields["step"] = int(raw)
+        else:
+            link.errors.append(f"step must be a whole number (0 = the prompt's step), got {raw!r}")
     if "max_new_tokens" in q:
         budget = attempt(lambda: _link_budget(q["max_new_tokens"]))
         if budget is not None:
@@ -137,7 +146,7 @@ def parse_link(query: Mapping[str, str], default_method: str) -> Link:
             if n != method:
                 others.setdefault(p.name, []).append(n)
     for key, raw in q.items():
-        if key in LINK_FORM_FIELDS or key in SAMPLING_BY_NAME:
+        if key in LINK_FORM_FIELDS or key in SAMPLING_BY_NAME or key in TOUR_LINK_FIELDS:
             continue
         if key in by_name:
             given[key] = raw

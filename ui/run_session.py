@@ -16,6 +16,9 @@ WIDTHS: dict[str | None, int | None] = {}
 # The sessions whose views a run or an import has replaced: the page's opening redraw of its
 # example leaves them alone.
 REPLACED: set[str | None] = set()
+# A link's `step` (`?method=jacobi&step=3`), per session: the session's next finished run opens
+# there (once), when it has that step.
+LINK_STEPS: dict[str | None, int] = {}
 
 
 def stale_for(picked: str, trace: Trace | None) -> str:
@@ -31,3 +34,4 @@ def forget(session: str | None) -> None:
     STOPS.pop(session, None)
     WIDTHS.pop(session, None)
     REPLACED.discard(session)
+    LINK_STEPS.pop(session, None)

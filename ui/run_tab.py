@@ -47,6 +47,7 @@ from .run_views import (
 )
 from .run_wires import wire_links, wire_method, wire_stepping, wire_trace_files
 from .tour import tour_step
+from .tour_tab import LANDED
 from .traces import load_example
 
 
@@ -115,7 +116,11 @@ def _run_handler(t: RunTab) -> Callable[..., Iterator[dict]]:
                     n = len(trace.token_ids)
                     if live.done:  # a tour stop's live run opens at the step its rule picks
                         yield t.full_views(
-                            trace, _done(trace, method_name), width, tour_step(session, trace)
+                            trace,
+                            _done(trace, method_name),
+                            width,
+                            tour_step(session, trace),
+                            sessions.LINK_STEPS.pop(session, None),
                         )
                         return
                     if live.phase == "checking":
@@ -236,7 +241,7 @@ def _wire_run(t: RunTab) -> None:
         t.stale,
         api_visibility="private",
         show_progress="hidden",
-    )
+    ).then(None, None, None, js=LANDED, api_visibility="private")  # a tour's live run: its figure
 
     def on_stop(request: gr.Request) -> dict:
         sessions.STOPS[getattr(request, "session_hash", None)] = time.monotonic()

@@ -34,6 +34,8 @@ from .common import (
 from .links import UI_MAX_NEW_TOKENS, parse_param
 from .live import Trace, measured_speedup
 from .models import model_choices
+from .tour import Opened, telling
+from .tour_marks import mark
 
 DEFAULT_METHOD = "token_tree"  # a cold page shows a method that drafts, not the grey baseline
 # While streaming: tokens at most every TOKENS_EVERY_S; figures every FIGURES_EVERY_S, or less
@@ -44,16 +46,24 @@ HEARTBEAT_S = 0.5  # a run's handler wakes at least this often, so a Stop is nev
 FIGURES_EVERY_S = 1.0
 DRAW_SHARE = 0.25
 
-# Desktop: two columns. Phone: the controls column dissolves, so the output (its own column) sits
-# directly under Run and the status, and the parameters follow the output.
-# On a phone (the CSS breakpoint below): the explainer starts closed, so the form and the output
-# come first; and Run brings the output into view (the parameters sit between them).
+# Desktop: two columns. Phone (ui/style.py): the controls column dissolves, so Run and the status
+# come first, then the method's parameters (closed), then the output and the rest of the form.
+# On a phone (the CSS breakpoint below): the parameters and the explainer start closed, so the
+# form and the output come first; and Run brings the output into view.
 PHONE = "window.matchMedia('(max-width: 768px)').matches"
-CLOSE_EXPLAINER_ON_A_PHONE = f"""() => {{
+
+
+def close_on_a_phone(accordion: str) -> str:
+    """A `js` function that closes the accordion `accordion` (a selector) on a phone, once."""
+    return f"""() => {{
   if (!{PHONE}) return;
-  const label = document.querySelector('#explainer .label-wrap');
+  const label = document.querySelector('{accordion} .label-wrap');
   if (label && label.classList.contains('open')) label.click();
 }}"""
+
+
+CLOSE_EXPLAINER_ON_A_PHONE = close_on_a_phone("#explainer")
+CLOSE_PARAMETERS_ON_A_PHONE = close_on_a_phone("#run-params")
 # The method view's width in the page, handed to the server with each event that draws it (a view
 # sizes its labels to it: see visualizer/panels.draw).
 PLOT_WIDTH = "(document.querySelector('#panel')?.clientWidth || null)"
@@ -84,6 +94,7 @@ REDRAW_ON_RESIZE = f"""() => {{
 COUNT_REDRAWS = "() => { window.dlRedraws = (window.dlRedraws || 0) + 1; }"
 ON_LOAD = f"""() => {{
   ({CLOSE_EXPLAINER_ON_A_PHONE})();
+  ({CLOSE_PARAMETERS_ON_A_PHONE})();
   ({REDRAW_ON_RESIZE})();
 }}"""
 # Run pressed while a run is going starts nothing (the click's trigger_mode is "once"): said
@@ -247,18 +258,32 @@ class RunTab:
 
     # --- views of a trace --------------------------------------------------------------------
 
-    def step_views(self, trace: Trace, step: int | None, width: int | None = None) -> dict:
+    def step_views(
+        self,
+        trace: Trace,
+        step: int | None,
+        width: int | None = None,
+        focus: tuple[str, ...] = (),
+        view: str = "",
+    ) -> dict:
         """Tokens and figures as they stood at `step` (None = the end), the method's views drawn
-        for `width` pixels."""
+        for `width` pixels; `focus`: in the view named `view` (its first: ""), the legend entries
+        kept bright while the rest is dimmed (a tour stop's, for its live run)."""
         upto = step if step is not None and step < trace.last_step else None
         at = trace.last_step if upto is None else upto
-        method = trace.meta.get("method", "autoregressive")
-        extras = extra_panels(views_of(method), trace.events, trace.texts, at, width)
+        names = views_of(trace.meta.get("method", "autoregressive"))
+        main = method_panel(names, trace.events, trace.texts, at, width)
+        extras = extra_panels(names, trace.events, trace.texts, at, width)
+        if focus:
+            shown = [main, *extras] if at > 0 else [main]  # at step 0 empty extras are left out
+            i = names.index(view) if view in names else 0
+            if i < len(shown):
+                mark(shown[i], focus)
         return {
             self.tokens: token_spans_html(trace.events, trace.texts, upto),
             self.timeline: forward_timeline(trace.events, upto),
             self.per_step: tokens_per_step(trace.events, upto),
-            self.panel: method_panel(views_of(method), trace.events, trace.texts, at, width),
+            self.panel: main,
             **{
                 plot: gr.Plot(value=extras[i], visible=True)
                 if i < len(extras)
@@ -272,21 +297,21 @@ class RunTab:
         trace: Trace,
         status: str,
         width: int | None = None,
-        opened: tuple[int, str, str] | None = None,
+        opened: Opened | None = None,
+        at_step: int | None = None,
     ) -> dict:
-        """Every view of a finished (or stopped, or imported) trace, opened as the cold page opens
-        its example: at the showcase step (the last one with drafts accepted, whose method panel
-        has something to show; the tokens after it stay on screen, pending), else the last; or
-        at `opened` = (step, the rule that chose it, a note: a tour stop's, for its live run)."""
-        if opened is not None:
-            at = opened[0]
-            status += f" Opened at step {at}: {opened[1]}. {opened[2]}"
-        else:
-            at, shown = showcase(trace)
-            if at < trace.last_step:
-                status += f" Opened at step {at}, the last with {shown}."
+        """Every view of a finished (or stopped, or imported) trace, opened at its telling step
+        (`opened_at`: its method's tour rule, said in the status; the tokens after it stay on
+        screen, pending), or at `opened` (a tour stop's, for its live run, with the stop's
+        focus marked), or at `at_step` (a link's `step`, when the run has it)."""
+        if at_step is not None and 0 <= at_step <= trace.last_step:
+            opened = Opened(at_step, "the link's step")
+        opened = opened or opened_at(trace)
+        at = opened.step
+        if at < trace.last_step or opened.note:
+            status += f" Opened at step {at}: {opened.why}. {opened.note}".rstrip()
         return {
-            **self.step_views(trace, at, width),
+            **self.step_views(trace, at, width, opened.focus, opened.view),
             self.metrics: metrics_html(
                 trace.stats,
                 trace.meta.get("lossless"),
@@ -408,17 +433,27 @@ def knob_values(method: str, knobs: dict | None, edits: dict | None) -> dict[str
 
 
 def showcase(trace: Trace) -> tuple[int, str]:
-    """The step a page opens at, and what it shows: the last one where the target accepted
-    drafted tokens (its method panel has something to show); without verification (Mask-Predict's
-    blocks), the last that committed several tokens; else the last step ("")."""
+    """The step a page opens at when its method has no tour rule: the last one where the
+    target accepted drafted tokens (its method panel has something to show); without
+    verification (Mask-Predict's blocks), the last that committed several tokens; else the last
+    step ("")."""
     accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
     if accepted:
-        return max(accepted), "drafts accepted"
+        return max(accepted), "the last step with drafts accepted"
     several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
     if several:
-        return max(several), "several tokens committed"
-    return trace.last_step, ""
+        return max(several), "the last step that committed several tokens"
+    return trace.last_step, "the last step"
+
+
+def opened_at(trace: Trace) -> Opened:
+    """Where a finished run opens (and "telling step" goes): its method's telling step, by the
+    rule the tour's stop of that method states (ui/tour.telling), else `showcase`'s step."""
+    told = telling(trace)
+    if told is not None:
+        return told
+    return Opened(*showcase(trace))
 
 
 def showcase_step(trace: Trace) -> int:
-    return showcase(trace)[0]
+    return opened_at(trace).step

@@ -229,6 +229,8 @@ def wire_links(t: RunTab, demo: gr.Blocks) -> None:
             "seed": t.seed,
         }
         out |= {fields[k]: v for k, v in link.fields.items() if k in fields}
+        if "step" in link.fields:
+            sessions.LINK_STEPS[getattr(request, "session_hash", None)] = link.fields["step"]
         if "method" in link.fields or link.params:
             out |= t.knobs_for(method, defaults(method) | dict(link.params))
         if "preset" in link.fields:

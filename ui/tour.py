@@ -20,8 +20,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import plotly.graph_objects as go
-
 from decoders import METHODS
 from decoders.core import facts
 from decoders.core.base import TourStop
@@ -149,6 +147,8 @@ class Stop:
     # draft in bfloat16: a machine whose kernels round it otherwise (another draft_fingerprint)
     # grows other trees from the same heads, lossless all the same.
     head_drafted: bool = False
+    ask: str = ""  # predict, then reveal: the question ("" = none)
+    conceal: tuple[str, ...] = ()  # the legend entries hidden until the reveal
 
     @property
     def recording(self) -> str:
@@ -223,6 +223,8 @@ def _stop(name: str, s: TourStop) -> Stop:
         s.same_run_as,
         s.view,
         s.head_drafted,
+        s.ask,
+        s.conceal,
     )
 
 
@@ -267,15 +269,33 @@ def forget(session: str | None) -> None:
     LIVE.pop(session, None)
 
 
-def tour_step(session: str | None, trace: Trace) -> tuple[int, str, str] | None:
+@dataclass(frozen=True)
+class Opened:
+    """Where a finished run opens: its step, the rule that chose it (said beside it), a note on
+    the run, and what its figure marks (a tour stop's focus, in the stop's view)."""
+
+    step: int
+    why: str
+    note: str = ""
+    focus: tuple[str, ...] = ()
+    view: str = ""
+
+
+def tour_step(session: str | None, trace: Trace) -> Opened | None:
     """For the live run a tour stop asked for (once): the step its rule picks in this run, the
-    rule, and how the run compares with the stop's recording (`replay_note`), when the run is
-    that stop's method; else None (the usual showcase step)."""
+    rule, how the run compares with the stop's recording (`replay_note`) and the stop's focus,
+    when the run is that stop's method; else None (the run's telling step: `telling`)."""
     key = LIVE.pop(session, None)
     stop = next((s for s in STOPS if s.key == key), None)
     if stop is None or trace.meta.get("method") != stop.method or not trace.token_ids:
         return None
-    return stop.pick(trace), f"the tour stop's rule, {stop.rule}", replay_note(stop, trace)
+    return Opened(
+        stop.pick(trace),
+        f"the tour stop's rule, {stop.rule}",
+        replay_note(stop, trace),
+        stop.focus,
+        stop.view,
+    )
 
 
 def decisions(events: Sequence[Event]) -> list[tuple]:
@@ -422,25 +442,29 @@ def spec_of_stop(stop: Stop) -> str:
     return spec_of(stop.method, stop.params)
 
 
-def mark(fig: go.Figure, focus: Sequence[str]) -> go.Figure:
-    """Dim what the stop does not ask to look at: every legend entry whose name contains none of
-    `focus`, and the boxes (annotations) filled in a dimmed entry's colour."""
-    if not focus:
-        return fig
-    dimmed: set[str] = set()
-    for tr in fig.data:
-        name = tr.name or ""
-        if any(f in name for f in focus):
-            continue
-        tr.opacity = 0.25
-        colour = getattr(getattr(tr, "marker", None), "color", None)
-        if isinstance(colour, str):
-            dimmed.add(colour)
-    for a in fig.layout.annotations:
-        if a.bgcolor in dimmed:
-            a.opacity = 0.3
-    return fig
+def telling(trace: Trace) -> Opened | None:
+    """A run's telling step by its method's tour rule (the first stop it declares, recorded or
+    not; with that stop's focus); None for a method with no stop, or a run with no tokens."""
+    stop = next((s for s in DECLARED if s.method == trace.meta.get("method")), None)
+    if stop is None or not trace.token_ids:
+        return None
+    return Opened(
+        stop.pick(trace), f"{stop.rule} (this method's telling step)", "", stop.focus, stop.view
+    )
 
 
 # What `scripts/make_tour.py` records, and the tour (the recorded ones), in the lesson's order.
 DECLARED, STOPS = _stops()
+
+# The 15-minute lesson: eight stops, a class's minutes at each (the rest of the tour is the full
+# path). By stop key; a key the tour does not hold (a method removed) is left out.
+LESSON_MINUTES: dict[str, float] = {
+    "autoregressive": 1.5,
+    "prompt_lookup": 2,
+    "speculative": 2.5,
+    "token_tree": 2,
+    "jacobi": 2,
+    "kangaroo": 1.5,
+    "calm": 1.5,
+    SIDE_BY_SIDE: 2,
+}

@@ -1,185 +1,133 @@
 """The Tour tab: the guided tour's stops (ui/tour.py), one at a time, each a recorded run drawn at
-its telling step with the thing to look at marked; Prev / Next, a stop picker, and "Run it live",
-which fills the Run tab with the stop's method, prompt and settings and runs it there."""
+its telling step with the thing to look at marked (ui/tour_show.py says what a stop shows). Two
+paths (the 15-minute lesson, every stop), Prev / Next and the keyboard (←/→, PageUp/PageDown for
+a clicker, Home/End), a step slider with "telling step", predict-then-reveal on the stops that
+ask, a presenter mode (full-width figures, large type), a link to every stop and step, and "Run
+it live", which fills the Run tab with the stop's method, prompt and settings, runs it there and
+lands on its figure."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from decoders.core.facts import UnknownFact, fill, lossless_leaders, speeds
-from decoders.core.readings import fmt_ratio
-from visualizer import method_panel, metrics_html, token_spans_html
-from visualizer.compare_views import quality_chart, speedup_chart
-
 from .common import internal_error, message
 from .compare_tab import CompareTab
 from .run_views import RunTab, views_of
-from .tour import (
-    ALL,
-    BEYOND,
-    LIVE,
-    SIDE_BY_SIDE,
-    STOPS,
-    TRANSLATION,
-    TRANSLATION_SOURCE,
-    here_sentence,
-    mark,
-    recorded,
-    side_by_side,
-    side_by_side_row,
+from .tour import LIVE, SIDE_BY_SIDE, STOPS, TRANSLATION, TRANSLATION_SOURCE, recorded, side_by_side
+from .tour_show import (
+    KEYS,
+    choices,
+    lesson_minutes,
+    link_html,
+    moved,
+    path,
+    read_link,
+    show,
+    show_steps,
 )
 
 SHOW_NARRATION = "() => document.querySelector('#tour-nav')?.scrollIntoView({block: 'start'})"
+PRESENTING = "document.body.classList.contains('dl-present')"
 TOUR_WIDTH = "(document.querySelector('#tour-panel')?.clientWidth || null)"
 # Before the tour is drawn there is no figure to measure: its column's share of the window (the
-# whole width on a phone, three fifths of the page's width beside the narration on a desktop).
+# whole width on a phone or in presenter mode, three fifths of the page beside the narration).
 TOUR_WIDTH_ESTIMATE = (
-    "(window.innerWidth <= 768 ? window.innerWidth - 32"
+    f"(window.innerWidth <= 768 || {PRESENTING} ? window.innerWidth - 32"
     " : Math.round(Math.min(window.innerWidth, 1600) * 0.55))"
 )
-KEYS = [s.key for s in STOPS] + [SIDE_BY_SIDE, TRANSLATION]
-CHOICES = [(f"{i + 1}. {s.title}", s.key) for i, s in enumerate(STOPS)] + [
-    (f"{len(STOPS) + 1}. All of them side by side", SIDE_BY_SIDE),
-    (f"{len(STOPS) + 2}. Translation: several right answers", TRANSLATION),
-]
-# Run it live: the Run tab's button (the side-by-side stop: Compare's; the translation stop:
-# none), pressed once the form holds the stop's settings.
-PRESS = f"""(key) => {{
-  if (key === '{TRANSLATION}') return;  // the lab has translated its sentence already
-  const button = key === '{SIDE_BY_SIDE}' ? '#cmp-btn' : '#run-btn';
-  setTimeout(() => document.querySelector(button)?.click(), 300);
-}}"""
+# A link's `present=1` (read in the browser, before the first stop is drawn at its width).
+PRESENT_FROM_LINK = (
+    "(new URLSearchParams(location.search).get('present') === '1'"
+    " && document.body.classList.add('dl-present'))"
+)
+LESSON, FULL = "15-minute lesson", "Every stop"
 
-
-TRANSLATION_NARRATION = """### Translation: when there is more than one right answer
-
-Everything so far kept the model's own answer. Non-autoregressive *translation* writes every
-word of a sentence in one pass, and meets a problem the drafters never do: a sentence with
-several right translations. In this toy task each word has two synonyms (register a or b, one
-register per sentence) and the words may also run in reverse: four right answers. A vanilla
-NAT's positions each choose alone, so they mix them. Below, six small translation models
-trained here, each with its remedy.
-
-<div class='dl-look'>👀 <b>Look at</b>: the vanilla NAT's row — a-words and b-words in one
-sentence, marked — then distillation's row, and the chart: Mask-Predict climbing with each
-extra pass.</div>
-
-**Run it live** opens the Translation lab, where you can type your own sentence."""
-
-
-def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
-    n = KEYS.index(key) + 1
-    if key == TRANSLATION:
-        return f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {BEYOND}</div>\n\n" + (
-            TRANSLATION_NARRATION
-        )
-    if key == SIDE_BY_SIDE:
-        record = side_by_side()
-        return (
-            f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {ALL}</div>\n\n"
-            "### All of them side by side\n\n"
-            f"Every stop's run again, on the same prompt and budget ({record['max_new_tokens']} "
-            f"tokens), {record['rounds']} rounds with autoregressive in each, recorded on this "
-            "app's CPU. A method gains only by committing more tokens per forward than its "
-            "wider forwards and its drafting cost: compare the two bars of each row (the diamond is the "
-            "speedup its work is worth on the price table). Lossy "
-            "methods trade agreement with greedy for speed; the second chart puts each where it "
-            "lands. **Run it live** runs this comparison again in the Compare tab (a few "
-            "minutes), or pick any stop to see one method again.\n\n"
-            f"<div class='dl-look'>👀 <b>Look at</b>: {html.escape(_best_sentence(record))}</div>"
-        )
-    stop = STOPS[n - 1]
-    where = (
-        f"Opened at step {at} of {last} (step 0 is the prompt's forward, which wrote the first "
-        f"token): {stop.rule}. **Run it live** to decode it yourself and step through every step."
-        if at is not None
+# Where a stop's live run lands: the Run tab's figure that holds the stop's view (the first view
+# is #panel, the next ones #panel2, #panel3, …), Compare's chart for the side-by-side stop.
+LAND = {
+    s.key: "#panel"
+    + (
+        str(views_of(s.method).index(s.view) + 1)
+        if s.view and views_of(s.method).index(s.view)
         else ""
     )
+    for s in STOPS
+} | {SIDE_BY_SIDE: "#cmp-plot", TRANSLATION: "#tl-outputs"}
+SCROLL_TO = "(sel) => { const el = document.querySelector(sel); if (el) el.scrollIntoView({block: 'start'}); }"
+# After a run: a live run from the tour lands on its figure (once).
+LANDED = f"""() => {{
+  const sel = window.dlLand;
+  window.dlLand = null;
+  if (sel) setTimeout(() => ({SCROLL_TO})(sel), 150);
+}}"""
+# Run it live: the Run tab's button (the side-by-side stop: Compare's; the translation stop:
+# none, the lab translates the stop's sentence as it is drawn), pressed once the form holds the
+# stop's settings; the page goes to the stop's figure at once (it streams there) and again when
+# the run is done (`LANDED`).
+PRESS = f"""(key) => {{
+  const land = {LAND};
+  window.dlLand = land[key] || null;
+  const button = key === '{SIDE_BY_SIDE}' ? '#cmp-btn' : '#run-btn';
+  setTimeout(() => {{
+    if (key !== '{TRANSLATION}') document.querySelector(button)?.click();
+    setTimeout(() => window.dlLand && ({SCROLL_TO})(window.dlLand), 400);
+  }}, 300);
+  if (key === '{TRANSLATION}') setTimeout(() => ({LANDED})(), 1500);
+}}"""
+# The keyboard, while the tour is on screen: ←/→ and PageUp/PageDown (a presenter's clicker)
+# move between stops, Home/End go to the path's ends. Typing in a box is left alone.
+KEYBOARD = """() => {
+  if (window.dlTourKeys) return;
+  window.dlTourKeys = true;
+  const keys = {ArrowRight: '#tour-next', PageDown: '#tour-next', ArrowLeft: '#tour-prev',
+                PageUp: '#tour-prev', Home: '#tour-first', End: '#tour-last'};
+  document.addEventListener('keydown', (e) => {
+    const target = keys[e.key];
+    const next = document.querySelector('#tour-next');
+    if (!target || !next || next.offsetParent === null || e.altKey || e.ctrlKey || e.metaKey) return;
+    const t = e.target;
+    const typing = t && (t.tagName === 'TEXTAREA' || t.isContentEditable ||
+      (t.tagName === 'INPUT' && !t.closest('#tour-nav')));
+    if (typing) return;
+    e.preventDefault();
+    if (t && t.blur && t.closest && t.closest('#tour-nav')) t.blur();
+    document.querySelector(target)?.click();
+  });
+}"""
+# Presenter mode: the figure across the window, large type, the page's header out of the way.
+TOGGLE_PRESENT = f"""(key, step, asking, lesson, w) => {{
+  document.body.classList.toggle('dl-present');
+  return [key, step, asking, lesson, {TOUR_WIDTH}];
+}}"""
+CSS = """
+.dl-present .gradio-container {max-width: 100% !important; padding: 0 12px !important;}
+.dl-present #dl-title, .dl-present #take-tour {display: none;}
+.dl-present #tour-row {flex-direction: column;}
+.dl-present #tour-row > div {width: 100% !important; min-width: 0 !important; max-width: 100%;}
+.dl-present #tour-text {font-size: 1.3rem; line-height: 1.5;}
+.dl-present #tour-text h3 {font-size: 2rem;}
+.dl-present #tour-ask {font-size: 1.3rem;}
+.dl-present .dl-look {font-size: 1.3rem;}
+.dl-present #tour-tokens .dl-tokens {font-size: 20px;}
+.dl-ask {background: #ede7f6; border-left: 4px solid #4527a0; padding: 8px 10px;
+  border-radius: 4px; color: #1a1a2e;}
+.dl-tour-link {font-size: 13px; color: #37474f;}
+.dl-tour-link button {margin-left: 6px; padding: 0 8px; border: 1px solid #90a4ae;
+  border-radius: 4px; background: #fff; color: #263238;}
+"""
+
+
+def _ask_html(asked: str) -> str:
     return (
-        f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {stop.chapter}</div>\n\n"
-        f"### {stop.title}\n\n{fill(stop.narration)} {here_sentence(stop)}\n\n"
-        f"<div class='dl-look'>👀 <b>Look at</b>: {html.escape(stop.look)}</div>\n\n"
-        f"<span class='dl-tour-rule'>{where}</span>"
+        f"<div class='dl-ask'>❓ <b>Predict</b>: {asked} <i>(The verdict colours are "
+        "hidden: answer, then press Reveal.)</i></div>"
+        if asked
+        else ""
     )
-
-
-def _best_sentence(record: dict[str, Any]) -> str:
-    """The recorded comparison's winner by Compare's rule (facts.lossless_leaders, on modelled
-    speedups), or the tie it found."""
-    try:
-        best, rivals = lossless_leaders({r["method"]: r for r in record["rows"]})
-    except UnknownFact:
-        return "each row's tokens per forward against its speedup."
-    if rivals:
-        names = ", ".join(r["method"] for r in rivals)
-        lead = f"no clear winner: {best['method']} and {names} are too close to call on modelled speedups; "
-    else:
-        lead = "the fastest lossless method, "
-    return (
-        f"{lead}{best['method']}: {fmt_ratio(best['tokens_per_target_forward'])} tokens per "
-        f"forward became {speeds(best)}, because its forwards are wider and its drafting is not "
-        "free."
-    )
-
-
-def _timed(row: dict[str, Any] | None) -> dict[str, Any]:
-    """The side-by-side row's clock readings (its tokens/s): a stop's card shows the speed of the
-    same rounds its speedup came from, not its own recording's (timed alone, another moment)."""
-    return {"tokens_per_s": row["tokens_per_s"]} if row and row.get("tokens_per_s") else {}
-
-
-def show(key: str, width: float | None = None) -> dict[str, Any]:
-    """What one stop shows: the narration, the tokens and metrics as recorded, the marked figure
-    (side by side: the recorded comparison's two charts; translation: the lab on the shipped
-    models)."""
-    w = int(width) if width else None
-    if key == TRANSLATION:
-        from decoders.seq2seq.lab import metrics, parse_source, translate_all
-        from visualizer.translation_views import CSS as LAB_CSS
-        from visualizer.translation_views import outputs_html, references_html
-        from visualizer.translation_views import quality_chart as lab_chart
-
-        lab = translate_all("modes", parse_source(TRANSLATION_SOURCE))
-        return {
-            "narration": _narration(key),
-            "tokens": f"<style>{LAB_CSS}</style>" + references_html(lab) + outputs_html(lab),
-            "metrics": "",
-            "panel": lab_chart(metrics("modes"), "modes", w),
-            "second": None,
-        }
-    if key == SIDE_BY_SIDE:
-        rows = side_by_side()["rows"]
-        return {
-            "narration": _narration(key),
-            "tokens": "",
-            "metrics": "",
-            "panel": speedup_chart(rows),
-            "second": quality_chart(rows),
-        }
-    stop = STOPS[KEYS.index(key)]
-    trace = recorded(stop.recording)
-    at = stop.pick(trace)
-    method = trace.meta["method"]
-    views = (stop.view,) if stop.view else views_of(method)
-    fig = method_panel(views, trace.events, trace.texts, at, w)
-    return {
-        "narration": _narration(key, at, trace.last_step),
-        "tokens": token_spans_html(trace.events, trace.texts, at),
-        # the speed as the side-by-side stop measured it: one reference, one price table
-        "metrics": metrics_html(
-            {**trace.stats, **_timed(side_by_side_row(stop))},
-            trace.meta.get("lossless"),
-            side_by_side_row(stop),
-            "the tour's side-by-side recording",
-        ),
-        "panel": mark(fig, stop.focus),
-        "second": None,
-    }
 
 
 @dataclass
@@ -190,12 +138,14 @@ class TourTab:
 
 def build_tour_tab(
     tab: gr.Tab, tabs: gr.Tabs, wire: Callable[[TourTab], None]
-) -> tuple[gr.State, gr.Number]:
-    """Call inside the `gr.Tab` it is: the stop picker, Prev / Next / Run it live, the narration,
-    the figure and the recorded tokens, drawn the first time the tab opens (a page that never
-    opens it builds none of it); `wire` then connects its Run it live. Returns the flag that
-    opens it and the width it is drawn for (a handler that selects the tab sets both)."""
+) -> tuple[gr.State, gr.Number, gr.State]:
+    """Call inside the `gr.Tab` it is: the stop picker, the path, Prev / Next / Run it live, the
+    narration, the figure, its step and the recorded tokens, drawn the first time the tab opens (a
+    page that never opens it builds none of it); `wire` then connects its Run it live. Returns the
+    flag that opens it, the width it is drawn for and where it starts (a link's stop and step:
+    `wire_tour_link`)."""
     opened = gr.State(False)
+    start = gr.State(None)
     width = gr.Number(None, visible=False, elem_id="tour-width")
     tab.select(
         lambda w: (True, w),
@@ -206,48 +156,132 @@ def build_tour_tab(
         show_progress="hidden",
     )
 
-    @gr.render(inputs=[opened, width], triggers=[opened.change], show_progress="hidden")
-    def draw(on: bool, w: float | None) -> None:
+    @gr.render(inputs=[opened, width, start], triggers=[opened.change], show_progress="hidden")
+    def draw(on: bool, w: float | None, begin: dict | None) -> None:
         if on:
-            wire(_draw(tabs, width, w))
+            wire(_draw(tabs, width, w, begin or {}))
 
-    return opened, width
+    return opened, width, start
 
 
-def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None) -> TourTab:
-    first = KEYS[0]
-    start = show(first, w)
+def wire_tour_link(demo: gr.Blocks, tabs: gr.Tabs, opened, width, start) -> None:
+    """`?tour=N&step=K` (with `&lesson=1`, `&present=1`): the page opens on the Tour tab at stop
+    N, step K; the keyboard is the tour's wherever it is on screen."""
+
+    def from_url(request: gr.Request, w: float | None) -> dict:
+        query = dict(request.query_params) if request else {}
+        begin = read_link(query)
+        if begin is None:
+            return {start: gr.skip()}
+        return {tabs: gr.Tabs(selected="tour"), start: begin, opened: True, width: w}
+
+    demo.load(None, None, None, js=KEYBOARD, api_visibility="private")
+    demo.load(
+        from_url,
+        width,
+        [tabs, start, opened, width],
+        js=f"(...a) => {{ {PRESENT_FROM_LINK}; return [{TOUR_WIDTH_ESTIMATE}]; }}",
+        api_visibility="private",
+        show_progress="hidden",
+    )
+
+
+def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> TourTab:
+    lesson0 = bool(begin.get("lesson"))
+    first = begin.get("key") or path(lesson0)[0]
+    asking0 = begin.get("step") is None
+    v0 = show(first, w, begin.get("step"), asking=asking0)
     with gr.Row(elem_id="tour-nav"):
         pick = gr.Dropdown(
-            CHOICES, value=first, label="Stop", elem_id="tour-stop", scale=4, interactive=True
+            choices(lesson0), value=first, label="Stop", elem_id="tour-stop", scale=4
         )
-        with gr.Column(scale=1, min_width=160):
+        lesson = gr.Radio(
+            [
+                (f"{LESSON} ({len(path(True))} stops, {lesson_minutes():g} min)", True),
+                (f"{FULL} ({len(KEYS)})", False),
+            ],
+            value=lesson0,
+            label="Path",
+            elem_id="tour-path",
+            scale=3,
+        )
+        with gr.Column(scale=2, min_width=200):
             with gr.Row():
                 prev_btn = gr.Button("◀ Prev", size="sm", elem_id="tour-prev", min_width=70)
                 next_btn = gr.Button("Next ▶", size="sm", elem_id="tour-next", min_width=70)
+                present = gr.Button("🖥 Present", size="sm", elem_id="tour-present", min_width=90)
+    first_btn = gr.Button("first", elem_id="tour-first", elem_classes=["dl-hidden"])
+    last_btn = gr.Button("last", elem_id="tour-last", elem_classes=["dl-hidden"])
+    asking = gr.State(bool(v0["asked"]))
     with gr.Row(elem_id="tour-row"):
         with gr.Column(scale=2, min_width=300):
-            narration = gr.Markdown(start["narration"], elem_id="tour-text")
+            narration = gr.Markdown(v0["narration"], elem_id="tour-text")
+            ask = gr.HTML(_ask_html(v0["asked"]), elem_id="tour-ask", padding=False)
+            reveal = gr.Button(
+                "Reveal the answer", visible=bool(v0["asked"]), elem_id="tour-reveal", size="sm"
+            )
             live_btn = gr.Button("▶ Run it live", variant="primary", elem_id="tour-live")
-            status = gr.Markdown("", elem_id="tour-status")
+            status = gr.Markdown(
+                message(begin["error"]) if begin.get("error") else "", elem_id="tour-status"
+            )
+            link = gr.HTML(link_html(first, v0["at"], lesson0), elem_id="tour-link", padding=False)
         with gr.Column(scale=3, min_width=300):
-            panel = gr.Plot(start["panel"], elem_id="tour-panel", show_label=False)
-            second = gr.Plot(None, visible=False, elem_id="tour-second", show_label=False)
-            metrics = gr.HTML(start["metrics"], elem_id="tour-metrics")
-            tokens = gr.HTML(start["tokens"], elem_id="tour-tokens")
+            panel = gr.Plot(v0["panel"], elem_id="tour-panel", show_label=False)
+            second = gr.Plot(
+                v0["second"],
+                visible=v0["second"] is not None,
+                elem_id="tour-second",
+                show_label=False,
+            )
+            with gr.Row(equal_height=True):
+                step = gr.Slider(
+                    0,
+                    max(v0["last"] or 1, 1),
+                    value=v0["at"] or 0,
+                    step=1,
+                    label=_step_label(v0),
+                    visible=v0["at"] is not None,
+                    elem_id="tour-step",
+                    scale=4,
+                )
+                telling = gr.Button(
+                    "⤴ telling step",
+                    size="sm",
+                    visible=v0["at"] is not None,
+                    elem_id="tour-telling",
+                    scale=1,
+                    min_width=110,
+                )
+            metrics = gr.HTML(v0["metrics"], elem_id="tour-metrics")
+            tokens = gr.HTML(v0["tokens"], elem_id="tour-tokens")
             # again under the figure: on a phone the top ones are two screens up by now
             with gr.Row():
                 prev_low = gr.Button("◀ Prev", size="sm", elem_id="tour-prev-low", min_width=70)
                 next_low = gr.Button("Next ▶", size="sm", elem_id="tour-next-low", min_width=70)
-    outputs = [narration, tokens, metrics, panel, second, status]
+    outputs = [
+        narration,
+        tokens,
+        metrics,
+        panel,
+        second,
+        status,
+        step,
+        telling,
+        ask,
+        reveal,
+        link,
+        asking,
+    ]
 
-    def on_stop(key: str, w: float | None) -> dict:
+    def drawn(key: str, at: int | None, ask_it: bool, on_lesson: bool, w: float | None) -> dict:
+        """Every part of the tour for `key` at step `at` (None: its telling step)."""
         if key not in KEYS:
             return {status: message(f"no tour stop named {key!r}")}
         try:
-            v = show(key, w)
+            v = show(key, w, at, asking=ask_it)
         except Exception as exc:  # a recording that no longer reads: a message, not "Error"
             return {status: message(internal_error(exc))}
+        run = v["at"] is not None
         return {
             narration: v["narration"],
             tokens: v["tokens"],
@@ -255,32 +289,91 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None) -> TourTab:
             panel: v["panel"],
             second: gr.Plot(v["second"], visible=v["second"] is not None),
             status: "",
+            step: gr.Slider(
+                minimum=0,
+                maximum=max(v["last"] or 1, 1),
+                value=v["at"] or 0,
+                label=_step_label(v),
+                visible=run,
+            ),
+            telling: gr.Button(visible=run),
+            ask: _ask_html(v["asked"]),
+            reveal: gr.Button(visible=bool(v["asked"])),
+            link: link_html(key, v["at"], on_lesson),
+            asking: bool(v["asked"]),
         }
 
-    js = f"(k, w) => [k, {TOUR_WIDTH}]"
+    def on_stop(key: str, on_lesson: bool, w: float | None) -> dict:
+        return drawn(key, None, True, on_lesson, w)
+
+    private = dict(api_visibility="private", show_progress="hidden")
     pick.change(
-        on_stop, [pick, width], outputs, js=js, api_visibility="private", show_progress="hidden"
+        on_stop, [pick, lesson, width], outputs, js=f"(k, l, w) => [k, l, {TOUR_WIDTH}]", **private
     )
 
-    def on_tab(key: str, w: float | None, evt: gr.SelectData) -> dict:
+    def on_tab(key: str, on_lesson: bool, w: float | None, evt: gr.SelectData) -> dict:
         """The tour's figure is drawn when its tab opens (at the width it opens at)."""
         if evt.value != "Tour":
             return {status: gr.skip()}
-        return on_stop(key, w)
+        return on_stop(key, on_lesson, w)
 
     tabs.select(
-        on_tab, [pick, width], outputs, js=js, api_visibility="private", show_progress="hidden"
+        on_tab, [pick, lesson, width], outputs, js=f"(k, l, w) => [k, l, {TOUR_WIDTH}]", **private
     )
 
+    def at_step(key: str, s: float, on_lesson: bool, w: float | None) -> dict:
+        return drawn(key, int(s), False, on_lesson, w)
+
+    step.release(
+        at_step,
+        [pick, step, lesson, width],
+        outputs,
+        js=f"(k, s, l, w) => [k, s, l, {TOUR_WIDTH}]",
+        **private,
+    )
+    telling.click(
+        lambda k, on, w: drawn(k, None, False, on, w),
+        [pick, lesson, width],
+        outputs,
+        js=f"(k, l, w) => [k, l, {TOUR_WIDTH}]",
+        **private,
+    )
+    reveal.click(
+        at_step,
+        [pick, step, lesson, width],
+        outputs,
+        js=f"(k, s, l, w) => [k, s, l, {TOUR_WIDTH}]",
+        **private,
+    )
+
+    def redraw(key: str, s: float, ask_it: bool, on_lesson: bool, w: float | None) -> dict:
+        """Presenter mode on or off: the same stop, step and question, at the new width."""
+        return drawn(key, None if ask_it else int(s), ask_it, on_lesson, w)
+
+    present.click(
+        redraw, [pick, step, asking, lesson, width], outputs, js=TOGGLE_PRESENT, **private
+    )
+
+    def on_path(key: str, on_lesson: bool) -> dict:
+        keys = path(on_lesson)
+        return {
+            pick: gr.Dropdown(choices=choices(on_lesson), value=key if key in keys else keys[0])
+        }
+
+    lesson.input(on_path, [pick, lesson], pick, api_visibility="private")
+
     def nudge(delta: int):
-        def fn(key: str) -> str:
-            i = KEYS.index(key) if key in KEYS else 0
-            return KEYS[min(max(i + delta, 0), len(KEYS) - 1)]
+        def fn(key: str, on_lesson: bool) -> str:
+            return moved(key, delta, on_lesson)
 
         return fn
 
     for button, delta in ((prev_btn, -1), (next_btn, 1), (prev_low, -1), (next_low, 1)):
-        button.click(nudge(delta), pick, pick, api_visibility="private")
+        button.click(nudge(delta), [pick, lesson], pick, api_visibility="private")
+    for button, end in ((first_btn, 0), (last_btn, -1)):
+        button.click(
+            lambda on_lesson, end=end: path(on_lesson)[end], lesson, pick, api_visibility="private"
+        )
     # the lower buttons bring the new stop's narration into view
     for button in (prev_low, next_low):
         button.click(None, None, None, js=SHOW_NARRATION, api_visibility="private")
@@ -288,20 +381,28 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None) -> TourTab:
     return TourTab(pick, live_btn)
 
 
+def _step_label(v: dict) -> str:
+    if v["at"] is None:
+        return "Step"
+    return f"Step (0–{v['last']}; the telling step: {v['rule']})"
+
+
 def wire_live(
-    tour: TourTab, run: RunTab, compare: CompareTab, tabs: gr.Tabs, translation: gr.State
+    tour: TourTab,
+    run: RunTab,
+    compare: CompareTab,
+    tabs: gr.Tabs,
+    translation: gr.State,
 ) -> None:
-    """Run it live: a stop's run in the Run tab (its method, prompt, budget and settings), or the
-    side-by-side stop's comparison in the Compare tab (every stop's spec, the same rounds); then the
-    tab's own button is pressed."""
+    """Run it live: a stop's run in the Run tab (its method, prompt, budget and settings), the
+    side-by-side stop's comparison in the Compare tab (every stop's spec, the same rounds), the
+    translation stop's sentence in the lab; then the tab's own button is pressed."""
 
     def live(request: gr.Request, key: str) -> dict:
         if key == TRANSLATION:
-            return {tabs: gr.Tabs(selected="translation"), translation: True}
-        if key in KEYS and key not in (
-            SIDE_BY_SIDE,
-            TRANSLATION,
-        ):  # the run opens at the stop's step
+            # the lab drawn on the stop's sentence (its flag carries the sentence)
+            return {tabs: gr.Tabs(selected="translation"), translation: TRANSLATION_SOURCE}
+        if key in KEYS and show_steps(key) is not None:  # the run opens at the stop's step
             LIVE[getattr(request, "session_hash", None)] = key
         if key == SIDE_BY_SIDE:
             record = side_by_side()

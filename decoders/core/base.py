@@ -103,6 +103,11 @@ class TourStop:
     # Its drafts come from a trained head, which may draft in bfloat16: a machine whose kernels
     # round it otherwise grows other trees from the same heads, lossless all the same.
     head_drafted: bool = False
+    # Predict, then reveal: the question a class answers from the figure before its answer is
+    # shown ("" = none), and the legend entries that carry the answer (hidden until the reveal;
+    # the verdict colours are always painted over: ui/tour.question).
+    ask: str = ""
+    conceal: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

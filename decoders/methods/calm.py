@@ -214,6 +214,11 @@ TOUR = (
         ),
         look=("the shallowest exit in the heatmap, and how much the output agrees with greedy."),
         rule="shallowest_exit",
+        ask=(
+            "Each column is a token, each row an exit; a token leaves at the first exit where the "
+            "model is confident enough (dark blue). Which token left the model earliest?"
+        ),
+        conceal=("left the model",),
     ),
 )
 

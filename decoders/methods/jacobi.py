@@ -82,6 +82,10 @@ TOUR = (
             "but plain guesses rarely converge more than a token or two ahead."
         ),
         look=("the block's guesses changing between iterations, and which settled."),
+        ask=(
+            "Each row is one forward over the whole block of guesses, fed the row above. Which "
+            "guesses of the last row have settled, so that the target keeps them?"
+        ),
     ),
 )
 

@@ -75,6 +75,10 @@ TOUR = (
             "greedy's."
         ),
         look=("where the copy came from in the context, and how much of it the target kept."),
+        ask=(
+            "The text's last tokens (dotted blue) also occur earlier (solid blue); the drafter "
+            "copied what followed them there. How many of the copied tokens will the target keep?"
+        ),
     ),
 )
 

@@ -135,6 +135,11 @@ TOUR = (
         ),
         look=("the drafted tokens the target accepted (green) and the one it corrected."),
         head_drafted=True,
+        ask=(
+            "The drafter proposed the tokens in the top row. Which of them will the target keep, "
+            "and where will it write its own token instead?"
+        ),
+        conceal=("target",),
     ),
     TourStop(
         chapter="lossy",
