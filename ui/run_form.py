@@ -43,8 +43,9 @@ from .traces import EXAMPLE_PROMPTS
 
 def form_column(demo: gr.Blocks, example: Trace | None, start: dict[str, Any]) -> dict[str, Any]:
     """The left column: prompt, model, method, budget, Run/Stop and the status line on top; then the
-    preset and the method's parameters (one group shown); then example prompts, sampling and trace
-    files. On a phone the output comes between the parameters and the rest (CSS)."""
+    preset and the method's parameters (one group shown, in an accordion closed on a phone); then
+    example prompts, sampling and trace files. On a phone the output comes between the
+    parameters and the rest (CSS)."""
     method_choices = [(m.title, name) for name, m in METHODS.items()]
     with gr.Column(elem_id="run-top"):
         prompt = gr.Textbox(label="Prompt", lines=5, value=EXAMPLE_PROMPTS[0], elem_id="prompt")
@@ -62,19 +63,22 @@ def form_column(demo: gr.Blocks, example: Trace | None, start: dict[str, Any]) -
             else "",
             elem_id="status",
         )
+    # Open on a desktop (beside the output); on a phone it starts closed (ON_LOAD), so the output
+    # follows Run, and one tap opens it. Run reads `knobs` and `edits`, open or closed.
     with gr.Column(elem_id="run-knobs"):
-        preset = gr.Dropdown(
-            preset_choices(DEFAULT_METHOD),
-            value="defaults",
-            label="Preset (sets the parameters below)",
-            info="defaults = our best settings on this machine; paper = the paper's",
-            elem_id="preset",
-        )
-        # The chosen method's controls only, drawn anew when another method, a preset, a link or
-        # a trace sets them (`knobs`); what is typed into them goes to `edits`, by name.
-        knobs = gr.State({"method": DEFAULT_METHOD, "values": defaults(DEFAULT_METHOD)})
-        edits = gr.State({})
-        _draw_knobs(demo, knobs, edits)
+        with gr.Accordion(params_label(DEFAULT_METHOD), open=True, elem_id="run-params") as params:
+            preset = gr.Dropdown(
+                preset_choices(DEFAULT_METHOD),
+                value="defaults",
+                label="Preset (sets the parameters below)",
+                info="defaults = our best settings on this machine; paper = the paper's",
+                elem_id="preset",
+            )
+            # The chosen method's controls only, drawn anew when another method, a preset, a
+            # link or a trace sets them (`knobs`); what is typed into them goes to `edits`.
+            knobs = gr.State({"method": DEFAULT_METHOD, "values": defaults(DEFAULT_METHOD)})
+            edits = gr.State({})
+            _draw_knobs(demo, knobs, edits, params)
     with gr.Column(elem_id="run-more"):
         gr.Examples([[p] for p in EXAMPLE_PROMPTS], [prompt], label="Example prompts")
         with gr.Accordion("Sampling (temperature 0 = greedy, lossless)", open=False):
@@ -114,7 +118,9 @@ def form_column(demo: gr.Blocks, example: Trace | None, start: dict[str, Any]) -
 
 def output_column(start: dict[str, Any]) -> dict[str, Any]:
     """The right column: the tokens and metrics, step-through with the method's views under it,
-    the timeline and per-step charts, the explainer (open on a desktop, closed on a phone)."""
+    the timeline and per-step charts, the explainer (open on a desktop, closed on a phone). On a
+    phone the metrics follow the method's views, so that one screen under the tokens holds the
+    step controls and the view (ui/style.py)."""
     show_seen = gr.Checkbox(
         False, label="Show what the model sees (the chat template)", elem_id="show-seen"
     )
@@ -122,21 +128,26 @@ def output_column(start: dict[str, Any]) -> dict[str, Any]:
     stale = gr.HTML("", padding=False, container=False, elem_id="stale")
     tokens = gr.HTML(start["tokens"], elem_id="tokens")
     metrics = gr.HTML(start["metrics"], elem_id="metrics")
-    with gr.Row(equal_height=True):
-        prev_btn = gr.Button("◀ Prev", size="sm", elem_id="prev", min_width=60)
-        play_btn = gr.Button("▶ Play", size="sm", elem_id="play", min_width=60)
-        pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="pause", min_width=60)
-        next_btn = gr.Button("Next ▶", size="sm", elem_id="next", min_width=60)
-    last = start["last_step"]
-    step = gr.Slider(
-        0,
-        max(last or 0, 1),
-        value=start["step"] or 0,
-        step=1,
-        label="Step" if last is None else f"Step (0–{last})",
-        interactive=last is not None,
-        elem_id="step",
-    )
+    # The step controls in one column of their own, so a phone can move them (with the method's
+    # views) right under the tokens: ui/style.py.
+    with gr.Column(elem_id="run-stepper"):
+        with gr.Row(equal_height=True):
+            prev_btn = gr.Button("◀ Prev", size="sm", elem_id="prev", min_width=60)
+            play_btn = gr.Button("▶ Play", size="sm", elem_id="play", min_width=60)
+            pause_btn = gr.Button("⏸ Pause", size="sm", elem_id="pause", min_width=60)
+            next_btn = gr.Button("Next ▶", size="sm", elem_id="next", min_width=60)
+            # back to the step the run opened at: its method's telling step (run_views.opened_at)
+            telling_btn = gr.Button("⤴ Telling step", size="sm", elem_id="telling", min_width=60)
+        last = start["last_step"]
+        step = gr.Slider(
+            0,
+            max(last or 0, 1),
+            value=start["step"] or 0,
+            step=1,
+            label="Step" if last is None else f"Step (0–{last})",
+            interactive=last is not None,
+            elem_id="step",
+        )
     # The method's own views right under the slider that drives them (a phone sees both at once),
     # then the timeline and the per-step charts.
     panel = gr.Plot(start["panel"], label="Method panel", elem_id="panel", show_label=False)
@@ -173,6 +184,7 @@ def output_column(start: dict[str, Any]) -> dict[str, Any]:
         play_btn=play_btn,
         pause_btn=pause_btn,
         next_btn=next_btn,
+        telling_btn=telling_btn,
         step=step,
         timeline=timeline,
         per_step=per_step,
@@ -230,10 +242,29 @@ def defaults(method: str) -> dict[str, Any]:
     return METHODS[method].preset("defaults")
 
 
-def _draw_knobs(demo: gr.Blocks, knobs: gr.State, edits: gr.State) -> None:
+def params_label(method: str) -> str:
+    """The parameters' accordion names whose they are (on a phone, closed, it is all one sees of
+    them): the method's title without its parenthesis, which would wrap on a phone."""
+    return (
+        f"Parameters of {METHODS[method].title.split(' (')[0]}"
+        if method in METHODS
+        else "Parameters"
+    )
+
+
+def _draw_knobs(demo: gr.Blocks, knobs: gr.State, edits: gr.State, params: gr.Accordion) -> None:
     """The chosen method's parameters, as controls built from its schema (`_control`), drawn
     where this is called: on load and whenever `knobs` is set. A value typed into one is kept in
-    `edits` under the parameter's name, where Run reads it."""
+    `edits` under the parameter's name, where Run reads it. The accordion `params` they sit in
+    is renamed for the method whose controls they are."""
+    knobs.change(
+        lambda state: gr.Accordion(label=params_label((state or {}).get("method"))),
+        knobs,
+        params,
+        queue=False,
+        api_visibility="private",
+        show_progress="hidden",
+    )
 
     @gr.render(inputs=[knobs], triggers=[demo.load, knobs.change], show_progress="hidden")
     def draw(state: dict | None) -> None:

@@ -242,6 +242,7 @@ class RunTab:
     play_btn: Any
     pause_btn: Any
     next_btn: Any
+    telling_btn: Any  # back to the run's telling step (`opened_at`)
     step: Any
     timeline: Any
     per_step: Any

@@ -32,6 +32,7 @@ from .run_views import (
     RunTab,
     _describe,
     _export,
+    opened_at,
     with_plot_width,
 )
 from .traces import read_trace, recheck_lossless
@@ -85,6 +86,12 @@ def wire_stepping(t: RunTab, demo: gr.Blocks) -> None:
 
         return fn
 
+    def to_telling(trace: Trace | None) -> dict:
+        if trace is None or trace.meta.get("finish_reason") is None:
+            return {t.step: gr.skip()}
+        return {t.step: opened_at(trace).step}
+
+    t.telling_btn.click(to_telling, t.trace, t.step, api_visibility="private")
     t.prev_btn.click(nudge(-1), [t.trace, t.step], t.step, api_visibility="private")
     t.next_btn.click(nudge(+1), [t.trace, t.step], t.step, api_visibility="private")
 

@@ -3,7 +3,8 @@ template's view. (A view's own styles live with its drawing: visualizer/.)"""
 
 CSS = """
 @media (max-width: 768px) {
-  /* A phone: Run, then the preset and parameters, then the output, then the rest of the form. */
+  /* A phone: Run, then the preset and parameters (closed until tapped: ON_LOAD), then the
+     output, then the rest of the form. */
   #run-row {flex-direction: column;}
   #run-controls {display: contents;}
   #run-top {order: 1;}
@@ -11,6 +12,30 @@ CSS = """
   #run-output {order: 3;}
   #run-more {order: 4;}
   #run-top, #run-knobs, #run-output, #run-more {width: 100%; min-width: 0;}
+  /* Run lands on the tokens (SHOW_OUTPUT_ON_A_PHONE): the step controls and the method's views
+     follow them, within one screen; the metrics, the timeline and the rest come after. */
+  #run-output > * {order: 3;}
+  #run-output > .form:has(#show-seen), #run-output > #seen, #run-output > #stale,
+  #run-output > #tokens {order: 0;}
+  #run-output > #run-stepper, #run-output > #panel, #run-output > [id^=panel] {order: 1;}
+  #run-output > #metrics {order: 2;}
+  /* Touch targets a finger can hit (44 px, Apple's and Material's minimum); Run and Stop, no
+     longer held to gradio's 160 px, share one row. */
+  #prev, #play, #pause, #next, #run-btn, #stop-btn,
+  #tour-prev, #tour-next, #tour-prev-low, #tour-next-low, #tour-live,
+  #tour-present, #tour-reveal, #tour-telling {
+    min-height: 44px; min-width: 44px;
+  }
+  /* The tour: the stop's figure (and its step) right under the picker and Prev / Next, then the
+     narration's column as it is (what to look at in it, Run it live), then the numbers, the
+     tokens and Prev / Next again. */
+  #tour-row {flex-direction: column;}
+  #tour-row > .column {display: contents;}
+  #tour-row > .column > * {width: 100%; min-width: 0;}
+  #tour-row > .column:first-child > * {order: 2;}
+  #tour-row > .column:last-child > * {order: 3;}
+  #tour-row > .column > #tour-panel, #tour-row > .column > #tour-second,
+  #tour-row > .column > .row:has(#tour-step) {order: 1;}
   /* Plotly's toolbar (only "download" is left) would sit on the figures' subtitles */
   .modebar-container {display: none;}
 }

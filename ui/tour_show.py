@@ -50,17 +50,26 @@ extra pass.</div>
 **Run it live** opens the Translation lab, where you can type your own sentence."""
 
 
-def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
+def _where(key: str, chapter: str, lesson: bool) -> str:
+    """The stop's place: its number on the tour, its chapter, and on the lesson its place there
+    and a class's minutes at it."""
+    said = f"Stop {number(key)} of {len(KEYS)} · {chapter}"
+    keys = path(True)
+    if lesson and key in keys:
+        said += f" · lesson {keys.index(key) + 1} of {len(keys)}, {_minutes(LESSON_MINUTES[key])}"
+    return f"<div class='dl-tour-where'>{said}</div>\n\n"
+
+
+def _narration(
+    key: str, at: int | None = None, last: int | None = None, lesson: bool = False
+) -> str:
     n = KEYS.index(key) + 1
     if key == TRANSLATION:
-        return f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {BEYOND}</div>\n\n" + (
-            TRANSLATION_NARRATION
-        )
+        return _where(key, BEYOND, lesson) + TRANSLATION_NARRATION
     if key == SIDE_BY_SIDE:
         record = side_by_side()
         return (
-            f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {ALL}</div>\n\n"
-            "### All of them side by side\n\n"
+            _where(key, ALL, lesson) + "### All of them side by side\n\n"
             f"Every stop's run again, on the same prompt and budget ({record['max_new_tokens']} "
             f"tokens), {record['rounds']} rounds with autoregressive in each, recorded on this "
             "app's CPU. A method gains only by committing more tokens per forward than its "
@@ -79,8 +88,8 @@ def _narration(key: str, at: int | None = None, last: int | None = None) -> str:
         else ""
     )
     return (
-        f"<div class='dl-tour-where'>Stop {n} of {len(KEYS)} · {stop.chapter}</div>\n\n"
-        f"### {stop.title}\n\n{fill(stop.narration)} {here_sentence(stop)}\n\n"
+        _where(key, stop.chapter, lesson)
+        + f"### {stop.title}\n\n{fill(stop.narration)} {here_sentence(stop)}\n\n"
         f"<div class='dl-look'>👀 <b>Look at</b>: {html.escape(stop.look)}</div>\n\n"
         f"<span class='dl-tour-rule'>{where}</span>"
     )
@@ -112,7 +121,11 @@ def _timed(row: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def show(
-    key: str, width: float | None = None, step: int | None = None, asking: bool = False
+    key: str,
+    width: float | None = None,
+    step: int | None = None,
+    asking: bool = False,
+    lesson: bool = False,
 ) -> dict[str, Any]:
     """What one stop shows: the narration, the tokens and metrics as recorded, the marked figure
     at `step` (None: the stop's telling step; `asking`: a stop with a question shows it there, its
@@ -130,7 +143,7 @@ def show(
         lab = translate_all("modes", parse_source(TRANSLATION_SOURCE))
         return {
             **plain,
-            "narration": _narration(key),
+            "narration": _narration(key, lesson=lesson),
             "tokens": f"<style>{LAB_CSS}</style>" + references_html(lab) + outputs_html(lab),
             "metrics": "",
             "panel": lab_chart(metrics("modes"), "modes", w),
@@ -140,7 +153,7 @@ def show(
         rows = side_by_side()["rows"]
         return {
             **plain,
-            "narration": _narration(key),
+            "narration": _narration(key, lesson=lesson),
             "tokens": "",
             "metrics": "",
             "panel": speedup_chart(rows),
@@ -155,7 +168,7 @@ def show(
     views = (stop.view,) if stop.view else views_of(method)
     fig = mark(method_panel(views, trace.events, trace.texts, at, w), stop.focus)
     return {
-        "narration": _narration(key, telling, trace.last_step),
+        "narration": _narration(key, telling, trace.last_step, lesson),
         # the question's step: the tokens as they stood before it
         "tokens": token_spans_html(trace.events, trace.texts, at - 1 if asked else at),
         # the speed as the side-by-side stop measured it: one reference, one price table

@@ -108,6 +108,8 @@ CSS = """
 .dl-present #dl-title, .dl-present #take-tour {display: none;}
 .dl-present #tour-row {flex-direction: column;}
 .dl-present #tour-row > div {width: 100% !important; min-width: 0 !important; max-width: 100%;}
+/* the figure first, under the stop's title in the picker; the narration below it */
+.dl-present #tour-row > div:last-child {order: -1;}
 .dl-present #tour-text {font-size: 1.3rem; line-height: 1.5;}
 .dl-present #tour-text h3 {font-size: 2rem;}
 .dl-present #tour-ask {font-size: 1.3rem;}
@@ -117,7 +119,7 @@ CSS = """
   border-radius: 4px; color: #1a1a2e;}
 .dl-tour-link {font-size: 13px; color: #37474f;}
 .dl-tour-link button {margin-left: 6px; padding: 0 8px; border: 1px solid #90a4ae;
-  border-radius: 4px; background: #fff; color: #263238;}
+  border-radius: 4px; background: #fff; color: #263238; font-size: 13px; font-weight: normal;}
 """
 
 
@@ -190,10 +192,10 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
     lesson0 = bool(begin.get("lesson"))
     first = begin.get("key") or path(lesson0)[0]
     asking0 = begin.get("step") is None
-    v0 = show(first, w, begin.get("step"), asking=asking0)
+    v0 = show(first, w, begin.get("step"), asking=asking0, lesson=lesson0)
     with gr.Row(elem_id="tour-nav"):
         pick = gr.Dropdown(
-            choices(lesson0), value=first, label="Stop", elem_id="tour-stop", scale=4
+            choices(lesson0), value=first, label="Stop", elem_id="tour-stop", scale=4, min_width=300
         )
         lesson = gr.Radio(
             [
@@ -204,8 +206,9 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
             label="Path",
             elem_id="tour-path",
             scale=3,
+            min_width=280,
         )
-        with gr.Column(scale=2, min_width=200):
+        with gr.Column(scale=2, min_width=260):
             with gr.Row():
                 prev_btn = gr.Button("◀ Prev", size="sm", elem_id="tour-prev", min_width=70)
                 next_btn = gr.Button("Next ▶", size="sm", elem_id="tour-next", min_width=70)
@@ -278,7 +281,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
         if key not in KEYS:
             return {status: message(f"no tour stop named {key!r}")}
         try:
-            v = show(key, w, at, asking=ask_it)
+            v = show(key, w, at, asking=ask_it, lesson=on_lesson)
         except Exception as exc:  # a recording that no longer reads: a message, not "Error"
             return {status: message(internal_error(exc))}
         run = v["at"] is not None
@@ -354,13 +357,22 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
         redraw, [pick, step, asking, lesson, width], outputs, js=TOGGLE_PRESENT, **private
     )
 
-    def on_path(key: str, on_lesson: bool) -> dict:
+    def on_path(key: str, on_lesson: bool, w: float | None) -> dict:
+        """Another path: its stops in the picker; the stop drawn again where it stays (its place
+        on the lesson said), else the picker's change draws the path's first."""
         keys = path(on_lesson)
-        return {
+        picked = {
             pick: gr.Dropdown(choices=choices(on_lesson), value=key if key in keys else keys[0])
         }
+        return picked | (drawn(key, None, True, on_lesson, w) if key in keys else {})
 
-    lesson.input(on_path, [pick, lesson], pick, api_visibility="private")
+    lesson.input(
+        on_path,
+        [pick, lesson, width],
+        [pick, *outputs],
+        js=f"(k, l, w) => [k, l, {TOUR_WIDTH}]",
+        **private,
+    )
 
     def nudge(delta: int):
         def fn(key: str, on_lesson: bool) -> str:
@@ -384,7 +396,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
 def _step_label(v: dict) -> str:
     if v["at"] is None:
         return "Step"
-    return f"Step (0–{v['last']}; the telling step: {v['rule']})"
+    return f"Step (0–{v['last']})"
 
 
 def wire_live(
