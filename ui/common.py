@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from .glossary import annotate
 from .links import UI_MAX_NEW_TOKENS
 from .models import ALLOW_ANY_MODEL
 
@@ -25,12 +26,13 @@ except ImportError:  # anywhere else, a no-op
 
 
 def explainer(method: str) -> str:
-    """The method's explainer, beside its module (decoders/methods/<method>.md)."""
+    """The method's explainer, beside its module (decoders/methods/<method>.md), its terms
+    marked with their glossary definitions (shown on hover or tap)."""
     from decoders import METHODS
 
     if method not in METHODS:
         return f"*No explainer yet for `{method}`.*"
-    return METHODS[method].explainer()
+    return annotate(METHODS[method].explainer())
 
 
 def quality_points(model_id: str) -> list[dict]:

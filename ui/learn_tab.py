@@ -2,7 +2,8 @@
 each can be faster), then every method's explainer, one at a time, picked from a dropdown (a
 phone's screen is not filled by 16 radio buttons), and the "why faster or slower" lab: the price
 curve, the theory of a chain drafter with sliders, every method's real run on the same axes, and
-real runs at a chosen (synthetic) acceptance rate."""
+real runs at a chosen (synthetic) acceptance rate. Then the glossary, every term the texts use
+defined once (in the texts, each is marked where it first appears: hover or tap it)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from visualizer.compare_views import why_faster
 from visualizer.speed_lab import price_curve, speed_lab
 
 from .common import explainer, gpu, message
+from .glossary import annotate, glossary_markdown
 
 OVERVIEW = "overview"
 OVERVIEW_TEXT = Path(__file__).with_name("overview.md")
@@ -28,6 +30,10 @@ TRANSLATION = "translation"
 TRANSLATION_TEXT = Path(__file__).resolve().parents[1] / "decoders" / "seq2seq" / "explainer.md"
 LAB = "lab"
 LAB_TEXT = Path(__file__).with_name("lab.md")
+GLOSSARY = "glossary"
+# Words the translation explainer uses in another sense than the glossary's: a reading order
+# ("the first half forward"), the sentence being written, a flow's steps.
+TRANSLATION_SENSES = ("forward", "target", "step", "steps")
 SWEEP = (0.2, 0.4, 0.6, 0.8, 1.0)  # the synthetic runs' acceptance rates
 SWEEP_TOKENS = 48  # each run's budget (the tour's)
 
@@ -109,11 +115,14 @@ def overview_figure() -> go.Figure:
 def learn(choice: str) -> dict[str, Any]:
     """The text and (for the overview) the figure for one pick."""
     if choice == OVERVIEW:
-        return {"text": fill(OVERVIEW_TEXT.read_text()), "figure": overview_figure()}
+        return {"text": annotate(fill(OVERVIEW_TEXT.read_text())), "figure": overview_figure()}
     if choice == TRANSLATION:
-        return {"text": fill(TRANSLATION_TEXT.read_text()), "figure": None}
+        text = annotate(fill(TRANSLATION_TEXT.read_text()), skip=TRANSLATION_SENSES)
+        return {"text": text, "figure": None}
     if choice == LAB:
-        return {"text": fill(LAB_TEXT.read_text()), "figure": None}
+        return {"text": annotate(fill(LAB_TEXT.read_text())), "figure": None}
+    if choice == GLOSSARY:
+        return {"text": glossary_markdown(), "figure": None}
     return {"text": explainer(choice), "figure": None}
 
 
@@ -125,6 +134,7 @@ def build_learn_tab(method_choices: list[tuple[str, str]], first: str = OVERVIEW
         ("Lab: why a method is faster or slower", LAB),
         *method_choices,
         ("Translation lab: non-autoregressive translation", TRANSLATION),
+        ("Glossary: every term, defined once", GLOSSARY),
     ]
     pick = gr.Dropdown(choices, value=first, label="Read about", elem_id="learn-method")
     start = learn(first)
