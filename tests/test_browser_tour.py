@@ -31,18 +31,50 @@ def walk_the_tour(page, width: int, only: tuple[str, ...] = ()) -> None:
             "document.querySelector('#tour-panel .js-plotly-plot') !== null", timeout=30_000
         )
         settle(page)
-        assert layout_problems(page, "#tour-row") == [], (width, KEYS[k - 1])
+        problems = layout_problems(page, "#tour-row")
+        assert problems == [], (width, KEYS[k - 1], problems)
+        if KEYS[k - 1] == "speculative":  # predict, then reveal
+            page.locator("#tour-ask").get_by_text("Predict").wait_for(timeout=10_000)
+            page.locator("#tour-reveal").click()
+            page.wait_for_function(
+                "!document.querySelector('#tour-ask')?.innerText.includes('Predict')",
+                timeout=30_000,
+            )
         if KEYS[k - 1] in ("token_tree_copy", "relaxed", "side_by_side", "translation"):
             page.screenshot(path=str(ARTIFACTS / f"tour-{KEYS[k - 1]}-{width}.png"), full_page=True)
     assert_no_error_badge(page)
 
 
 def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
-    """The guided tour at 1440 and 390 px: every stop opens with its narration and a figure
-    that fits; "Run it live" fills the Run tab with the stop's run and decodes it. On a phone the
-    Learn tab opens on the overview, its chooser a dropdown."""
-    page.goto(server)
-    page.locator("#prompt textarea").wait_for()
+    """The guided tour at 1440 and 390 px. A link opens a stop at a step in presenter mode (the
+    figure across the window) and the keys walk it; every stop opens with its narration and a
+    figure that fits; a stop that asks shows its question until Reveal; "Run it live" fills the
+    Run tab with the stop's run, decodes it and lands on the stop's view. On a phone the live
+    run lands there too, and the Learn tab opens on the overview, its chooser a dropdown."""
+    from ui.tour_show import KEYS
+    from ui.tour_tab import LAND
+
+    n = KEYS.index("token_tree") + 1
+    page.goto(f"{server}?tour={n}&step=2&present=1")
+    page.locator("#tour-text").get_by_text(f"Stop {n} of {len(KEYS)}").wait_for(timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#tour-panel .js-plotly-plot') !== null", timeout=30_000
+    )
+    assert page.locator("#tour-step input[type=number]").input_value() == "2"
+    width = page.evaluate(
+        "document.querySelector('#tour-panel .js-plotly-plot').getBoundingClientRect().width"
+    )
+    assert width >= 0.85 * 1440, width  # the judged bound is 80 %
+    page.keyboard.press("ArrowRight")
+    page.locator("#tour-text").get_by_text(f"Stop {n + 1} of").wait_for(timeout=30_000)
+    page.keyboard.press("Home")
+    page.locator("#tour-text").get_by_text(f"Stop 1 of {len(KEYS)}").wait_for(timeout=30_000)
+    page.locator("#tour-present").click()  # presenter mode off: the two columns again
+    page.wait_for_function(  # and the figure drawn again for its column
+        "!document.body.classList.contains('dl-present') && document.querySelector("
+        "'#tour-panel .js-plotly-plot').getBoundingClientRect().width < 1000",
+        timeout=30_000,
+    )
     walk_the_tour(page, 1440)
     page.locator("#tour-prev").click()  # back past the comparison and Mask-Predict to relaxed
     page.locator("#tour-text").get_by_text("All of them side by side").first.wait_for(
@@ -61,6 +93,11 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     assert "lossy" in page.locator("#metrics").inner_text().lower()  # β = 4: never a tick
     assert "the tour stop's rule" in page.locator("#status").inner_text()  # its step, as the stop
     assert page.locator("#speculative-beta input[type=number]").input_value() == "4"
+    page.wait_for_function(  # it lands on the stop's view
+        f"(s => {{ const r = document.querySelector(s).getBoundingClientRect();"
+        f" return r.top >= -2 && r.bottom <= window.innerHeight + 2; }})('{LAND['relaxed']}')",
+        timeout=10_000,
+    )
     assert_no_error_badge(page)
     # Another method picked, not run: the views say they are the last run's, dimmed.
     page.locator("#method input").click()
@@ -75,6 +112,14 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     # a phone: the stops whose figures a phone squeezes most (the method views themselves are
     # checked at 390 px for every method in test_browser_views)
     walk_the_tour(phone_page, 390, ("autoregressive", "token_tree_copy", "relaxed", "side_by_side"))
+    phone_page.goto(f"{server}?tour={KEYS.index('jacobi') + 1}")
+    phone_page.locator("#tour-live").click()
+    phone_page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    phone_page.wait_for_function(
+        f"(s => {{ const r = document.querySelector(s).getBoundingClientRect();"
+        f" return r.top >= -2 && r.top < window.innerHeight / 2; }})('{LAND['jacobi']}')",
+        timeout=10_000,
+    )
     phone_page.get_by_role("tab", name="Learn").click()
     phone_page.locator("#learn-figure .js-plotly-plot").wait_for(timeout=30_000)
     assert phone_page.locator("#learn-method input").count() == 1  # a dropdown, not 17 radios

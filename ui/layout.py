@@ -18,6 +18,7 @@ from visualizer import forward_timeline, tokens_per_step
 
 from .common import api, gpu, internal_error
 from .compare_tab import build_compare_tab, register_compare_api
+from .glossary import GLOSSARY_CSS
 from .learn_tab import build_learn_tab
 from .links import check_budget
 from .live import run_to_end
@@ -49,7 +50,10 @@ def build_demo() -> gr.Blocks:
 
     with gr.Blocks(title="Decoding Lab") as demo:
         gr.HTML(
-            f"<style>{CSS}{TOUR_CSS}</style>", padding=False, container=False, elem_id="dl-style"
+            f"<style>{CSS}{TOUR_CSS}{GLOSSARY_CSS}</style>",
+            padding=False,
+            container=False,
+            elem_id="dl-style",
         )
         gr.Markdown(
             "# 🔭 Decoding Lab\nWatch a language model write — one token per step, or "

@@ -13,6 +13,7 @@ from decoders.core.readings import fmt_ratio
 from visualizer import method_panel, metrics_html, token_spans_html
 from visualizer.compare_views import quality_chart, speedup_chart
 
+from .glossary import annotate
 from .run_views import views_of
 from .tour import (
     ALL,
@@ -143,7 +144,7 @@ def show(
         lab = translate_all("modes", parse_source(TRANSLATION_SOURCE))
         return {
             **plain,
-            "narration": _narration(key, lesson=lesson),
+            "narration": annotate(_narration(key, lesson=lesson)),
             "tokens": f"<style>{LAB_CSS}</style>" + references_html(lab) + outputs_html(lab),
             "metrics": "",
             "panel": lab_chart(metrics("modes"), "modes", w),
@@ -153,7 +154,7 @@ def show(
         rows = side_by_side()["rows"]
         return {
             **plain,
-            "narration": _narration(key, lesson=lesson),
+            "narration": annotate(_narration(key, lesson=lesson)),
             "tokens": "",
             "metrics": "",
             "panel": speedup_chart(rows),
@@ -168,7 +169,7 @@ def show(
     views = (stop.view,) if stop.view else views_of(method)
     fig = mark(method_panel(views, trace.events, trace.texts, at, w), stop.focus)
     return {
-        "narration": _narration(key, telling, trace.last_step, lesson),
+        "narration": annotate(_narration(key, telling, trace.last_step, lesson)),
         # the question's step: the tokens as they stood before it
         "tokens": token_spans_html(trace.events, trace.texts, at - 1 if asked else at),
         # the speed as the side-by-side stop measured it: one reference, one price table

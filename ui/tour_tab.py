@@ -16,6 +16,7 @@ import gradio as gr
 
 from .common import internal_error, message
 from .compare_tab import CompareTab
+from .glossary import annotate
 from .run_views import RunTab, views_of
 from .tour import LIVE, SIDE_BY_SIDE, STOPS, TRANSLATION, TRANSLATION_SOURCE, recorded, side_by_side
 from .tour_show import (
@@ -101,10 +102,14 @@ KEYBOARD = """() => {
 # Presenter mode: the figure across the window, large type, the page's header out of the way.
 TOGGLE_PRESENT = f"""(key, step, asking, lesson, w) => {{
   document.body.classList.toggle('dl-present');
+  // the figures drawn already follow their new width (Plotly resizes on the window's event)
+  setTimeout(() => window.dispatchEvent(new Event('resize')), 50);
   return [key, step, asking, lesson, {TOUR_WIDTH}];
 }}"""
+RESIZED = "() => setTimeout(() => window.dispatchEvent(new Event('resize')), 50)"
 CSS = """
-.dl-present .gradio-container {max-width: 100% !important; padding: 0 12px !important;}
+.dl-present .gradio-container {max-width: 100% !important; padding: 0 8px !important;}
+.dl-present .gradio-container .main {max-width: 100% !important; padding: 0 8px !important;}
 .dl-present #dl-title, .dl-present #take-tour {display: none;}
 .dl-present #tour-row {flex-direction: column;}
 .dl-present #tour-row > div {width: 100% !important; min-width: 0 !important; max-width: 100%;}
@@ -125,8 +130,8 @@ CSS = """
 
 def _ask_html(asked: str) -> str:
     return (
-        f"<div class='dl-ask'>❓ <b>Predict</b>: {asked} <i>(The verdict colours are "
-        "hidden: answer, then press Reveal.)</i></div>"
+        f"<div class='dl-ask'>❓ <b>Predict</b>: {annotate(asked)} <i>(The verdict colours "
+        "are hidden: answer, then press Reveal.)</i></div>"
         if asked
         else ""
     )
@@ -195,7 +200,13 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
     v0 = show(first, w, begin.get("step"), asking=asking0, lesson=lesson0)
     with gr.Row(elem_id="tour-nav"):
         pick = gr.Dropdown(
-            choices(lesson0), value=first, label="Stop", elem_id="tour-stop", scale=4, min_width=300
+            choices(lesson0),
+            value=first,
+            label="Stop",
+            elem_id="tour-stop",
+            interactive=True,
+            scale=4,
+            min_width=300,
         )
         lesson = gr.Radio(
             [
@@ -205,6 +216,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
             value=lesson0,
             label="Path",
             elem_id="tour-path",
+            interactive=True,
             scale=3,
             min_width=280,
         )
@@ -245,6 +257,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
                     label=_step_label(v0),
                     visible=v0["at"] is not None,
                     elem_id="tour-step",
+                    interactive=True,
                     scale=4,
                 )
                 telling = gr.Button(
@@ -355,7 +368,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
 
     present.click(
         redraw, [pick, step, asking, lesson, width], outputs, js=TOGGLE_PRESENT, **private
-    )
+    ).then(None, None, None, js=RESIZED, api_visibility="private")
 
     def on_path(key: str, on_lesson: bool, w: float | None) -> dict:
         """Another path: its stops in the picker; the stop drawn again where it stays (its place
