@@ -251,6 +251,7 @@ def test_a_good_link_prefills_the_form():
             "method": "jacobi",
             "block": "8",
             "model": "tiny-random",
+            "step": "3",
         },
         "token_tree",
     )
@@ -261,8 +262,20 @@ def test_a_good_link_prefills_the_form():
         "seed": 3,
         "method": "jacobi",
         "model": "tiny-random",
+        "step": 3,  # its next run opens there
     }
     assert link.params == {"block": 8}
+    # a tour link's fields are the tour's (ui/tour_show.read_link), never a method's parameter
+    tour = {"tour": "5", "step": "2", "present": "1", "lesson": "1"}
+    assert (
+        parse_link(tour, "token_tree").errors == []
+        and "step" not in parse_link(tour, "jacobi").fields
+    )
+    from decoders.core.params import SAMPLING_PARAMS
+    from ui.links import TOUR_LINK_FIELDS
+
+    taken = {p.name for m in METHODS.values() for p in (*m.knobs, *SAMPLING_PARAMS)}
+    assert not taken & set(TOUR_LINK_FIELDS)
 
 
 def test_a_link_takes_params_json_and_presets():
@@ -296,6 +309,7 @@ def test_a_link_takes_params_json_and_presets():
         ({"method": "speculative", "draft": "evil/model"}, "draft 'evil/model' is not offered"),
         ({"preset": "fastest"}, "preset='fastest' is not a preset of token_tree"),
         ({"frobnicate": "1"}, "unknown link parameter 'frobnicate'"),
+        ({"step": "-1"}, "step must be a whole number"),
     ],
 )
 def test_a_bad_link_is_answered_by_name_and_leaves_the_field_alone(query, message):
@@ -333,27 +347,21 @@ def test_a_stopped_run_keeps_its_trace_to_step_and_export(tiny):
 
 
 @pytest.mark.parametrize(
-    ("method", "params", "expect"),
-    [
-        ("token_tree", {"draft": "self:2", "size": "fixed"}, "drafts"),  # Verify events
-        ("mask_predict", {"m": 4, "T": 1}, "several"),  # blocks, nothing verified
-        ("autoregressive", {}, "last"),  # nothing to show but the end
-    ],
+    ("method", "params"),
+    [("token_tree", {"draft": "self:2", "size": "fixed"}), ("mask_predict", {"m": 4, "T": 1})],
 )
-def test_a_finished_run_opens_where_its_panel_has_something_to_show(method, params, expect):
-    from decoders.core.events import Commit, Verify
-    from ui.run_views import showcase_step
+def test_a_finished_run_opens_at_its_methods_telling_step(method, params):
+    """A run opens where its method's tour stop's rule points (and says the rule); a method
+    with no stop opens at the last step with drafts accepted."""
+    from ui.run_views import opened_at, showcase
+    from ui.tour import DECLARED
 
     trace = run_to_end("tiny-random", PROMPTS[2], method, 24, params, check_lossless=False)
-    at = showcase_step(trace)
-    accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
-    several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
-    if expect == "drafts":
-        assert accepted and at == max(accepted)
-    elif expect == "several":
-        assert not accepted and several and at == max(several)
-    else:
-        assert at == trace.last_step
+    stop = next(s for s in DECLARED if s.method == method)
+    opened = opened_at(trace)
+    assert opened.step == stop.pick(trace) and stop.rule in opened.why
+    trace.meta["method"] = "rest"  # a method that declares no stop
+    assert opened_at(trace).step == showcase(trace)[0]
 
 
 def test_the_run_streams_its_phases(tiny):
