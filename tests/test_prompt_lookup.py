@@ -203,7 +203,8 @@ def test_copy_source_view():
     assert "#2" in caption and "the prompt as the model sees it" in caption
     assert "chat template" in caption and "accepted 1" in caption
     shown = [t for trace in fig.data for t in (trace.text or ())]
-    assert "&lt;|im_start|&gt;" in shown and "a↵" in shown  # the template, newlines made visible
+    # the template's markers spelled readably, newlines made visible
+    assert any("⟨turn⟩" in t for t in shown) and "a↵" in shown
     assert "no earlier match" in copy_source(events, texts, 1).layout.annotations[0].text
     assert [
         f.to_dict() for f in extra_panels(METHODS["prompt_lookup"].views, events, texts, 2)

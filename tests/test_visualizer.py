@@ -107,6 +107,9 @@ def test_topk_panel_marks_the_chosen_token():
     assert bar.marker.color[0] != bar.marker.color[1]
     assert fig.layout.title.text == "Step 1: top-2 candidates"
     assert "chosen: dark green" in fig.layout.title.subtitle.text.replace("<br>", " ")
+    # each bar's number is its token's id, said so (a bare "(11)" read as a count)
+    assert list(bar.y) == ["' f'<br>token id 11", "'(x'<br>token id 12"]
+    assert "token id" in bar.hovertemplate or "%{y}" in bar.hovertemplate
     assert (
         "no top-k"
         in method_panel(METHODS["autoregressive"].views, SPEC, TEXTS, 1).layout.annotations[0].text
@@ -252,6 +255,10 @@ def test_an_exit_runs_curve_shows_early_exit_families_only():
     assert {t.name for t in fig.data} >= {"calm (benchmark)", "free (benchmark)", "this run"}
     # every curve has its legend entry (the other families' faint ones too)
     assert all(t.showlegend is not False for t in fig.data if t.name.endswith("(benchmark)"))
+    # a phone's legend takes a row per entry: the figure grows by them, the plot keeps its
+    # height (squeezed, its axis title ran up into the subtitle)
+    fewer = quality_point(points[:1], "calm", None, None)
+    assert fig.layout.height - fewer.layout.height >= 20 * (len(fig.data) - len(fewer.data))
 
 
 def test_the_tokens_show_a_steps_rolled_back_drafts_and_a_draft_still_waiting():
@@ -310,6 +317,11 @@ def test_labels_are_placed_where_they_cover_no_point_and_no_other_label():
     crowded += [(3.0, 2.5, "token_tree"), (1.0, 1.0, "autoregressive")]
     where = place_labels(crowded, (0.9, 3.2), (0.0, 3.0))
     assert where[3] == "middle left"  # no room right of the rightmost point
+    # two lines ending at one height: on a phone's plot (240 px) "sam" right of its end and
+    # "autoregressive" left of its end would touch ("samautoregressive"); the second is left to
+    # the legend
+    ends = [(1.5, 48.0, "sam"), (3.0, 48.0, "autoregressive")]
+    assert place_labels(ends, (0.0, 3.1), (0.0, 50.0)) == ["middle right", None]
     # the crowd: some names fit a phone-wide plot, not all
     assert any(w is not None for w in where[:3]) and None in where[:3]
     fig = why_faster(
@@ -333,3 +345,81 @@ def test_labels_are_placed_where_they_cover_no_point_and_no_other_label():
         ]
     )
     assert list(fig.data[2].y) == [2.9] and "modelled" in fig.data[2].name  # beside the measured
+
+
+def test_plotly_text_is_escaped_once_and_only_where_plotly_reads_markup():
+    from visualizer.text import escape
+
+    assert escape("n <= 1 and x < 2 -> y") == "n <= 1 and x < 2 -> y"  # shown as written
+    assert escape("<b>x</b>") == "&lt;b&gt;x&lt;/b&gt;" and escape("a<b") == "a&lt;b"
+    assert escape("&lt; & &#60;") == "&amp;lt; & &amp;#60;"  # an entity Plotly would decode
+
+
+def test_the_chat_templates_tokens_are_marked_once_in_a_rule_and_said_once_in_a_figure():
+    from visualizer.tokens import template_marks
+
+    texts = {1: "<|im_start|>", 2: "<|im_end|>", 3: "ass", 4: "istant", 5: "\n", 6: "user"}
+    texts |= {7: "def", 8: " f"}
+    prompt = (1, 6, 5, 7, 8, 2, 5, 1, 3, 4, 5)  # user: "def f", then the assistant's header
+    events = [Prefill(prompt), TopK(0, 0, (1, 4, 7, 6), (0.4, 0.3, 0.2, 0.1))]
+    events += [Commit(0, (7,), ("target",), (0.2,)), Commit(1, (6, 2), ("target",) * 2, (1, 1))]
+    marks = template_marks(events, texts)
+    assert marks == {1: "⟨turn⟩", 2: "⟨end⟩", 3: "⟨assistant⟩", 4: "⟨assistant⟩"}
+    assert marks[3].original == "ass"  # "user" and "def" are the model's text too: not marked
+    fig = method_panel(METHODS["autoregressive"].views, events, texts, 0)
+    labels, note = list(fig.data[0].y), fig.layout.title.subtitle.text
+    assert '#78909c">⟨turn⟩</span>' in labels[0] and labels[3].startswith("'user'")
+    assert note.count("chat-template tokens, not the model's text") == 1
+    plain = method_panel(METHODS["autoregressive"].views, events, texts, 1)
+    assert "chat-template" not in (plain.layout.title.subtitle.text or "")
+    spans = token_spans_html(events, texts)
+    assert 'class="dl-mark"' in spans and spans.count("chat-template tokens") == 1
+
+
+def test_a_long_title_wraps_to_a_phones_width_and_the_figure_grows_by_its_lines():
+    from visualizer import draft_panel
+
+    long = [*SPEC[:4], Draft(1, "eagle (auto: 1 trained layer on the target's features)", (11, 12, 13), (-1, 0, 1), (0.9, 0.7, 0.4)), *SPEC[5:]]  # fmt: skip
+    short, wrapped = draft_panel(SPEC, TEXTS, 1), draft_panel(long, TEXTS, 1)
+    lines = wrapped.layout.title.text.split("<br>")
+    assert len(lines) == 2 and all(len(line) <= 44 for line in lines)
+    assert "…" not in wrapped.layout.title.text and lines[-1].endswith("features)")
+    assert wrapped.layout.height > short.layout.height
+
+
+def test_the_sam_datastore_chart_shows_a_less_than_as_written():
+    """Its labels were escaped twice: Plotly printed "&lt;=" for the token " <="."""
+    import json
+
+    from decoders.core.events import StoreMatch
+    from visualizer.retrieval_view import retrieval
+
+    texts = TEXTS | {40: " n", 41: " <=", 42: " <", 43: " 1", 44: "&", 45: "<b>"}
+    events = [Prefill((1, 10, 40)), Commit(0, (40,), ("target",), (0.9,))]
+    events += [StoreMatch(1, 2, 7, (7, 4, 3, 1), 0)]
+    events += [Draft(1, "sam", (41, 42, 43, 44), (-1, -1, 0, 2), (1.0,) * 4)]
+    events += [Verify(1, (0, 2), 20, "greedy-tree"), Commit(1, (41, 43, 20), ("draft",) * 3, (1,) * 3)]  # fmt: skip
+    fig = retrieval(events, texts, 1)
+    shown = json.dumps(fig.to_plotly_json(), ensure_ascii=False)
+    assert " <= →  1 → &" in fig.layout.yaxis.ticktext  # a path, as written
+    assert "&lt;" not in shown and "&gt;" not in shown and "&amp;" not in shown
+    # a token that is markup is escaped, once: Plotly shows "<b>", not bold, not "&lt;b&gt;"
+    events[3] = Draft(1, "sam", (41, 45, 43, 44), (-1, -1, 0, 2), (1.0,) * 4)
+    shown = json.dumps(retrieval(events, texts, 1).to_plotly_json(), ensure_ascii=False)
+    assert "&lt;b&gt;" in shown and "<b>" not in shown and "&amp;" not in shown
+
+
+def test_token_recyclings_cells_keep_readable_labels_on_a_phone():
+    from decoders.core.events import Recycled
+    from visualizer.retrieval_view import adjacency
+
+    texts = {t: f" tok{t}" for t in range(10, 30)}
+    rows = ((10, *range(11, 19)), (11, *range(19, 27)))  # 8 successors each
+    events = [Prefill((10,)), Commit(0, (10,), ("target",), (0.9,)), Recycled(1, rows)]
+    events += [Draft(1, "recycling", (11, 19), (-1, 0), (1.0, 1.0)), Verify(1, (0,), 12, "g")]
+    phone, page = adjacency(events, texts, 1, width=340), adjacency(events, texts, 1, width=792)
+    assert list(page.layout.xaxis.tickvals) == list(range(1, 9))
+    assert len(phone.layout.xaxis.tickvals) < 8  # fewer columns: the ranks not drafted left out
+    assert min(len(t) for t in phone.data[0].text if t) >= 4  # " tok…", not two letters
+    assert "' tok12' · id 12" in phone.data[0].hovertext[1]  # the whole token on hover or tap
+    assert "not drawn" in phone.layout.title.subtitle.text.replace("<br>", " ")

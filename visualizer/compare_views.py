@@ -45,6 +45,10 @@ REFERENCE_COLOUR = "#78909c"
 IDENTICAL_COLOUR, DIFFERS_COLOUR, LOSSY_COLOUR = "#2e7d32", "#c62828", "#8e24aa"
 INK = "#263238"  # a value written inside a pale bar
 WRAP = 22  # characters per label line: fits beside the bars on a 390 px phone
+# The race's plot on a 390 px phone, inside Compare's column (the figure ~330 px wide, less its
+# y axis and margins): its end labels are laid out on this, apart by LABEL_GAP_PX.
+PHONE_PLOT_PX = (240, 260)
+LABEL_GAP_PX = 4
 
 
 def colours_of(labels: Sequence[str]) -> dict[str, str]:
@@ -85,7 +89,7 @@ def _layout(
     there), then the plot; `top` = the top margin (title, and the legend when it sits above the
     plot). Wrapped spec labels are wide: the axes grow their margins to fit them."""
     _base_layout(fig, title, height - 20)
-    fig.update_layout(title_pad_t=34, margin=dict(l=10, t=top))
+    fig.update_layout(title_pad_t=fig.layout.title.pad.t + 26, margin=dict(l=10, t=top))
     if legend_on_top:  # a short legend reads best right above the bars it names
         fig.update_layout(legend=dict(yref="paper", y=1.01, yanchor="bottom"))
     fig.update_xaxes(automargin=True)
@@ -372,13 +376,15 @@ def place_labels(
     points: Sequence[tuple[float, float, str]],
     x_range: tuple[float, float],
     y_range: tuple[float, float],
-    plot_px: tuple[int, int] = (300, 300),
+    plot_px: tuple[int, int] = PHONE_PLOT_PX,
 ) -> list[str | None]:
     """A text position for each point's label ("middle right", "middle left", "top center",
     "bottom center"), the first whose box (10 px text, about 6 px a character, on a plot of
-    `plot_px`: a phone's unless said) overlaps no point and no label placed before it and stays
-    inside the plot; None where none fits (the hover still names the point). Points are
-    labelled in the order given."""
+    `plot_px`: a phone's unless said) keeps LABEL_GAP_PX from every point and every label placed
+    before it and stays inside the plot; None where none fits (the legend and the hover still
+    name the point). Points are labelled in the order given. A figure does not know its width,
+    so the boxes are laid out on the narrowest plot it is drawn in: on a wider one they only
+    move further apart."""
     (x0, x1), (y0, y1) = x_range, y_range
     w, h = plot_px
 
@@ -401,7 +407,11 @@ def place_labels(
         chosen = None
         for name, (a, b, c, d) in options.items():
             inside = a >= 0 and c <= w and b >= 0 and d <= h
-            clear = all(c <= e or a >= g or d <= f or b >= k for e, f, g, k in boxes)
+            clear = all(  # dots (the first boxes) as they are, labels kept LABEL_GAP_PX apart
+                c + gap <= e or a >= g + gap or d + gap <= f or b >= k + gap
+                for n, (e, f, g, k) in enumerate(boxes)
+                for gap in (0 if n < len(dots) else LABEL_GAP_PX,)
+            )
             if inside and clear:
                 chosen = name
                 boxes.append((a, b, c, d))

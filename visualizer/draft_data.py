@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from decoders.core.events import Commit, Draft, Event, Verify
 
-from .text import token_hover
+from .text import escape, token_hover
 from .tokens import COLOURS
 
 
@@ -73,7 +73,7 @@ def _preferred_row(
         tuple(
             f"{token_hover(texts.get(preferred[i], '?'), preferred[i])} · the target's own "
             f"choice at position {i + 1}: the relaxed rule took the draft's "
-            f"{texts.get(draft.tokens[i], '?')!r} instead"
+            f"{escape(repr(texts.get(draft.tokens[i], '?')))} instead"
             for i in at
         ),
         tuple(i + 1 for i in at),

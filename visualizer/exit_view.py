@@ -387,4 +387,6 @@ def quality_point(
         note = "this run's point appears once its agreement with greedy is checked"
     fig.update_xaxes(title_text="decoder layers per token (share)")
     fig.update_yaxes(title_text="agreement with greedy", range=[0, 1.05])
-    return _base_layout(fig, title, height=340, subtitle=note)
+    # On a phone the legend takes a row per entry, out of the figure's height: without room for
+    # them the plot shrank below its axis title, which ran up into the subtitle.
+    return _base_layout(fig, title, height=300 + 22 * len(fig.data), subtitle=note)

@@ -13,7 +13,7 @@ import plotly.io as pio
 from decoders.core.events import Commit, Event, Forward, TopK
 
 from .draft_data import draft_rows
-from .text import cut, short_token, wrap
+from .text import escape, short_token, wrap
 
 # Every figure's theme, set as Plotly's default: a new figure takes the default template without
 # validating it again, while `update_layout(template="plotly_white")` deep-copied and re-validated
@@ -35,16 +35,28 @@ FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 # Plotly does not wrap text: a subtitle line of at most this many characters fits a figure on a
 # 390 px phone (~340 px wide).
 SUBTITLE_CHARS = 48
-TITLE_CHARS = 42  # at the title's larger font
+TITLE_CHARS = 44  # at the title's 14 px: ~310 px, clear of the toolbar on a 390 px phone
+TITLE_LINE_PX = 19  # a title line at 14 px: a wrapped title grows the figure by its lines
+TITLE_LINE_HEIGHT_PX = 18.2  # Plotly's line spacing (1.3) at the title's 14 px
+TITLE_PAD_PX = 8
+NOTE_LINE_PX = 16  # a subtitle line at 12 px
 
 
 def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = "") -> go.Figure:
-    """The shared frame: a short title (and an optional one-line subtitle) in a top strip that
-    pushes the plot down as far as it needs, the legend in a strip of its own at the bottom.
-    Neither sits over the plot, and a legend that wraps on a narrow screen grows its strip
-    instead of running into the title. Titles are kept short so they fit a 390 px phone."""
+    """The shared frame: a title (and an optional subtitle) in a top strip that pushes the plot
+    down as far as it needs, the legend in a strip of its own at the bottom. Neither sits over
+    the plot, and a legend that wraps on a narrow screen grows its strip instead of running into
+    the title. A title longer than a 390 px phone's line wraps (never cut), and the figure grows
+    by its extra lines, so the plot keeps its height."""
     if subtitle and "<br>" not in subtitle:
         subtitle = wrap(subtitle, SUBTITLE_CHARS)
+    if "<br>" not in title:
+        title = wrap(title, TITLE_CHARS)
+    lines = title.count("<br>") + 1
+    height += TITLE_LINE_PX * (lines - 1)
+    # Plotly (6.x) sets a title of several lines with its last line where a one-line title's
+    # would be, the others above the figure's top: the pad brings its first line down there.
+    pad = TITLE_PAD_PX + (round(TITLE_LINE_HEIGHT_PX * lines) if lines > 1 else 0)
     fig.update_layout(
         title=dict(
             text=title,
@@ -54,7 +66,7 @@ def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = 
             y=1,
             yanchor="top",
             yref="container",
-            pad=dict(t=8),
+            pad=dict(t=pad),
             automargin=True,
             font=dict(size=14),
         ),
@@ -86,6 +98,15 @@ def _base_layout(fig: go.Figure, title: str, height: int = 260, subtitle: str = 
             font=dict(size=11),
         ),
     )
+    return fig
+
+
+def add_note(fig: go.Figure, note: str) -> go.Figure:
+    """One more line (already escaped) under a figure's subtitle, the figure grown by it."""
+    subtitle = fig.layout.title.subtitle.text or ""
+    fig.update_layout(title_subtitle_text=f"{subtitle}<br>{note}" if subtitle else note)
+    if fig.layout.height:
+        fig.update_layout(height=fig.layout.height + NOTE_LINE_PX * (note.count("<br>") + 1))
     return fig
 
 
@@ -284,7 +305,8 @@ def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
         return _empty(
             f"Top candidates at step {step}", "this trace has no top-k detail for this step"
         )
-    labels = [f"{texts.get(t, '?')!r} ({t})" for t in top.tokens]
+    # A number in brackets beside a bar read as a count: the id says what it is.
+    labels = [f"{escape(repr(texts.get(t, '?')))}<br>token id {t}" for t in top.tokens]
     colours = ["#2e7d32" if t == chosen else "#b0bec5" for t in top.tokens]
     fig = go.Figure(
         go.Bar(
@@ -292,11 +314,11 @@ def topk_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) -> 
             y=labels,
             orientation="h",
             marker_color=colours,
-            hovertemplate="%{y}: p=%{x:.3f}<extra></extra>",
+            hovertemplate="%{y}<br>target probability %{x:.1%}<extra></extra>",
         )
     )
     fig.update_xaxes(title_text="target probability", range=[0, 1], tickformat=".0%")
-    fig.update_yaxes(title_text="", autorange="reversed", automargin=True)
+    fig.update_yaxes(title_text="", autorange="reversed", automargin=True, tickfont=dict(size=11))
     return _base_layout(
         fig,
         f"Step {step}: top-{len(top.tokens)} candidates",
@@ -327,7 +349,7 @@ def draft_panel(events: Sequence[Event], texts: Mapping[int, str], step: int) ->
     fig.update_xaxes(title_text="draft position", dtick=1, range=[0.3, rows.width + 0.7])
     fig.update_yaxes(title_text="", categoryorder="array", categoryarray=names)
     fig.update_layout(showlegend=False)
-    title = f"Step {step}: {cut(rows.source, 36)}"
+    title = f"Step {step}: {rows.source}"  # wrapped by the frame, never cut
     drafted = len(rows.draft.tokens)
     subtitle = f"drafted {drafted}, accepted {rows.accepted}; the target's tokens below"
     if rows.relaxed:

@@ -28,7 +28,7 @@ from .cells import (
     _tok,
 )
 from .figures import _base_layout, _empty
-from .text import escape, short_token, visible
+from .text import cut, escape, short_token, visible
 
 # --- Jacobi ---------------------------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ def _cell_label(text: str, columns: int, plot_px: int = PHONE_PLOT_PX) -> str:
     only where a cell has room for one."""
     limit = min(6, plot_px // max(columns, 1) // 6)
     if limit < 4:
-        return escape(visible(text)[:limit])
+        return escape(cut(visible(text), limit, tail=""))
     return short_token(text, limit - 1)  # the ellipsis takes the last place
 
 

@@ -14,7 +14,7 @@ from decoders.core.tree import depths, leaf_paths
 
 from .cells import CANDIDATE_STATUS, WINDOW_STATUS, _at, _codes, _gram, _tok
 from .jacobi_view import _cell_label
-from .text import escape
+from .text import cut, escape
 from .tree_view import _root_token
 
 HISTORY_STEPS = 12  # W = 1: the window's single column at the last steps, side by side
@@ -95,8 +95,9 @@ def _x_text(events: Sequence[Event], texts: Mapping[int, str], step: int, limit:
     x_id, _ = _root_token(events, step)
     if x_id is None:
         return "?"
-    shown = repr(texts.get(x_id, "?"))
-    return escape(shown if len(shown) <= limit else shown[: limit - 2] + "…'")  # keep the quote
+    text = texts.get(x_id, "?")
+    shown = repr(text)
+    return escape(shown if len(shown) <= limit else repr(cut(text, limit - 2)))  # quoted, cut
 
 
 def _window_column(

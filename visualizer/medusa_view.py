@@ -383,7 +383,7 @@ def _root_label(events: Sequence[Event], texts: Mapping[int, str], step: int, de
     root, _ = _root_token(events, step)
     if root is None:
         return default
-    return escape(cut(repr(visible(texts.get(root, "?"))), 14)).replace(" ", "\u00a0")
+    return escape(cut(repr(visible(texts.get(root, "?"))), 14).replace(" ", "\u00a0"))
 
 
 def _p(probs: Sequence[float], i: int, digits: int = 3) -> str:

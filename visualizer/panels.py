@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -12,7 +13,7 @@ import plotly.graph_objects as go
 from decoders.core.events import Event
 
 from .exit_view import catch_ups, exit_confidence, exit_heatmap, hash_layers
-from .figures import draft_panel, topk_panel
+from .figures import add_note, draft_panel, topk_panel
 from .jacobi_view import jacobi_trajectory
 from .kangaroo_view import (
     kangaroo_confidence,
@@ -28,6 +29,8 @@ from .prompt_lookup_view import copy_source
 from .retrieval_view import adjacency, retrieval
 from .self_speculative_view import self_speculative_panel
 from .space_view import relay
+from .text import MARK_OPEN, MARKER_NOTE, escape
+from .tokens import marked_texts
 from .tree_view import token_tree
 
 Panel = Callable[[Sequence[Event], Mapping[int, str], int], go.Figure]
@@ -81,10 +84,23 @@ def draw(
     width: int | None = None,
 ) -> go.Figure:
     """One view at `step`. A view that sizes its labels to the figure's width in the page (a
-    `width` parameter) is told it when the page has said."""
+    `width` parameter) is told it when the page has said. Every view reads the chat template's
+    tokens as markers (visualizer/tokens.py), and a figure that shows one says once what they
+    are."""
+    marked = marked_texts(events, texts)
     if width and _takes_width(view):
-        return view(events, texts, step, width=width)  # type: ignore[call-arg]
-    return view(events, texts, step)
+        fig = view(events, marked, step, width=width)  # type: ignore[call-arg]
+    else:
+        fig = view(events, marked, step)
+    if marked is not texts and shows_markers(fig):
+        add_note(fig, escape(MARKER_NOTE))
+    return fig
+
+
+def shows_markers(fig: go.Figure) -> bool:
+    """Whether a figure's text holds a marker (a view may read tokens it does not draw, such as
+    the context rows prompt lookup's panel leaves out): 2-4 ms for a view's figure."""
+    return MARK_OPEN in json.dumps(fig.to_plotly_json(), ensure_ascii=False, default=str)
 
 
 def method_panel(

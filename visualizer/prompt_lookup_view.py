@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from decoders.core.events import Commit, CopySource, Draft, Event, Prefill, Verify
 
 from .figures import _base_layout, _empty, draft_panel
-from .text import add_caption, escape, token_hover
+from .text import add_caption, escape, is_marker, token_hover
 from .tokens import COLOURS
 
 LINE_CHARS = 44  # characters per row: fits a 390 px phone in an 11 px monospace font
@@ -210,7 +210,10 @@ def copy_view(events: Sequence[Event], texts: Mapping[int, str], step: int) -> C
         tokens=tokens,
         gaps=tuple(gaps),
         lines=lines,
-        chat_template=any(texts.get(t, "").startswith("<|") for t in context[:prompt_len]),
+        chat_template=any(
+            texts.get(t, "").startswith("<|") or is_marker(texts.get(t, ""))
+            for t in context[:prompt_len]
+        ),
     )
 
 

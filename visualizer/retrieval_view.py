@@ -18,9 +18,9 @@ import plotly.graph_objects as go
 
 from decoders.core.events import CopySource, Draft, Event, Recycled, StoreMatch, Verify
 
-from .figures import _base_layout, _empty, legend_square, rank_axis
+from .figures import NOTE_LINE_PX, SUBTITLE_CHARS, _base_layout, _empty, legend_square, rank_axis
 from .prompt_lookup_view import context_at, copy_source
-from .text import escape, short_token, token_hover, visible
+from .text import cut, escape, short_token, token_hover, visible, wrap
 from .tokens import COLOURS
 
 STATUS = {  # fill, legend
@@ -34,6 +34,8 @@ MAX_ROWS = 12
 NARROWEST_PX = 330  # the figure's width on a 390 px phone
 SUFFIX_SHOWN = 8  # tokens of a long matched suffix shown (the rest is "…")
 LABEL_CHARS = 22  # a drafted path's label, its end kept: fits beside its bar on a 390 px phone
+ROW_PX = 40  # an adjacency row: a 34 px cell and its gap
+MIN_CHARS = 4  # an adjacency cell's label below this many characters reads as letters, not a token
 
 
 def _at(events: Sequence[Event], step: int, kind: type) -> Event | None:
@@ -86,10 +88,10 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         visible(texts.get(t, "?")) for t in shown
     )
 
-    def path_text(i: int) -> str:
+    def path_text(i: int) -> str:  # plain text: escaped once, where it is shown
         parts = []
         while i >= match.first:
-            parts.append(short_token(texts.get(draft.tokens[i], "?"), 10))
+            parts.append(cut(visible(texts.get(draft.tokens[i], "?")), 11))
             i = draft.parents[i]
         return " → ".join(reversed(parts))
 
@@ -122,7 +124,7 @@ def retrieval(events: Sequence[Event], texts: Mapping[int, str], step: int) -> g
         tickvals=list(range(len(labels))),
         ticktext=[
             escape(label if len(label) <= LABEL_CHARS else "…" + label[1 - LABEL_CHARS :])
-            for label in labels
+            for label in labels  # cut before escaping: an entity or a tag is never split
         ],
         tickfont=dict(size=10, family="ui-monospace, Menlo, monospace"),
         fixedrange=True,
@@ -208,17 +210,33 @@ def _cell_sizes(width: int | None, columns: int) -> tuple[int, int]:
     return size, chars
 
 
+def _fit_columns(g: AdjacencyGrid, width: int | None) -> tuple[int, int, int]:
+    """(columns drawn, cell size, label characters): every successor rank where a cell's label
+    holds MIN_CHARS characters; on a narrower figure (a phone) only the ranks up to the last one
+    the draft read (at least 3), so the labels stay words rather than two letters."""
+    columns = max(len(r) - 1 for r in g.rows)
+    size, chars = _cell_sizes(width, columns)
+    if chars < MIN_CHARS:
+        used = [c + 1 for row in g.status for c, st in enumerate(row) if st != "unused"]
+        columns = min(columns, max(3, *used) if used else 3)
+        size, chars = _cell_sizes(width, columns)
+    return columns, size, chars
+
+
 def _adjacency_cells(
-    g: AdjacencyGrid, texts: Mapping[int, str], size: int, chars: int
+    g: AdjacencyGrid, texts: Mapping[int, str], size: int, chars: int, columns: int
 ) -> go.Scatter:
-    """Every row's successors as labelled squares, filled by their verdict."""
+    """Every row's successors (the first `columns` ranks) as squares filled by their verdict,
+    labelled; where a label would hold fewer than MIN_CHARS characters only the drafted cells
+    are (the hover, or a tap, names every cell's token)."""
     xs, ys, text, hover, fills = [], [], [], [], []
     for k, row in enumerate(g.rows):
-        for c, t in enumerate(row[1:]):
+        for c, t in enumerate(row[1 : columns + 1]):
             st = g.status[k][c]
             xs.append(c + 1)
             ys.append(k)
-            text.append(escape(short_token(texts.get(t, "?"), chars)))
+            labelled = chars >= MIN_CHARS or st != "unused"
+            text.append(short_token(texts.get(t, "?"), chars) if labelled else "")
             fills.append(STATUS[st][0])
             hover.append(
                 f"{token_hover(texts.get(t, '?'), t)}<br>successor {c + 1} of "
@@ -247,9 +265,10 @@ def adjacency(
     g = adjacency_grid(events, step)
     if g is None:
         return _empty(title, _no_adjacency(events, step), 200)
-    columns = max(len(r) - 1 for r in g.rows)
+    ranks = max(len(r) - 1 for r in g.rows)
+    columns, size, chars = _fit_columns(g, width)
     fig = go.Figure()
-    fig.add_trace(_adjacency_cells(g, texts, *_cell_sizes(width, columns)))
+    fig.add_trace(_adjacency_cells(g, texts, size, chars, columns))
     used = {s for row in g.status for s in row}
     for name, (fill, legend) in STATUS.items():
         if name != "unused" and name in used:
@@ -259,7 +278,7 @@ def adjacency(
         tickmode="array",
         tickvals=list(range(len(g.rows))),
         ticktext=[
-            escape(short_token(texts.get(r[0], "?"), 8))
+            short_token(texts.get(r[0], "?"), 8)
             + ("" if k >= len(fresh) or fresh[k] else " ·warm" if g.warm else " ·empty")
             for k, r in enumerate(g.rows)
         ],
@@ -274,5 +293,9 @@ def adjacency(
         f"row = a token, then the successors the target ranked likeliest after it when it last "
         f"saw it; {g.drafted} drafted, {g.accepted} accepted"
         + (f"; {stale} row(s) not yet rewritten by this run, still {start}" if stale else "")
+        + (f"; ranks {columns + 1}–{ranks} (not drafted) not drawn" if columns < ranks else "")
     )
-    return _base_layout(fig, title, height=150 + 40 * len(g.rows), subtitle=subtitle)
+    subtitle = wrap(subtitle, SUBTITLE_CHARS)
+    # the rows keep their pitch (a cell is a square) whatever the subtitle's lines take
+    height = ROW_PX * len(g.rows) + 110 + NOTE_LINE_PX * (subtitle.count("<br>") + 1)
+    return _base_layout(fig, title, height=height, subtitle=subtitle)

@@ -6,10 +6,13 @@ target-decoded tokens in plain ink.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from decoders.core.events import Commit, Draft, Event, Verify
+from decoders.core.events import Commit, Draft, Event, Prefill, Verify
+
+from .text import MARK_INK, MARKER_NOTE, Marker
 
 COLOURS = {
     "draft": "#c8e6c9",  # accepted draft
@@ -45,6 +48,7 @@ STYLE = """
 .dl-legend span.sw {display: inline-block; width: 12px; height: 12px; border-radius: 2px;
   vertical-align: -2px; margin-right: 4px; border: 1px solid #cfd8dc;}
 .dl-prompt {color: #78909c;}
+.dl-mark {color: {mark_ink}; font-style: italic;}
 /* A step's drafts where they would have gone: the rejected ones rolled back (struck, fading), the
    accepted ones settling; a draft not verified yet, faint. */
 .dl-tok.dl-ghost {text-decoration: line-through 2px; color: #b71c1c; background: #ffebee;
@@ -55,12 +59,99 @@ STYLE = """
 @keyframes dl-fade {from {opacity: 1;} to {opacity: .7;}}
 @keyframes dl-settle {from {opacity: .35;} to {opacity: 1;}}
 </style>
-"""
+""".replace("{mark_ink}", MARK_INK)
 
 
 def display_text(text: str) -> str:
-    """Make whitespace visible enough to follow token boundaries without hiding the layout."""
+    """Make whitespace visible enough to follow token boundaries without hiding the layout; a
+    chat-template marker in its muted ink, its own text on hover."""
+    if isinstance(text, Marker):
+        return (
+            f'<span class="dl-mark" title="{html.escape(repr(text.original))}: the chat '
+            f"template's, not the model's text\">{html.escape(text)}</span>"
+        )
     return html.escape(text).replace("\n", "↵\n").replace("\t", "⇥")
+
+
+# --- the chat template's tokens -------------------------------------------------------------------
+
+# A special token's text: `<|name|>` (ChatML, Llama 3, Phi), and the few angle-bracket ones other
+# templates use. Its marker names what it does where the name is known, else its name.
+SPECIAL = re.compile(r"^(?:<\|([^<>|]{1,40})\|>|<(start_of_turn|end_of_turn|s|/s)>)$")
+SPECIAL_WORDS = {
+    "im_start": "turn",
+    "im_end": "end",
+    "endoftext": "end of text",
+    "start_header_id": "role",
+    "end_header_id": "/role",
+    "eot_id": "end",
+    "begin_of_text": "start",
+    "end_of_text": "end of text",
+    "start_of_turn": "turn",
+    "end_of_turn": "end",
+    "s": "start",
+    "/s": "end",
+}
+# The role names a template writes after a turn's special token (pieces of one when the tokenizer
+# splits it: "ass" + "istant").
+ROLES = ("system", "user", "assistant", "model", "tool", "developer", "human", "ipython")
+MAX_ROLE_PIECES = 3
+
+
+def _special(text: str) -> Marker | None:
+    m = SPECIAL.match(text)
+    if m is None:
+        return None
+    name = m.group(1) or m.group(2)
+    return Marker(f"⟨{SPECIAL_WORDS.get(name, name)}⟩", text)
+
+
+def _roles(prompt: Sequence[int], texts: Mapping[int, str]) -> Iterator[tuple[int, str]]:
+    """(prompt position, role name) for each piece of a role name the template wrote: the
+    tokens right after a special token that spell one of ROLES and end at a newline or at the
+    next special token."""
+    for i, t in enumerate(prompt):
+        if _special(texts.get(t, "")) is None:
+            continue
+        pieces = prompt[i + 1 : i + 1 + MAX_ROLE_PIECES + 1]
+        word = ""
+        for k, p in enumerate(pieces):
+            text = texts.get(p, "")
+            if k and ("\n" in text or _special(text) is not None):
+                if word in ROLES:
+                    yield from ((i + 1 + j, word) for j in range(k))
+                break
+            word += text
+            if not word.isalpha():
+                break
+
+
+def template_marks(events: Sequence[Event], texts: Mapping[int, str]) -> dict[int, Marker]:
+    """The one rule for which tokens are the chat template's (and how the views spell them): a
+    special token's text (<|im_start|> -> ⟨turn⟩), anywhere; and a role name the template wrote
+    after one ("ass", "istant" -> ⟨assistant⟩), unless that token is also the model's text or
+    the user's (it then appears in the output, or in the prompt outside the template's
+    places)."""
+    prefill = next((e for e in events if isinstance(e, Prefill)), None)
+    marks = {t: m for t, text in texts.items() if (m := _special(text)) is not None}
+    if prefill is None:
+        return marks
+    prompt = list(prefill.prompt_ids)
+    roles = dict(_roles(prompt, texts))
+    elsewhere = {t for i, t in enumerate(prompt) if i not in roles} | {
+        t for e in events if isinstance(e, Commit) for t in e.tokens
+    }
+    for i, word in roles.items():
+        t = prompt[i]
+        if t not in elsewhere and t not in marks:
+            marks[t] = Marker(f"⟨{word}⟩", texts.get(t, ""))
+    return marks
+
+
+def marked_texts(events: Sequence[Event], texts: Mapping[int, str]) -> Mapping[int, str]:
+    """`texts` with the template's tokens as markers (the mapping itself when there are none)."""
+    marks = template_marks(events, texts)
+    return {**texts, **marks} if marks else texts
 
 
 def legend_html(
@@ -112,6 +203,7 @@ def token_spans_html(
     The drafts show where they would have gone: at `upto_step`, the drafted tokens its verdict
     rolled back, struck through, before the target's own token that replaced them; while a run
     streams (`upto_step` None), a draft not verified yet, faint, after the last commit."""
+    texts = marked_texts(events, texts)
     spans: list[str] = []
     origins_seen: list[str] = []
     drafts = {e.step: e for e in events if isinstance(e, Draft)}
@@ -164,18 +256,24 @@ def token_spans_html(
             for t in rolled_back(drafts[step], ())  # a tree: its most likely branch
         ]
     prompt = f'<span class="dl-prompt">{display_text(prompt_text)}</span>' if prompt_text else ""
-    head = (
-        legend_html(tuple(o for o in LABELS if o in origins_seen) or ("target",)) if legend else ""
-    )
-    if legend and "rolled back" in origins_seen:
-        head = head.replace(
-            "</div>",
-            '<span><span class="sw" style="background:#fff;border-color:#b71c1c"></span>'
-            "<s>drafted, rolled back</s></span></div>",
-            1,
-        )
+    head = _spans_legend(origins_seen, spans) if legend else ""
     body = "".join(spans) or '<span class="dl-pending">(no tokens yet)</span>'
     return f'{STYLE}{head}<div class="dl-tokens">{prompt}{body}</div>'
+
+
+def _spans_legend(origins_seen: Sequence[str], spans: Sequence[str]) -> str:
+    """The token spans' legend: the origins shown, the rolled-back drafts and the chat
+    template's markers where there are any."""
+    head = legend_html(tuple(o for o in LABELS if o in origins_seen) or ("target",))
+    extra = ""
+    if "rolled back" in origins_seen:
+        extra += (
+            '<span><span class="sw" style="background:#fff;border-color:#b71c1c"></span>'
+            "<s>drafted, rolled back</s></span>"
+        )
+    if any('class="dl-mark"' in span for span in spans):  # once: what the markers are
+        extra += f'<span class="dl-mark">{html.escape(MARKER_NOTE)}</span>'
+    return head.replace("</div>", extra + "</div>", 1)
 
 
 def metrics_html(

@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 
 from decoders.core.events import Event
 
-from .figures import SUBTITLE_CHARS, TITLE_CHARS, _base_layout, _empty
-from .text import cut, short_token, token_hover, visible, wrap
+from .figures import SUBTITLE_CHARS, _base_layout, _empty
+from .text import escape, short_token, token_hover, visible, wrap
 from .tokens import COLOURS, LABELS
 
 # The data helpers stay importable from here, as before.
@@ -184,7 +184,8 @@ def _node_hover(data: TreeData, r: TreeNode, texts: Mapping[int, str], depth: in
     if r.index in data.copied:
         note += " · copied from the context"
     if r.index in data.preferred:
-        note += f" · the target's own choice: {texts.get(data.preferred[r.index], '?')!r}"
+        own = escape(repr(texts.get(data.preferred[r.index], "?")))
+        note += f" · the target's own choice: {own}"
     where = "" if r.index < 0 else f" · node {r.index}" if r.index < data.n else " · target's token"
     return (
         f"{token_hover(text, r.token)}"
@@ -256,12 +257,10 @@ def _node_traces(
 
 
 def _tree_titles(data: TreeData) -> tuple[str, str]:
-    """The title names the drafter (cut to fit a phone); the full source, anything grafted on and
-    the verdict go in the subtitle."""
+    """The title names the drafter (wrapped by the frame on a phone, never cut); anything grafted
+    on and the verdict go in the subtitle."""
     first, *rest = data.source.split(" + ")
-    title = f"Step {data.step}: token tree from "
-    room = TITLE_CHARS - len(title)
-    title += cut(first, room)
+    title = f"Step {data.step}: token tree from {first}"
     n = data.n
     verdict = f"{n} node{'s' if n != 1 else ''}, accepted {len(data.accepted)}" + (
         f", +1 {data.nodes[-1].status}" if data.extra else ""
@@ -270,7 +269,7 @@ def _tree_titles(data: TreeData) -> tuple[str, str]:
         verdict += f"; {data.drawn} drawn (the first ones and the accepted path)"
     if data.won:
         verdict += f"; {data.won}"
-    source = " + ".join(rest if len(first) <= room else [first, *rest])
+    source = " + ".join(rest)
     return title, wrap(f"{source}; {verdict}" if source else verdict, SUBTITLE_CHARS)
 
 

@@ -33,6 +33,50 @@ from .tasks import (
 LAB_SEED = 7  # the lab's example sentences (a held-out seed)
 WORD = re.compile(r"^w?(\d+)$")
 
+# Each model and decoding code in words, for a reader who has not read docs/TRANSLATION.md: the
+# lab shows them beside the codes (the codes are what the CLI, the cards and the docs use).
+MODEL_WORDS = {
+    "ar": "autoregressive (the teacher)",
+    "nat": "vanilla NAT",
+    "nat_kd": "NAT trained on distilled data",
+    "cmlm": "Mask-Predict (CMLM)",
+    "flowseq": "FlowSeq (a latent variable)",
+    "depa": "DePA (dependency-aware NAT)",
+}
+# How FlowSeq's candidates are chosen (the latents table's "chosen by").
+PICK_WORDS = {
+    "argmax": "z = f(0), the prior's centre",
+    "npd": "the teacher's best of the candidates",
+    "iw": "FlowSeq's own best (importance-weighted)",
+}
+_CANDIDATES = re.compile(r"^(npd|iw):n=(\d+)$")
+
+
+def decoding_words(model: str, decoding: str) -> str:
+    """A decoding code in words: "npd:n=8" -> "noisy parallel decoding, 8 candidates"."""
+    parts: list[str] = []
+    for code in decoding.replace(",", " ").split():
+        m = _CANDIDATES.match(code)
+        if m and m.group(1) == "npd":
+            parts.append(f"noisy parallel decoding, {m.group(2)} candidates (the teacher picks)")
+        elif m:
+            parts.append(f"importance weighting, {m.group(2)} candidates (FlowSeq scores them)")
+        elif code.startswith("beam:"):
+            parts.append(f"beam search, {code.split(':')[1]} beams")
+        elif code.startswith("T="):
+            t = code[2:]
+            parts.append("1 iteration (one pass)" if t == "1" else f"{t} iterations, a pass each")
+        elif code == "greedy":
+            parts.append("one token per pass" if model == "ar" else "one pass")
+        elif code == "fertility":  # alone: one pass
+            fed = "inputs copied by the predicted fertilities"
+            parts.append(fed if "npd" in decoding else f"one pass, {fed}")
+        elif code == "argmax":
+            parts.append(f"one latent: {PICK_WORDS['argmax']}")
+        elif code == "cold":
+            parts.append("decoder trained as a NAT only")
+    return "; ".join(parts) or decoding
+
 
 class SourceError(ValueError):
     """A typed source the lab cannot translate; the message names what is wrong."""
@@ -80,6 +124,14 @@ class Row:
     passes: float
     why: str
 
+    @property
+    def model_words(self) -> str:
+        return MODEL_WORDS.get(self.model, self.model)
+
+    @property
+    def decoding_words(self) -> str:
+        return decoding_words(self.model, self.decoding)
+
 
 @dataclass
 class Lab:
@@ -92,6 +144,7 @@ class Lab:
     lengths: list[tuple[int, float]]  # the NAT's likeliest lengths and their probabilities
     fertilities: list[tuple[str, int, float]]  # per source word: fertility, its probability
     notes: list[str] = field(default_factory=list)
+    pick_words: dict[str, str] = field(default_factory=lambda: dict(PICK_WORDS))
 
 
 def _closest(out: tuple[int, ...], refs: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -201,16 +254,28 @@ def metrics(task: str, root: Path = ASSETS) -> list[dict[str, Any]]:
         held = card.get("held_out", {})
         for r in held.get("rows", []):
             if r["task"] == task:
-                rows.append({"model": model, "seed": held.get("seed"), "n": held.get("n"), **r})
+                rows.append(
+                    {
+                        "model": model,
+                        "seed": held.get("seed"),
+                        "n": held.get("n"),
+                        **r,
+                        "model_words": MODEL_WORDS.get(model, model),
+                        "decoding_words": decoding_words(model, str(r["decoding"])),
+                    }
+                )
     order = {s: i for i, s in enumerate(SETTINGS)}
     return sorted(rows, key=lambda r: order.get((r["model"], r["decoding"]), math.inf))
 
 
 __all__ = [
+    "MODEL_WORDS",
+    "PICK_WORDS",
     "TASKS",
     "Lab",
     "Row",
     "SourceError",
+    "decoding_words",
     "example_sources",
     "metrics",
     "parse_source",
