@@ -2,6 +2,14 @@
 template's view. (A view's own styles live with its drawing: visualizer/.)"""
 
 CSS = """
+/* Gradio 6.31 ships SourceSansPro-SemiBold.woff2 and IBMPlexMono-SemiBold.woff2 as ~5 KB stubs
+   (a few glyphs, A among them) and its default theme declares them for weight 600: bold text
+   took those glyphs from the stub and the rest from the fallback, so a capital A read as a small
+   capital ("SPᴀCE"). Weight 600 reads the full Bold files (the last @font-face wins). */
+@font-face {font-family: 'Source Sans Pro'; font-weight: 600; font-style: normal;
+  src: url('static/fonts/SourceSansPro/SourceSansPro-Bold.woff2') format('woff2');}
+@font-face {font-family: 'IBM Plex Mono'; font-weight: 600; font-style: normal;
+  src: url('static/fonts/IBMPlexMono/IBMPlexMono-Bold.woff2') format('woff2');}
 @media (max-width: 768px) {
   /* A phone: Run, then the preset and parameters (closed until tapped: ON_LOAD), then the
      output, then the rest of the form. */

@@ -175,7 +175,7 @@ def wire_tour_link(demo: gr.Blocks, tabs: gr.Tabs, opened, width, start) -> None
     """`?tour=N&step=K` (with `&lesson=1`, `&present=1`): the page opens on the Tour tab at stop
     N, step K; the keyboard is the tour's wherever it is on screen."""
 
-    def from_url(request: gr.Request, w: float | None) -> dict:
+    def tour_from_url(request: gr.Request, w: float | None) -> dict:
         query = dict(request.query_params) if request else {}
         begin = read_link(query)
         if begin is None:
@@ -184,7 +184,7 @@ def wire_tour_link(demo: gr.Blocks, tabs: gr.Tabs, opened, width, start) -> None
 
     demo.load(None, None, None, js=KEYBOARD, api_visibility="private")
     demo.load(
-        from_url,
+        tour_from_url,
         width,
         [tabs, start, opened, width],
         js=f"(...a) => {{ {PRESENT_FROM_LINK}; return [{TOUR_WIDTH_ESTIMATE}]; }}",

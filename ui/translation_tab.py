@@ -62,6 +62,17 @@ def lab_outputs(task: str, text: str) -> dict[str, Any]:
     }
 
 
+# What a translation fills, in the order of the tab's outputs.
+SHOWN = ("status", "references", "outputs", "mask_predict", "latents", "lengths")
+
+
+def shown_outputs(task: str, text: str) -> list[str]:
+    """The tab's outputs for one source, in SHOWN's order. A message clears the last translation:
+    left under it, the old outputs read as the new source's."""
+    got = lab_outputs(task, text)
+    return [got.get(k, "") for k in SHOWN]
+
+
 def task_outputs(task: str) -> dict[str, Any]:
     """A difficulty's example sentences, and its recorded metrics (a message in their place when
     the cards cannot be read)."""
@@ -74,39 +85,42 @@ def task_outputs(task: str) -> dict[str, Any]:
 
 
 @cache
-def _start() -> tuple[dict[str, Any], dict[str, Any]]:
-    """What the tab opens with (the first difficulty and its first sentence), computed once."""
+def _start(source: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the tab opens with (the first difficulty and its first sentence, or `source`: the
+    tour's translation stop's), computed once per sentence."""
     start_task = task_outputs(FIRST_TASK)
-    return start_task, lab_outputs(FIRST_TASK, start_task["examples"][0])
+    return start_task, lab_outputs(FIRST_TASK, source or start_task["examples"][0])
 
 
 def build_translation_tab(tab: gr.Tab) -> gr.State:
     """Call inside the `gr.Tab` it is: the lab is drawn the first time the tab is opened (a page
-    that never opens it builds none of it). Returns the flag that opens it (set it to True
-    beside selecting the tab, where a handler selects it)."""
+    that never opens it builds none of it). Returns the flag that opens it: True, or a source
+    sentence to open on (the tour's stop sets it beside selecting the tab)."""
     opened = gr.State(False)
-    tab.select(lambda: True, None, opened, api_visibility="private", show_progress="hidden")
+    tab.select(  # opened already: left as it is (a tab picked again redraws nothing)
+        lambda on: on or True, opened, opened, api_visibility="private", show_progress="hidden"
+    )
 
     @gr.render(inputs=[opened], triggers=[opened.change], show_progress="hidden")
-    def draw(on: bool) -> None:
+    def draw(on: bool | str) -> None:
         if on:
-            _draw()
+            _draw(on if isinstance(on, str) else "")
 
     return opened
 
 
-def _draw() -> None:
+def _draw(source: str = "") -> None:
     gr.HTML(f"<style>{CSS}</style>", padding=False, container=False)
     gr.Markdown(INTRO, elem_id="tl-intro")
-    start_task, start = _start()
-    first_source = start_task["examples"][0]
+    start_task, start = _start(source)
+    first_source = source or start_task["examples"][0]
     with gr.Row(equal_height=False):
         task = gr.Dropdown(
             TASK_LABELS, value=FIRST_TASK, label="Difficulty", elem_id="tl-task", interactive=True
         )
         pick = gr.Dropdown(
             start_task["examples"],
-            value=first_source,
+            value=first_source if first_source in start_task["examples"] else None,
             label="Held-out source sentence",
             allow_custom_value=False,
             elem_id="tl-pick",
@@ -135,14 +149,7 @@ def _draw() -> None:
     chart = gr.Plot(start_task["chart"], show_label=False, elem_id="tl-chart")
     table = gr.HTML(start_task["metrics"], elem_id="tl-metrics")
 
-    shown = [status, references, outputs, grid, latents, lengths]
-    keys = ["status", "references", "outputs", "mask_predict", "latents", "lengths"]
-
-    def translate(task_value: str, text: str) -> list:
-        got = lab_outputs(task_value, text)
-        if got["status"]:  # a message: the last translation stays (nothing lost), dimmed by none
-            return [got["status"], *(gr.skip() for _ in keys[1:])]
-        return [got[k] for k in keys]
+    shown = [status, references, outputs, grid, latents, lengths]  # SHOWN's order
 
     def on_task(task_value: str) -> list:
         got = task_outputs(task_value)
@@ -152,12 +159,15 @@ def _draw() -> None:
             first,
             got["chart"],
             got["metrics"],
-            *translate(task_value, first),
+            *shown_outputs(task_value, first),
         ]
 
     task.change(on_task, task, [pick, typed, chart, table, *shown], api_visibility="private")
     pick.input(
-        lambda t, s: [s, *translate(t, s)], [task, pick], [typed, *shown], api_visibility="private"
+        lambda t, s: [s, *shown_outputs(t, s)],
+        [task, pick],
+        [typed, *shown],
+        api_visibility="private",
     )
-    go.click(translate, [task, typed], shown, api_visibility="private")
-    typed.submit(translate, [task, typed], shown, api_visibility="private")
+    go.click(shown_outputs, [task, typed], shown, api_visibility="private")
+    typed.submit(shown_outputs, [task, typed], shown, api_visibility="private")
