@@ -46,7 +46,7 @@ from .run_views import (
     views_of,
 )
 from .run_wires import wire_links, wire_method, wire_stepping, wire_trace_files
-from .tour import tour_step
+from .tour import Opened, tour_step
 from .tour_tab import LANDED
 from .traces import load_example
 
@@ -192,6 +192,7 @@ def _stopped_views(t: RunTab, trace: Trace | None, width: int | None) -> dict:
         kept,
         f"⏹ Stopped at {len(kept.token_ids)} tokens: step through what was decoded, or export it.",
         width,
+        Opened(kept.last_step, "where Stop ended it"),  # where it stood, not its telling step
     )
 
 
