@@ -78,9 +78,9 @@ def open_run(page, method: str, preset: str) -> None:
     page.wait_for_function(
         "document.querySelector('#status')?.innerText.includes('Done')", timeout=180_000
     )
-    # The finished run opens at its showcase step (the last with drafts accepted, else the last).
+    # The finished run opens at its telling step (its method's tour rule: any step, 0 included).
     page.wait_for_function(
-        "(e => e && e.max !== '' && +e.max > 0 && +e.value > 0 && +e.value <= +e.max)"
+        "(e => e && e.max !== '' && +e.max > 0 && +e.value >= 0 && +e.value <= +e.max)"
         "(document.querySelector('#step input[type=range]'))",
         timeout=60_000,
     )
