@@ -223,7 +223,7 @@ adapter
 
 # Measuring speed
 
-tokens per forward; tokens per target forward; token per forward; tokens a forward
+tokens per forward; tokens per target forward; tokens a forward
     New tokens divided by target forwards (prefill and verify passes counted): autoregressive's
     is 1. A method gains only when it outruns the cost of its wider forwards and its drafting.
 

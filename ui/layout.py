@@ -28,6 +28,7 @@ from .run_tab import forget as forget_run
 from .style import CSS
 from .tour import forget as forget_tour
 from .tour_show import KEYS as TOUR_KEYS
+from .tour_show import lesson_minutes
 from .tour_tab import CSS as TOUR_CSS
 from .tour_tab import TOUR_WIDTH_ESTIMATE, build_tour_tab, wire_live, wire_tour_link
 from .traces import EXAMPLE_PROMPTS
@@ -61,7 +62,8 @@ def build_demo() -> gr.Blocks:
             elem_id="dl-title",
         )
         take_tour = gr.Button(
-            f"🧭 New here? Take the tour ({len(TOUR_KEYS)} stops)",
+            f"🧭 New here? Take the tour ({len(TOUR_KEYS)} stops, or a {lesson_minutes():g}-minute "
+            "lesson)",
             variant="secondary",
             size="sm",
             elem_id="take-tour",

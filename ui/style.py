@@ -31,7 +31,8 @@ CSS = """
      longer held to gradio's 160 px, share one row. */
   #prev, #play, #pause, #next, #run-btn, #stop-btn,
   #tour-prev, #tour-next, #tour-prev-low, #tour-next-low, #tour-live,
-  #tour-present, #tour-reveal, #tour-telling {
+  #tour-present, #tour-reveal, #tour-telling, #telling, #take-tour, .dl-tour-link button,
+  .tab-wrapper .tab-container button {
     min-height: 44px; min-width: 44px;
   }
   /* The tour: the stop's figure (and its step) right under the picker and Prev / Next, then the
@@ -52,7 +53,7 @@ CSS = """
   .tab-wrapper .tab-container button {padding-left: 7px !important; padding-right: 7px !important;}
 }
 .dl-hidden {display: none !important;}
-#take-tour {max-width: 300px;}
+#take-tour {max-width: 440px;}
 .dl-stale {background: #e3f2fd; border-left: 4px solid #1565c0; padding: 6px 10px; border-radius: 4px;}
 /* The tour: where we are, and the one thing to look at */
 .dl-tour-where {font-size: 13px; color: #546e7a; text-transform: uppercase; letter-spacing: .04em;}

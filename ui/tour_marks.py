@@ -110,7 +110,7 @@ def question(fig: go.Figure, conceal: Sequence[str] = ()) -> go.Figure:
             continue  # an outline that points at the answer
         kept.append(shape.update(fillcolor=UNKNOWN) if fill in VERDICT_COLOURS else shape)
     q.layout.shapes = kept
-    q.layout.title.subtitle.text = "?"
+    q.layout.title.subtitle.text = "? the outcome is hidden until the reveal"
     for axis in (q.layout.yaxis, q.layout.xaxis):
         if axis.ticktext:
             axis.ticktext = [COUNTED.sub("(+?)", str(t)) for t in axis.ticktext]

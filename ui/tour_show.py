@@ -6,8 +6,10 @@ step. No gradio here."""
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
+from decoders.core.events import Event
 from decoders.core.facts import UnknownFact, fill, lossless_leaders, speeds
 from decoders.core.readings import fmt_ratio
 from visualizer import method_panel, metrics_html, token_spans_html
@@ -170,8 +172,11 @@ def show(
     fig = mark(method_panel(views, trace.events, trace.texts, at, w), stop.focus)
     return {
         "narration": annotate(_narration(key, telling, trace.last_step, lesson)),
-        # the question's step: the tokens as they stood before it
-        "tokens": token_spans_html(trace.events, trace.texts, at - 1 if asked else at),
+        # a question's tokens: those written before its step, and none after (greyed, the
+        # tokens to come would say the answer)
+        "tokens": token_spans_html(_before(trace.events, at), trace.texts)
+        if asked
+        else token_spans_html(trace.events, trace.texts, at),
         # the speed as the side-by-side stop measured it: one reference, one price table
         "metrics": metrics_html(
             {**trace.stats, **_timed(side_by_side_row(stop))},
@@ -186,6 +191,11 @@ def show(
         "asked": asked,
         "rule": stop.rule,
     }
+
+
+def _before(events: Sequence[Event], step: int) -> list[Event]:
+    """The run's events before `step` (those of no step, the prefill's, kept)."""
+    return [e for e in events if getattr(e, "step", -1) < step]
 
 
 def number(key: str) -> int:
@@ -246,8 +256,11 @@ def link_html(key: str, at: int | None, lesson: bool) -> str:
     query = link(key, at, lesson)
     what = "this stop" if at is None else f"stop {number(key)} at step {at}"
     copy = (
-        "navigator.clipboard&&navigator.clipboard.writeText(new URL(this.dataset.q,"
-        "location.href).href).then(()=>{this.textContent='✓ copied'})"
+        # (inside an inline handler `URL` is document.URL: the constructor is window's)
+        "const u=new window.URL(this.dataset.q,location.href).href;"
+        "if(navigator.clipboard){navigator.clipboard.writeText(u).then(()=>"
+        "{this.textContent='✓ copied'},()=>window.prompt('Copy this link',u))}"
+        "else{window.prompt('Copy this link',u)}"
     )
     return (
         f"<div class='dl-tour-link'>🔗 <a href='{html.escape(query)}' target='_blank' "

@@ -80,12 +80,14 @@ PRESS = f"""(key) => {{
   if (key === '{TRANSLATION}') setTimeout(() => ({LANDED})(), 1500);
 }}"""
 # The keyboard, while the tour is on screen: ←/→ and PageUp/PageDown (a presenter's clicker)
-# move between stops, Home/End go to the path's ends. Typing in a box is left alone.
+# move between stops, Home/End go to the path's ends, R reveals a question's answer. Typing in
+# a box is left alone.
 KEYBOARD = """() => {
   if (window.dlTourKeys) return;
   window.dlTourKeys = true;
   const keys = {ArrowRight: '#tour-next', PageDown: '#tour-next', ArrowLeft: '#tour-prev',
-                PageUp: '#tour-prev', Home: '#tour-first', End: '#tour-last'};
+                PageUp: '#tour-prev', Home: '#tour-first', End: '#tour-last',
+                r: '#tour-reveal', R: '#tour-reveal'};
   document.addEventListener('keydown', (e) => {
     const target = keys[e.key];
     const next = document.querySelector('#tour-next');
@@ -107,24 +109,37 @@ TOGGLE_PRESENT = f"""(key, step, asking, lesson, w) => {{
   return [key, step, asking, lesson, {TOUR_WIDTH}];
 }}"""
 RESIZED = "() => setTimeout(() => window.dispatchEvent(new Event('resize')), 50)"
-CSS = """
-.dl-present .gradio-container {max-width: 100% !important; padding: 0 8px !important;}
-.dl-present .gradio-container .main {max-width: 100% !important; padding: 0 8px !important;}
-.dl-present #dl-title, .dl-present #take-tour {display: none;}
-.dl-present #tour-row {flex-direction: column;}
-.dl-present #tour-row > div {width: 100% !important; min-width: 0 !important; max-width: 100%;}
-/* the figure first, under the stop's title in the picker; the narration below it */
-.dl-present #tour-row > div:last-child {order: -1;}
-.dl-present #tour-text {font-size: 1.3rem; line-height: 1.5;}
-.dl-present #tour-text h3 {font-size: 2rem;}
-.dl-present #tour-ask {font-size: 1.3rem;}
-.dl-present .dl-look {font-size: 1.3rem;}
-.dl-present #tour-tokens .dl-tokens {font-size: 20px;}
-.dl-ask {background: #ede7f6; border-left: 4px solid #4527a0; padding: 8px 10px;
-  border-radius: 4px; color: #1a1a2e;}
-.dl-tour-link {font-size: 13px; color: #37474f;}
-.dl-tour-link button {margin-left: 6px; padding: 0 8px; border: 1px solid #90a4ae;
-  border-radius: 4px; background: #fff; color: #263238; font-size: 13px; font-weight: normal;}
+PRESENT_ZOOM = 1.35  # presenter mode: the figure's type, for the back of the room
+CSS = f"""
+.dl-present .gradio-container {{max-width: 100% !important; padding: 0 8px !important;}}
+.dl-present .gradio-container .main {{max-width: 100% !important; padding: 0 8px !important;}}
+.dl-present #dl-title, .dl-present #take-tour {{display: none;}}
+/* one column: the figure first (the stop's title is in the picker above it), its step, then
+   the narration with the question and Reveal, then the numbers and the tokens */
+.dl-present #tour-row {{flex-direction: column;}}
+.dl-present #tour-row > div {{display: contents;}}
+.dl-present #tour-status {{order: 0;}}
+.dl-present #tour-panel {{order: 1; zoom: {PRESENT_ZOOM};}}
+.dl-present #tour-second {{order: 2; zoom: {PRESENT_ZOOM};}}
+.dl-present #tour-step-row {{order: 3;}}
+.dl-present #tour-ask {{order: 4;}}
+.dl-present #tour-reveal {{order: 5;}}
+.dl-present #tour-text {{order: 6;}}
+.dl-present #tour-live {{order: 7;}}
+.dl-present #tour-link {{order: 8;}}
+.dl-present #tour-metrics {{order: 9;}}
+.dl-present #tour-tokens {{order: 10;}}
+.dl-present #tour-low-nav {{order: 11;}}
+.dl-present #tour-text {{font-size: 1.3rem; line-height: 1.5;}}
+.dl-present #tour-text h3 {{font-size: 2rem;}}
+.dl-present #tour-ask .dl-ask, .dl-present .dl-look {{font-size: 1.3rem;}}
+.dl-present #tour-reveal {{font-size: 1.2rem; min-height: 48px;}}
+.dl-present #tour-tokens .dl-tokens {{font-size: 20px;}}
+.dl-ask {{background: #ede7f6; border-left: 4px solid #4527a0; padding: 8px 10px;
+  border-radius: 4px; color: #1a1a2e;}}
+.dl-tour-link {{font-size: 13px; color: #37474f;}}
+.dl-tour-link button {{margin-left: 6px; padding: 0 8px; border: 1px solid #90a4ae;
+  border-radius: 4px; background: #fff; color: #263238; font-size: 13px; font-weight: normal;}}
 """
 
 
@@ -230,15 +245,15 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
     asking = gr.State(bool(v0["asked"]))
     with gr.Row(elem_id="tour-row"):
         with gr.Column(scale=2, min_width=300):
+            status = gr.Markdown(
+                message(begin["error"]) if begin.get("error") else "", elem_id="tour-status"
+            )
             narration = gr.Markdown(v0["narration"], elem_id="tour-text")
             ask = gr.HTML(_ask_html(v0["asked"]), elem_id="tour-ask", padding=False)
             reveal = gr.Button(
                 "Reveal the answer", visible=bool(v0["asked"]), elem_id="tour-reveal", size="sm"
             )
             live_btn = gr.Button("▶ Run it live", variant="primary", elem_id="tour-live")
-            status = gr.Markdown(
-                message(begin["error"]) if begin.get("error") else "", elem_id="tour-status"
-            )
             link = gr.HTML(link_html(first, v0["at"], lesson0), elem_id="tour-link", padding=False)
         with gr.Column(scale=3, min_width=300):
             panel = gr.Plot(v0["panel"], elem_id="tour-panel", show_label=False)
@@ -248,7 +263,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
                 elem_id="tour-second",
                 show_label=False,
             )
-            with gr.Row(equal_height=True):
+            with gr.Row(equal_height=True, elem_id="tour-step-row"):
                 step = gr.Slider(
                     0,
                     max(v0["last"] or 1, 1),
@@ -271,7 +286,7 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
             metrics = gr.HTML(v0["metrics"], elem_id="tour-metrics")
             tokens = gr.HTML(v0["tokens"], elem_id="tour-tokens")
             # again under the figure: on a phone the top ones are two screens up by now
-            with gr.Row():
+            with gr.Row(elem_id="tour-low-nav"):
                 prev_low = gr.Button("◀ Prev", size="sm", elem_id="tour-prev-low", min_width=70)
                 next_low = gr.Button("Next ▶", size="sm", elem_id="tour-next-low", min_width=70)
     outputs = [
@@ -340,11 +355,12 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
     def at_step(key: str, s: float, on_lesson: bool, w: float | None) -> dict:
         return drawn(key, int(s), False, on_lesson, w)
 
-    step.release(
+    step.input(  # a drag, a click or the arrow keys on the slider (its last value drawn)
         at_step,
         [pick, step, lesson, width],
         outputs,
         js=f"(k, s, l, w) => [k, s, l, {TOUR_WIDTH}]",
+        trigger_mode="always_last",
         **private,
     )
     telling.click(
@@ -388,13 +404,25 @@ def _draw(tabs: gr.Tabs, width: gr.Number, w: float | None, begin: dict) -> Tour
     )
 
     def nudge(delta: int):
-        def fn(key: str, on_lesson: bool) -> str:
-            return moved(key, delta, on_lesson)
+        def fn(key: str, on_lesson: bool) -> dict:
+            to = moved(key, delta, on_lesson)
+            if to != key:
+                return {pick: to}
+            keys = path(on_lesson)
+            said = (
+                f"This is the last stop of the {LESSON.lower()} ({len(keys)} of {len(keys)}): "
+                f"take questions, or choose “{FULL}” to go on."
+                if delta > 0 and on_lesson
+                else "This is the tour's last stop."
+                if delta > 0
+                else "This is the first stop."
+            )
+            return {status: f"🏁 {said}"}
 
         return fn
 
     for button, delta in ((prev_btn, -1), (next_btn, 1), (prev_low, -1), (next_low, 1)):
-        button.click(nudge(delta), [pick, lesson], pick, api_visibility="private")
+        button.click(nudge(delta), [pick, lesson], [pick, status], api_visibility="private")
     for button, end in ((first_btn, 0), (last_btn, -1)):
         button.click(
             lambda on_lesson, end=end: path(on_lesson)[end], lesson, pick, api_visibility="private"

@@ -216,7 +216,8 @@ TOUR = (
         rule="shallowest_exit",
         ask=(
             "Each column is a token, each row an exit; a token leaves at the first exit where the "
-            "model is confident enough (dark blue). Which token left the model earliest?"
+            "model is confident enough (dark blue). Which column's token left the model earliest, "
+            "and at which exit?"
         ),
         conceal=("left the model",),
     ),
