@@ -93,6 +93,7 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     assert "lossy" in page.locator("#metrics").inner_text().lower()  # β = 4: never a tick
     assert "the tour stop's rule" in page.locator("#status").inner_text()  # its step, as the stop
     assert page.locator("#speculative-beta input[type=number]").input_value() == "4"
+    page.wait_for_function("window.dlLanded > 0", timeout=30_000)  # once the run is done
     page.wait_for_function(  # it lands on the stop's view
         f"(s => {{ const r = document.querySelector(s).getBoundingClientRect();"
         f" return r.top >= -2 && r.bottom <= window.innerHeight + 2; }})('{LAND['relaxed']}')",
@@ -100,7 +101,9 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     )
     assert_no_error_badge(page)
     # Another method picked, not run: the views say they are the last run's, dimmed.
+    page.evaluate("window.scrollTo(0, 0)")  # back up to the form from the landed view
     page.locator("#method input").click()
+
     page.get_by_role("option", name="Jacobi").first.click()
     page.locator("#stale").get_by_text("These views are the last run's").wait_for(timeout=30_000)
     page.wait_for_function(  # dimmed (the fade takes 0.2 s)
@@ -115,6 +118,7 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     phone_page.goto(f"{server}?tour={KEYS.index('jacobi') + 1}")
     phone_page.locator("#tour-live").click()
     phone_page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    phone_page.wait_for_function("window.dlLanded > 0", timeout=30_000)
     phone_page.wait_for_function(
         f"(s => {{ const r = document.querySelector(s).getBoundingClientRect();"
         f" return r.top >= -2 && r.top < window.innerHeight / 2; }})('{LAND['jacobi']}')",

@@ -63,7 +63,8 @@ SCROLL_TO = "(sel) => { const el = document.querySelector(sel); if (el) el.scrol
 LANDED = f"""() => {{
   const sel = window.dlLand;
   window.dlLand = null;
-  if (sel) setTimeout(() => ({SCROLL_TO})(sel), 150);
+  // a count of landings, for whoever waits on one (the browser tests)
+  if (sel) setTimeout(() => {{ ({SCROLL_TO})(sel); window.dlLanded = (window.dlLanded || 0) + 1; }}, 150);
 }}"""
 # Run it live: the Run tab's button (the side-by-side stop: Compare's; the translation stop:
 # none, the lab translates the stop's sentence as it is drawn), pressed once the form holds the
