@@ -15,7 +15,7 @@ from decoders.core import costs
 from decoders.core.base import DecodeConfig, Method
 from decoders.core.errors import InvalidInput, InvalidParameter, UnknownMethod
 from decoders.core.events import Commit, Done, Event, Forward
-from decoders.core.models import ModelBundle
+from decoders.core.models import ModelBundle, check_window
 from decoders.core.params import validate_params
 from decoders.core.prices import drafter_key
 from decoders.core.stats import StatsAccumulator
@@ -140,6 +140,7 @@ def prepare(
             f"{len(prompt_ids) + max_new_tokens} tokens, longer than the model's context of "
             f"{bundle.context_length} tokens"
         )
+    check_window(bundle, len(prompt_ids), max_new_tokens)
     if m.check is not None:
         m.check(bundle, values)
     cfg = DecodeConfig(max_new_tokens, bundle.eos_ids, values, detail)

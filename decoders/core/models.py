@@ -69,6 +69,12 @@ class ModelBundle:
     draft_dtype: torch.dtype | None = None  # trained drafting heads' dtype (None: `dtype`)
     # Where accelerate placed each module (load_model's device_map), None: all on `device`
     device_map: Mapping[str, Any] | None = None
+    # The smallest sliding attention window among its layers, in tokens (None: full attention in
+    # every layer); a request longer than it is refused (check_window)
+    window: int | None = None
+    # The final logit softcapping of its own forward (Gemma-2: logits = cap * tanh(logits / cap)),
+    # which code that runs the LM head itself applies too (runtime.head_logits); None: none
+    logit_softcap: float | None = None
 
     @property
     def drafting_dtype(self) -> torch.dtype:
@@ -246,7 +252,7 @@ def _load(
         model, tokenizer = _load_tiny_random(dtype, TINY_SEEDS[model_id])
     else:
         model, tokenizer = _load_pretrained(model_id, dtype, plan)
-    check_cache_supported(model_id, model.config)
+    window = check_cache_supported(model_id, model.config)
     if plan is not None:
         device = _dispatch(model, model_id, dtype, plan)
     else:
@@ -269,17 +275,28 @@ def _load(
     tiny = model_id in TINY_SEEDS or tuned_base(model_id) in TINY_SEEDS
     drafts = dtype if tiny or plan else packing.draft_dtype(device, dtype)
     placed = getattr(model, "hf_device_map", None) if plan else None
-    return ModelBundle(model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts, placed)
+    cap = getattr(model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+    return ModelBundle(
+        model_id, model, tokenizer, device, dtype, eos, ctx, packed, drafts, placed, window, cap
+    )
 
 
-def check_cache_supported(model_id: str, config: Any) -> None:
-    """Refuse, by name, a model whose KV cache the runtime cannot roll back. Every method drafts
-    ahead and then forgets the rejected entries by cropping (or compacting) a full cache, layer by
-    layer (runtime.crop_cache / keep_cache), and its tree and window masks are plain causal ones.
-    A sliding-window cache keeps only the last W positions (a crop past them cannot bring the
-    evicted ones back, and the masks would let a token see beyond its window), and recurrent or
-    shared-KV layers hold no per-position entries at all: decoding would go wrong silently or stop
-    on a shape error, so such a model is refused at load instead."""
+# Layer types whose cache keeps every position while the sequence fits their window (a sliding
+# window of W tokens, or a chunk of W): inside it their masks are the causal mask too.
+WINDOWED = ("sliding_attention", "chunked_attention")
+
+
+def check_cache_supported(model_id: str, config: Any) -> int | None:
+    """Refuse, by name, a model whose KV cache the runtime cannot roll back; return the smallest
+    attention window of its layers (None: full attention in every layer). Every method drafts
+    ahead and then forgets the rejected entries by cropping (or compacting) a full cache, layer
+    by layer (runtime.crop_cache / keep_cache), and its tree and window masks are plain causal
+    ones. A sliding-window (or chunked) layer attends to its last W positions only, but while the
+    whole sequence fits in W that is every position: its mask is the causal mask, and the runtime
+    gives it a full cache (runtime.new_cache), so such a model decodes exactly inside its window
+    and a longer request is refused before decoding (`check_window`). Recurrent or shared-KV
+    layers hold no per-position entries at all: decoding would go wrong silently or stop on a
+    shape error, so such a model is refused at load."""
     from transformers.cache_utils import (
         DYNAMIC_LAYER_TYPE_MAPPING,
         DynamicLayer,
@@ -289,29 +306,40 @@ def check_cache_supported(model_id: str, config: Any) -> None:
     text = config.get_text_config(decoder=True)
     types, kwargs = get_layer_types_and_kwargs(text)
     odd = [
-        (t, kw)
+        t
         for t, kw in zip(types, kwargs, strict=True)
-        if DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not DynamicLayer
+        if DYNAMIC_LAYER_TYPE_MAPPING.get(t) is not DynamicLayer and t not in WINDOWED
     ]
-    if not odd:
-        return
-    name = f"{model_id!r} ({getattr(text, 'model_type', '?')})"
-    sliding = [kw for t, kw in odd if t in ("sliding_attention", "chunked_attention")]
-    if len(sliding) == len(odd):
-        window = sorted({kw.get("sliding_window") for kw in sliding}, key=str)
+    if odd:
+        name = f"{model_id!r} ({getattr(text, 'model_type', '?')})"
         raise ModelLoadError(
-            f"{name} uses sliding-window attention (a window of {', '.join(map(str, window))} "
-            f"tokens in {len(sliding)} of {len(types)} layers): its KV cache forgets the positions "
-            "that leave the window, and every method here rolls rejected drafts back by cropping a "
-            "full cache, so it would decode wrongly past the window. Refused; pick a model with "
-            "full attention in every layer"
+            f"{name} has {', '.join(sorted(set(odd)))} layers ({len(odd)} of {len(types)}): the "
+            "runtime rolls rejected drafts back by cropping a full attention KV cache, which "
+            "these layers do not keep. Refused; pick a model with (full or sliding-window) "
+            "attention in every layer"
         )
-    kinds = sorted({t for t, _ in odd})
-    raise ModelLoadError(
-        f"{name} has {', '.join(kinds)} layers ({len(odd)} of {len(types)}): the runtime rolls "
-        "rejected drafts back by cropping a full attention KV cache, which these layers do not "
-        "keep. Refused; pick a model with full attention in every layer"
-    )
+    windows = [
+        int(kw["sliding_window"])
+        for t, kw in zip(types, kwargs, strict=True)
+        if t in WINDOWED and kw.get("sliding_window")
+    ]
+    return min(windows) if windows else None
+
+
+def check_window(bundle: ModelBundle, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse, before decoding, a request that would outgrow the model's smallest attention
+    window (`ModelBundle.window`): past it a sliding layer forgets positions, which no method
+    here can roll back. Every position a run computes that can reach its output lies before
+    prompt + max_new_tokens (a draft past the budget is never committed), so a request that fits
+    decodes as with full attention."""
+    total = prompt_tokens + max_new_tokens
+    if bundle.window is not None and total > bundle.window:
+        raise InvalidInput(
+            f"prompt ({prompt_tokens} tokens) plus max_new_tokens ({max_new_tokens}) is {total} "
+            f"tokens, longer than the {bundle.window}-token sliding attention window of "
+            f"{bundle.model_id!r}: past its window the model's cache forgets positions, which "
+            f"the methods here cannot roll back. Keep the request within {bundle.window} tokens"
+        )
 
 
 def _dispatch(model: Any, model_id: str, dtype: torch.dtype, plan: DevicePlan) -> torch.device:

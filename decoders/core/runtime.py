@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
 from decoders.core.errors import InvalidParameter
@@ -54,7 +55,27 @@ class ForwardResult:
 
 
 def new_cache(bundle: ModelBundle) -> DynamicCache:
-    return DynamicCache(config=bundle.model.config)
+    """An empty KV cache for one run: a full `DynamicLayer` for every decoder layer, the
+    sliding-window ones too. transformers would give those a cache that keeps only the last W
+    positions, which a crop cannot roll back; inside the window (the engine refuses a request
+    that outgrows it: models.check_window) such a layer keeps every position anyway, so a full
+    one holds the very same entries, and crop_cache / keep_cache work on it as on any other."""
+    if bundle.window is None:
+        return DynamicCache(config=bundle.model.config)
+    # Made up front, as transformers makes them from a config: code that reads layer i's length
+    # before layer i has run finds it empty.
+    cache = DynamicCache()  # without a config: full layers, made as layers first write
+    cache.layers.extend(DynamicLayer() for _ in range(bundle.n_layers))
+    return cache
+
+
+def head_logits(bundle: ModelBundle, feats: torch.Tensor) -> torch.Tensor:
+    """The LM head on final features (the final norm's output), as the model's own forward
+    applies it: with its final logit softcapping where it has one (Gemma-2: cap * tanh(z / cap))."""
+    logits = bundle.model.lm_head(feats)
+    if bundle.logit_softcap:
+        logits = torch.tanh(logits / bundle.logit_softcap) * bundle.logit_softcap
+    return logits
 
 
 def cache_length(cache: DynamicCache) -> int:
@@ -105,7 +126,7 @@ def forward(
         bundle, cache, ids, pos, mask, layer_ids, logits_to_keep, hidden_at, skip, features
     )
     if feats is not None:  # [1, n, d] after the final norm: the LM head reads the kept rows
-        logits = bundle.model.lm_head(feats[:, -logits_to_keep:] if logits_to_keep else feats)[0]
+        logits = head_logits(bundle, feats[:, -logits_to_keep:] if logits_to_keep else feats)[0]
     wall_ms = elapsed_ms(bundle, start)
     event = Forward(step=step, kind=kind, n_input_tokens=n, layers=n_layers, wall_ms=wall_ms)
     return ForwardResult(logits.float(), hidden, event, feats[0] if features else None)
@@ -199,7 +220,8 @@ def require_layers(bundle: ModelBundle, what: str) -> None:
 def _forward_layers(bundle, cache, ids, pos, mask, layer_ids, hidden_at):
     """The inner model's forward, written out so that we choose which decoder layers run and
     hand back hidden states as values. Returns the final norm's output [1, n, d] and the hidden
-    states asked for."""
+    states asked for. One causal mask serves every layer: inside the window the engine keeps a
+    run to (models.check_window), a sliding layer's mask is that causal mask."""
     inner = bundle.model.model
     h = inner.embed_tokens(ids)
     if mask is None:
@@ -258,10 +280,31 @@ def _forward_skipping(bundle, cache, ids, pos, skip: SkipSet) -> torch.Tensor:
                     use_cache=True,
                     position_embeddings=here,
                 )
-                h = h + a
+                h = h + attention_out(layer, a)
             if i not in skip.mlp:
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
+                h = h + mlp_out(layer, h)
     return inner.norm(h)
+
+
+def attention_out(layer: torch.nn.Module, a: torch.Tensor) -> torch.Tensor:
+    """What a decoder layer adds to its residual stream from its attention's output `a`: `a`
+    itself (Llama), or `a` normed (Gemma-2's sandwich norms: `post_attention_layernorm` is the
+    attention output's norm there, and `pre_feedforward_layernorm` the MLP input's)."""
+    return layer.post_attention_layernorm(a) if _sandwich(layer) else a
+
+
+def mlp_out(layer: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """What a decoder layer's MLP block adds to the residual stream `h`, as its own forward
+    computes it (Llama: mlp(norm(h)); Gemma-2: norm(mlp(norm(h))), see attention_out)."""
+    if _sandwich(layer):
+        return layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+    return layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _sandwich(layer: torch.nn.Module) -> bool:
+    return hasattr(layer, "pre_feedforward_layernorm") and hasattr(
+        layer, "post_feedforward_layernorm"
+    )
 
 
 # --- early exit: a forward split at layer ℓ (Kangaroo) ---------------------------------------------
@@ -351,7 +394,7 @@ def forward_from(
         h = torch.cat([h, shallow], dim=1)
     states = h[0]
     h = _run_layers(bundle, cache, h, pos, range(depth, bundle.n_layers), depth, mask)
-    logits = bundle.model.lm_head(inner.norm(h))[0]
+    logits = head_logits(bundle, inner.norm(h))[0]
     event = Forward(
         step=step,
         kind=kind,
@@ -389,7 +432,8 @@ def _run_layers(
 ) -> torch.Tensor:
     """Decoder layers `layer_ids`, in order, on states h [1, n, d] at positions `pos`, causally
     against what `cache` holds for them (sized by layer `mask_layer`: layers of one split hold the
-    same tokens, the two sides of an exit may not), or under the given additive `mask`."""
+    same tokens, the two sides of an exit may not), or under the given additive `mask` (for
+    sliding layers as for full ones: inside the window they see every position too)."""
     inner = bundle.model.model
     if mask is None:
         mask = _causal_mask(bundle, cache, h, pos, mask_layer)

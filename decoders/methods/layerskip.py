@@ -33,7 +33,7 @@ from decoders.core.errors import InvalidParameter
 from decoders.core.events import Event
 from decoders.core.models import ModelBundle, tuned_base
 from decoders.core.params import Param
-from decoders.core.runtime import require_layers
+from decoders.core.runtime import head_logits, require_layers
 from decoders.trained import exit_tuned
 from decoders.trained.artifacts import full_logits, read_card, vocab_head
 
@@ -120,7 +120,7 @@ class SharedHead:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         feats = self.norm(h)
         if self.rows is None:
-            return self.bundle.model.lm_head(feats)
+            return head_logits(self.bundle, feats)  # the model's own head, its softcap too
         vocab, rows = self.rows
         return full_logits(self.bundle, vocab, rows(feats.to(self.bundle.drafting_dtype)))
 
