@@ -48,14 +48,14 @@ def cell_chars(columns: int, plot_px: int = NARROWEST_PX) -> int:
 
 
 def _step_events(
-    events: Sequence[Event], step: int
+    events: Sequence[Event], step: int, guesses: type[HeadProposals] = HeadProposals
 ) -> tuple[HeadProposals | None, Draft | None, Verify | None, Commit | None]:
     found: dict[type, Event] = {}
     for e in events:
         if isinstance(e, HeadProposals | Draft | Verify | Commit) and e.step == step:
             found.setdefault(type(e), e)
     return (
-        found.get(HeadProposals),  # type: ignore[return-value]
+        found.get(guesses),  # type: ignore[return-value]
         found.get(Draft),
         found.get(Verify),
         found.get(Commit),
@@ -151,7 +151,9 @@ def _no_guesses(events: Sequence[Event], step: int) -> str:
     return "this trace has no head detail (recorded without it)"
 
 
-def _hover_targets(fig: go.Figure, data: HeadsData, texts: Mapping[int, str]) -> None:
+def _hover_targets(
+    fig: go.Figure, data: HeadsData, texts: Mapping[int, str], row: str = "head"
+) -> None:
     """Hover targets at the cells' centres (invisible: the cells are shapes, sized with the plot)."""
     cells, status, target = data.cells, data.status, data.target
     hover = []
@@ -161,7 +163,7 @@ def _hover_targets(fig: go.Figure, data: HeadsData, texts: Mapping[int, str]) ->
         if target is not None and (r, k) == target[:2]:
             note = f"<br>the target's token here ({LABELS.get(target[2], target[2])})"
         hover.append(
-            f"{token_hover(texts.get(t, '?'), t)}<br>head {r + 1}, rank {k + 1}: "
+            f"{token_hover(texts.get(t, '?'), t)}<br>{row} {r + 1}, rank {k + 1}: "
             f"p = {data.probs[r][k]:.3f}<br>{CELL_STYLE[st][1]}{note}"
         )
     fig.add_trace(
@@ -273,11 +275,27 @@ def heads_grid(
     data = heads_data(proposals, draft, verify, commit)
     if data is None:
         return _empty(title, "malformed head guesses: tokens and probabilities differ in shape")
+    fig = guesses_grid(data, texts, width, "head")
+    after = _root_label(events, texts, step, "the root")
+    subtitle = (
+        f"row i: head i's guesses for the token i after {after}; "
+        f"{len(data.status)} of {sum(map(len, data.heads))} cells in the tree, {data.accepted} "
+        "accepted; bar: the head's probability"
+    )
+    height = min(900, MARGINS_PX + ROW_PX * len(data.heads))
+    return _base_layout(fig, title, height=height, subtitle=subtitle)
+
+
+def guesses_grid(
+    data: HeadsData, texts: Mapping[int, str], width: int | None, row: str
+) -> go.Figure:
+    """The grid of `data` (rows named `row` 1, 2, ..), without title and layout: the Medusa heads'
+    or the block drafter's positions (block_view.py)."""
     heads = data.heads
     columns = max(len(h) for h in heads)
     limit = cell_chars(columns, max(int(width) - 70, NARROWEST_PX) if width else NARROWEST_PX)
     fig = go.Figure()
-    _hover_targets(fig, data, texts)
+    _hover_targets(fig, data, texts, row)
     for name, (fill, label) in CELL_STYLE.items():  # legend entries, for the statuses present
         if any(data.status.get(c, "unused") == name for c in data.cells):
             legend_square(fig, fill, label, CELL_EDGE)
@@ -286,20 +304,13 @@ def heads_grid(
     fig.update_yaxes(
         tickmode="array",
         tickvals=list(range(1, len(heads) + 1)),
-        ticktext=[f"head {r + 1}" for r in range(len(heads))],
-        range=[len(heads) + 0.5, 0.5],  # head 1 on top
+        ticktext=[f"{row} {r + 1}" for r in range(len(heads))],
+        range=[len(heads) + 0.5, 0.5],  # row 1 on top
         showgrid=False,
         zeroline=False,
         fixedrange=True,
     )
-    after = _root_label(events, texts, step, "the root")
-    subtitle = (
-        f"row i: head i's guesses for the token i after {after}; "
-        f"{len(data.status)} of {sum(map(len, heads))} cells in the tree, {data.accepted} "
-        "accepted; bar: the head's probability"
-    )
-    height = min(900, MARGINS_PX + ROW_PX * len(heads))
-    return _base_layout(fig, title, height=height, subtitle=subtitle)
+    return fig
 
 
 def _outline(origin: str) -> str:

@@ -24,6 +24,7 @@ from .kangaroo_view import (
 from .lookahead_views import lookahead_panel, lookahead_window, ngram_pool, pool_candidates
 from .mask_predict_view import refinement
 from .mask_view import attention_mask
+from .block_view import block_fill
 from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
 from .retrieval_view import adjacency, retrieval
@@ -59,6 +60,7 @@ VIEWS: dict[str, Panel] = {
         layerskip_layers,
         heads_grid,
         blockwise_chain,
+        block_fill,
         relay,
         refinement,
         exit_heatmap,

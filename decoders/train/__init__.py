@@ -2,6 +2,7 @@
 
     corpus     build (and cache) the shared self-distilled chat + code corpus, then stop
     eagle      the EAGLE draft head                   -> assets/eagle/<model>.safetensors
+    block      the block drafter (one forward per draft) -> assets/block/<model>.safetensors
     kangaroo   Kangaroo adapters, a sweep over ℓ      -> assets/kangaroo/<model>-l<ℓ>.safetensors
     medusa     Medusa heads (also used by blockwise)  -> assets/medusa/<model>.safetensors
     space      SPACE's mask adapter (frozen base)     -> assets/space/<model>.safetensors
@@ -20,6 +21,7 @@ from __future__ import annotations
 ARTIFACTS = {
     "corpus": "the shared chat + code corpus (build and cache it, then stop)",
     "eagle": "EAGLE draft head (speculative / token_tree draft=eagle)",
+    "block": "block drafter: a whole draft in one forward (block_draft)",
     "kangaroo": "Kangaroo adapters, one per exit layer ℓ (kangaroo)",
     "medusa": "Medusa heads (medusa, blockwise)",
     "space": "SPACE mask embedding + mask-row LoRA on a frozen base (space)",

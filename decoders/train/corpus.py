@@ -101,6 +101,22 @@ class Corpus:
             train += ids[k:]
         return sorted(train), sorted(held)
 
+    def share(self, fraction: float, seed: int) -> Corpus:
+        """A seeded `fraction` of the documents of each source, in the corpus's order (the
+        report counts what was kept): a smaller CPU run on the same corpus."""
+        if fraction >= 1:
+            return self
+        rng = random.Random(seed)
+        keep: list[int] = []
+        for source in sorted(set(self.sources)):
+            ids = [i for i, s in enumerate(self.sources) if s == source]
+            keep += rng.sample(ids, max(1, round(len(ids) * fraction)))
+        keep.sort()
+        docs = [self.docs[i] for i in keep]
+        sources = [self.sources[i] for i in keep]
+        kept = {s: sources.count(s) for s in sorted(set(sources))}
+        return Corpus(docs, sources, {**self.report, "share": fraction, "kept_documents": kept})
+
 
 def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
     """The corpus options every `python -m decoders.train NAME` shares (same defaults, one cache)."""
@@ -138,6 +154,13 @@ def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-cache", action="store_true", help="rebuild the corpus, do not cache it")
     g.add_argument(
+        "--corpus-share",
+        type=float,
+        default=1.0,
+        help="train on this seeded share of each source's documents (a CPU run's budget: the "
+        "target's states over the whole corpus cost as much as its generation)",
+    )
+    g.add_argument(
         "--corpus-from",
         default=None,
         metavar="DATASTORE",
@@ -162,6 +185,8 @@ KEY_OPTIONS = (  # the options that name a corpus (with the model)
 
 def corpus_key(bundle: ModelBundle, args: argparse.Namespace) -> str:
     parts = [bundle.model_id, *(getattr(args, k) for k in KEY_OPTIONS)]
+    if getattr(args, "corpus_share", 1.0) < 1:  # (whole corpora keep the keys they had)
+        parts.append(f"share{args.corpus_share}")
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", "-".join(map(str, parts)))
 
 
@@ -169,10 +194,16 @@ def load_or_build(
     bundle: ModelBundle, args: argparse.Namespace, started: float | None = None
 ) -> Corpus:
     """The corpus for these options, from the cache (~/.cache/decoding-lab/corpus) when built
-    before: the drafters of one model share it."""
+    before: the drafters of one model share it (`--corpus-share`: a seeded share of it)."""
+    whole = _load_or_build(bundle, args, started)
+    return whole.share(getattr(args, "corpus_share", 1.0), args.seed)
+
+
+def _load_or_build(bundle: ModelBundle, args: argparse.Namespace, started: float | None) -> Corpus:
     if getattr(args, "corpus_from", None):
         return from_datastore(Path(args.corpus_from), args, bundle.model_id)
-    path = cache_dir() / "corpus" / f"{corpus_key(bundle, args)}.pt"
+    whole = argparse.Namespace(**{**vars(args), "corpus_share": 1.0})
+    path = cache_dir() / "corpus" / f"{corpus_key(bundle, whole)}.pt"
     if path.is_file() and not args.no_cache:
         saved = torch.load(path)
         checked = saved["report"].get("decontamination", {}).get("benchmark_texts", {})

@@ -25,6 +25,7 @@ from decoders.core.events.common import (  # noqa: F401  (the package's names)
 )
 from decoders.core.events.methods import (  # noqa: F401  (each registers itself)
     AttentionMask,
+    BlockFill,
     CatchUp,
     CopySource,
     HeadProposals,

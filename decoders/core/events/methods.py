@@ -267,6 +267,17 @@ class HeadProposals(Event):
 
 
 @dataclass(frozen=True)
+class BlockFill(HeadProposals):
+    """What the block drafter filled in its one forward at a step (block_draft): `heads[i]` =
+    position i's top tokens, best first (position 0 guesses the token right after the root x, the
+    last committed one; position i the i-th after that), `probs[i]` their probabilities. The same
+    shape as the Medusa heads' guesses, but every position came out of one forward that let the
+    positions attend to each other."""
+
+    type: ClassVar[str] = "BlockFill"
+
+
+@dataclass(frozen=True)
 class MaskGroups(Event):
     """SPACE's relay at one step: `candidates` = the guesses verified this step (c_1 .. c_m);
     `groups[g]` = the top token of each of the k masks in group g (after x for g = 0, after c_g

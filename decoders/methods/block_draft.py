@@ -1,0 +1,231 @@
+"""Block drafting (the DFlash line, Chen et al. 2026; PARD, An et al. 2025): a small drafter fills
+a whole block of draft positions in ONE forward, and the target verifies it in one more.
+
+    features = the target's states after a low and a middle layer and its final ones, at every
+               position verification kept (prefill, then each verify forward)
+    repeat:
+        x = last committed token
+        q_0 .. q_{k-1} = block_head(entries for the new context, x's entry, k - 1 masks)
+                                   # ONE draft forward: the masks attend to the context and each other
+        chain: d_i = argmax q_i (sampling: d_i ~ q_i), cut where the path probability (the product
+               of the q_i(d_i) so far) no longer pays for its input in the verifying forward on
+               this machine (`costs.pays`, the token tree's rule; size=fixed: all k)
+        tree:  the paths of ranks in `choices` over the positions' candidates (a Medusa-style
+               static tree: the top-2 of the first positions by default)
+        p = target([x, *draft])    # ONE target forward, verified as a chain or with a tree mask
+        greedy:   the longest prefix the target agrees with, then its own token
+        sampling: the exact rejection rule (a chain: each d_i was drawn from q_i, a distribution
+                  of the context alone; a tree: the multi-draft residual rule over point masses)
+
+The EAGLE chain pays one head forward per drafted token, one after another; the block head pays
+one per step, however long its draft. Its positions do not see each other's tokens, only each
+other's states, so a later position guesses with less to go on than a chain would give it: the
+block trades acceptance for drafting cost, and wins where drafting is what the chain pays for.
+The head is trained by `python -m decoders.train block` (decoders/trained/block.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from decoders.core.base import Budget, DecodeConfig, Method
+from decoders.core.costs import forward_ms, input_cost, pays
+from decoders.core.errors import InvalidParameter
+from decoders.core.events import BlockFill, Draft, Event, Priced
+from decoders.core.models import ModelBundle
+from decoders.core.params import Param
+from decoders.core.runtime import new_cache
+from decoders.core.sampling import Sampler
+from decoders.core.steps import chain_draft, start, verify_chain, verify_tree
+from decoders.drafting.trees import parse_choices
+from decoders.trained.block import BlockDrafter, BlockHead, load_block
+
+TOP = 4  # candidates per position recorded for the view (and the deepest rank a tree may use)
+DEFAULT_CHOICES = "0 1 0.0 0.1 1.0 0.0.0 0.0.1 0.0.0.0 0.0.0.0.0 0.0.0.0.0.0"
+
+PARAMS = (
+    Param(
+        "shape",
+        str,
+        "chain",
+        "chain = each position's top token (sampling: a draw from it), verified as a chain; "
+        "tree = the paths of ranks in `choices` over the positions' candidates",
+        choices=("chain", "tree"),
+    ),
+    Param(
+        "block",
+        int,
+        0,
+        "draft positions verified at most (0 = all the head fills in its forward)",
+        0,
+        16,
+    ),
+    Param(
+        "size",
+        str,
+        "cost",
+        "chain: cost = cut the draft where its path probability no longer pays for its input in "
+        "the verifying forward on this machine (measured once per model); fixed = verify every "
+        "position",
+        choices=("cost", "fixed"),
+    ),
+    Param(
+        "choices",
+        str,
+        DEFAULT_CHOICES,
+        "tree: paths of ranks over the block's positions, e.g. '0 1 0.0' = position 1's top two "
+        f"tokens and position 2's top token under the first (ranks below {TOP})",
+    ),
+)
+
+
+def _paths(params: Mapping[str, Any], depth: int) -> list[tuple[int, ...]]:
+    paths = parse_choices(params["choices"])
+    if params["choices"] == DEFAULT_CHOICES:  # the default tree, cut at the head's depth
+        paths = [q for q in paths if len(q) <= depth]
+    if max(map(len, paths)) > depth:
+        raise InvalidParameter(
+            f"choices: a path {max(map(len, paths))} deep needs {max(map(len, paths))} "
+            f"positions; the block head fills {depth}"
+        )
+    if max(r for p in paths for r in p) >= TOP:
+        raise InvalidParameter(f"choices: ranks below {TOP}, got {params['choices']!r}")
+    return sorted(paths, key=lambda p: (len(p), p))
+
+
+def _positions(params: Mapping[str, Any], filled: int) -> int:
+    return min(params["block"] or filled, filled)
+
+
+def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
+    head = load_block(bundle)
+    if params["block"] > head.block:
+        raise InvalidParameter(
+            f"block = {params['block']}: the block head shipped for {bundle.model_id} fills "
+            f"{head.block} positions per forward"
+        )
+    if params["shape"] == "tree":
+        _paths(params, _positions(params, head.block))
+
+
+def chain_from(
+    dists: torch.Tensor, sampler: Sampler, room: int, cost: float | None
+) -> tuple[list[int], list[torch.Tensor]]:
+    """Position i's token (greedy: the top one; sampling: a draw from q_i), in order, while the
+    path's probability still pays for its input (`cost` None: all `room`)."""
+    tokens: list[int] = []
+    rows: list[torch.Tensor] = []
+    path, total = 1.0, 0.0
+    for q in dists[:room]:
+        token = int(q.argmax()) if sampler.greedy else sampler.pick(torch.log(q), q)
+        path *= float(q[token])
+        if cost is not None and not pays(path, total, len(tokens), cost):
+            break
+        tokens.append(token)
+        rows.append(q)
+        total += path
+    return tokens, rows
+
+
+def tree_from(
+    paths: list[tuple[int, ...]], ranked: torch.Tensor, probs: torch.Tensor, room: int
+) -> tuple[list[int], list[int], list[float]]:
+    """Path (r_1, .., r_d) -> position d's rank-r_d token under the node of (r_1, .., r_{d-1})."""
+    index: dict[tuple[int, ...], int] = {}
+    tokens, parents, node_probs = [], [], []
+    for path in paths:
+        if len(path) > room:
+            continue
+        depth, rank = len(path) - 1, path[-1]
+        index[path] = len(tokens)
+        tokens.append(int(ranked[depth, rank]))
+        parents.append(index[path[:-1]] if len(path) > 1 else -1)
+        node_probs.append(round(float(probs[depth, rank]), 6))
+    return tokens, parents, node_probs
+
+
+def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
+    yield from decode_with(bundle, prompt_ids, cfg, load_block(bundle))
+
+
+def decode_with(
+    bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig, head: BlockHead
+) -> Iterator[Event]:
+    """`decode` with the given head (the shipped one, or a file being evaluated)."""
+    p = cfg.params
+    drafter = BlockDrafter(bundle, head)
+    sampler = cfg.sampler()
+    budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
+    cache = new_cache(bundle)
+    positions = _positions(p, head.block)
+    tree = p["shape"] == "tree"
+    paths = _paths(p, positions) if tree else []
+    cost = input_cost(bundle) if p["size"] == "cost" and not tree else None
+
+    context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
+    if cost is not None:  # what the drafts are sized by here, for the run's record
+        yield Priced(0, round(cost, 5), forward_ms=forward_ms(bundle))
+    step = 0
+    while not budget.done:
+        step += 1
+        # The target adds one token of its own, so never draft past remaining - 1.
+        room = min(positions, budget.remaining - 1)
+        if room <= 0:  # the last token: a plain target step
+            yield from verify_chain(
+                bundle, cache, context, [], sampler, budget, step, None, drafter
+            )
+            continue
+        filled = drafter.fill(context, step)
+        yield filled.event
+        dists = sampler.distribution(filled.logits)
+        top = torch.topk(dists, TOP, dim=-1)
+        if cfg.detail:
+            yield BlockFill(
+                step,
+                len(budget.tokens),
+                tuple(tuple(int(t) for t in row) for row in top.indices.tolist()),
+                tuple(tuple(round(float(q), 6) for q in row) for row in top.values.tolist()),
+            )
+        if tree:
+            tokens, parents, probs = tree_from(paths, top.indices, top.values, room)
+            yield Draft(step, drafter.label, tuple(tokens), tuple(parents), tuple(probs))
+            yield from verify_tree(
+                bundle, cache, context, tokens, parents, sampler, budget, step, drafter=drafter
+            )
+        else:
+            draft, q_rows = chain_from(dists, sampler, room, cost)
+            if draft:
+                yield chain_draft(step, drafter.label, draft, q_rows)
+            yield from verify_chain(
+                bundle, cache, context, draft, sampler, budget, step, q_rows, drafter
+            )
+
+
+# The declaration the registry, the CLI, the UI and trace validation derive from.
+METHOD = Method(
+    name="block_draft",
+    family="draft and verify",
+    rank=5,
+    title="Block drafting (one drafter forward fills the whole draft, DFlash-style)",
+    decode=decode,
+    params=PARAMS,
+    # DFlash verifies the whole block as one chain
+    presets={"paper": {"shape": "chain", "size": "fixed", "block": 0}},
+    check=check,
+    summary="A small head fills a whole block of draft positions in one forward; the target verifies it in one more.",
+    relaxable=True,
+    views=("block_fill",),
+    events=("BlockFill", "Draft", "Priced", "Verify"),
+    compare={
+        "drafting in one pass vs one token at a time": (
+            "block_draft",
+            "block_draft:shape=tree",
+            "speculative",
+            "medusa",
+            "token_tree",
+        ),
+    },
+)

@@ -1,0 +1,63 @@
+"""The block drafter's one pass at a step (block_draft). Pure: events in, Figure out.
+
+`block_fill`: one row per draft position, one column per rank: every cell came out of the same
+drafter forward. Cells the draft used take the verdict's colour (accepted green, compared and lost
+red, never checked grey), cells it left out stay white; the bar along each cell's foot is the
+position's confidence; an outline marks the target's own token where the block had it among its
+candidates. The subtitle says what the forward cost beside what a chain drafter (the EAGLE chain)
+pays for a draft of the same length: one head forward per token, one after another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from decoders.core.events import BlockFill, Event, Forward
+
+from .figures import _base_layout, _empty
+from .medusa_view import MARGINS_PX, ROW_PX, _root_label, _step_events, guesses_grid, heads_data
+
+
+def _draft_forward(events: Sequence[Event], step: int) -> Forward | None:
+    return next(
+        (e for e in events if isinstance(e, Forward) and e.step == step and e.kind == "draft"),
+        None,
+    )
+
+
+def block_fill(
+    events: Sequence[Event], texts: Mapping[int, str], step: int, width: int | None = None
+) -> go.Figure:
+    """The block the drafter filled at `step` in one forward, coloured by the verdict."""
+    title = f"Step {step}: the block, filled in one forward"
+    proposals, draft, verify, commit = _step_events(events, step, BlockFill)
+    if proposals is None:
+        if step == 0:
+            why = "step 0 is the prefill: it gives the block head its first features"
+        elif any(isinstance(e, BlockFill) for e in events):
+            why = f"no block at step {step}: a plain target step (the budget's last token)"
+        else:
+            why = "this trace has no block detail (recorded without it)"
+        return _empty(title, why, 220)
+    data = heads_data(proposals, draft, verify, commit)
+    if data is None:
+        return _empty(title, "malformed block: tokens and probabilities differ in shape")
+    fig = guesses_grid(data, texts, width, "position")
+    drafted = len(draft.tokens) if draft is not None else 0
+    forward = _draft_forward(events, step)
+    inputs = f" over {forward.n_input_tokens} inputs" if forward is not None else ""
+    chain = (
+        f"a chain drafter pays {drafted} head forwards in a row for the same {drafted} tokens"
+        if drafted > 1
+        else "a chain drafter pays the same for one token"
+    )
+    after = _root_label(events, texts, step, "the root")
+    subtitle = (
+        f"row i: position i's candidates for the token i after {after}, all from 1 drafter "
+        f"forward{inputs}; {drafted} verified, {data.accepted} accepted; {chain}; bar: the "
+        "position's confidence"
+    )
+    height = min(900, MARGINS_PX + ROW_PX * len(data.heads))
+    return _base_layout(fig, title, height=height, subtitle=subtitle)
