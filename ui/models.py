@@ -58,8 +58,14 @@ def resolve_model(model: str | None) -> str:
 
 def check_draft(params: Mapping[str, Any]) -> None:
     """A public page loads only what it offers: `auto`, `self`, `self:k`, the shipped `eagle` head,
-    or an offered or built-in model as draft; other ids and `eagle:<file>` need
+    or an offered or built-in model as draft, and the shipped Medusa heads; other ids,
+    `eagle:<file>`, `eagle3:<path>` and `heads=<path or hub id>` need
     DECODING_LAB_ALLOW_ANY_MODEL=1."""
+    heads = str(params.get("heads", "") or "").strip()
+    if heads and not ALLOW_ANY_MODEL:
+        raise InvalidInput(
+            f"heads {heads!r}: this page runs the Medusa heads it ships only (leave heads empty)"
+        )
     draft = str(params.get("draft", "auto")).strip()
     offered = ("auto", "self", "eagle", *TINY_SEEDS)
     if ALLOW_ANY_MODEL or draft in offered or draft.startswith("self:"):

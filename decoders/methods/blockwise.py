@@ -31,7 +31,7 @@ from decoders.core.params import Param
 from decoders.core.runtime import new_cache
 from decoders.core.steps import start, verify_chain
 from decoders.core.tree import chain
-from decoders.trained.medusa_heads import HeadReader, MedusaHeads, load_heads
+from decoders.trained.medusa_heads import HEADS_HELP, HeadReader, Heads, heads_for
 
 MAX_K = 10  # Stern et al. go up to a block of 10
 
@@ -45,23 +45,26 @@ PARAMS = (
         1,
         MAX_K,
     ),
+    Param("heads", str, "", HEADS_HELP),
 )
 
 
 def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
-    n = load_heads(bundle).n_heads
+    n = heads_for(bundle, params["heads"]).n_heads
     if params["k"] > n:
+        named = params["heads"].strip()
+        where = f"the heads {named!r} are" if named else f"{bundle.model_id} ships"
         raise InvalidParameter(
-            f"k = {params['k']}: {bundle.model_id} ships {n} Medusa heads, so k must be in 1..{n}"
+            f"k = {params['k']}: {where} {n} Medusa heads, so k must be in 1..{n}"
         )
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
-    yield from decode_with(bundle, prompt_ids, cfg, load_heads(bundle))
+    yield from decode_with(bundle, prompt_ids, cfg, heads_for(bundle, cfg.params["heads"]))
 
 
 def decode_with(
-    bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig, heads: MedusaHeads
+    bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig, heads: Heads
 ) -> Iterator[Event]:
     """`decode` with the given heads (the shipped ones, or a file being evaluated)."""
     k = cfg.params["k"]

@@ -36,7 +36,7 @@ from decoders.core.params import Param
 from decoders.core.runtime import new_cache
 from decoders.core.steps import start, verify_tree
 from decoders.drafting.trees import parse_choices
-from decoders.trained.medusa_heads import HeadReader, MedusaHeads, Proposal, load_heads
+from decoders.trained.medusa_heads import HEADS_HELP, HeadReader, Heads, Proposal, heads_for
 
 # Medusa's sparse tree for Vicuna-7B (mc_sim_7b_63): 63 paths of head ranks, at most 4 deep,
 # ranks below 10, in the order the paper's greedy search added them.
@@ -75,6 +75,7 @@ PARAMS = (
         "a tree of your own instead of `nodes`: paths of head ranks, e.g. '0 1 0.0' = head 1's "
         "top two tokens, and head 2's top token under head 1's top (empty = Medusa's tree)",
     ),
+    Param("heads", str, "", HEADS_HELP),
 )
 
 
@@ -117,7 +118,7 @@ def build_tree(
 
 
 def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
-    heads = load_heads(bundle)
+    heads = heads_for(bundle, params["heads"])
     tree_paths(params, heads.n_heads)
     if params["top_k"] > len(heads.vocab):
         raise InvalidParameter(
@@ -126,11 +127,11 @@ def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
 
 
 def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Iterator[Event]:
-    yield from decode_with(bundle, prompt_ids, cfg, load_heads(bundle))
+    yield from decode_with(bundle, prompt_ids, cfg, heads_for(bundle, cfg.params["heads"]))
 
 
 def decode_with(
-    bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig, heads: MedusaHeads
+    bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig, heads: Heads
 ) -> Iterator[Event]:
     """`decode` with the given heads (the shipped ones, or a file being evaluated)."""
     paths = tree_paths(cfg.params, heads.n_heads)

@@ -23,6 +23,16 @@ linear map, which a warm start from an EAGLE-1 head begins as the identity on th
 from the second step on), `--unroll 7 --step-decay 0.8` is the training-time test over 7 steps with
 step i's loss weighted 0.8^i. `--topk K` adds HASS's distillation term (Zhang et al. 2024): the
 token loss over the target's K likeliest tokens alone, beside the full one.
+
+`--official` trains EAGLE-3's head in its authors' architecture instead (eagle.Eagle3Head: three
+target layers fused, the embedding and hidden input normalised apart, its own norm and LM head),
+with the same loop and losses; such a head can be written in the official layout, which
+SafeAILab/EAGLE, SpecForge and vLLM read (`--export-official DIR`, or later
+`python -m decoders.trained.published export`). Our own head (fc over [embedding ; feature], a
+plain decoder layer) has no exact counterpart in that layout, so it is never exported.
+
+    python -m decoders.train eagle --official --unroll 7 --step-decay 0.8 --reg-weight 0 \
+        --cls-weight 1 --export-official out/eagle3-<model>
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ from decoders.train.states import (
     windows,
 )
 from decoders.trained.artifacts import save_artifact
-from decoders.trained.eagle import EagleHead, head_path
+from decoders.trained.eagle import Eagle3Head, EagleHead, head_path, new_eagle3_head
 
 FEATURE_NOISE = 0.2  # std of the Gaussian noise on input features, relative to their RMS
 EVAL_DEPTH = 3  # held-out agreement is reported for the first three draft steps (or --unroll)
@@ -94,6 +104,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="HASS: add the token loss over the target's K likeliest tokens alone (0: none)",
     )
     g.add_argument("--noise", type=float, default=FEATURE_NOISE, help="input feature noise")
+    g.add_argument(
+        "--official",
+        action="store_true",
+        help="EAGLE-3 in its authors' architecture (needs --reg-weight 0): the layers of --fuse, "
+        "three of them (default 2, L // 2, L - 3)",
+    )
+    g.add_argument(
+        "--export-official",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --official: also write the head in the official layout (config.json, "
+        "model.safetensors) to DIR",
+    )
     g.add_argument(
         "--loss-on",
         choices=("all", "answers"),
@@ -183,11 +207,13 @@ def losses(
     reg_weight: float = 1.0,
     step_decay: float = 1.0,
     topk: int = 0,
+    scores: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """`w`: the target's LM head cut to the draft vocabulary. Draft step k's positions weigh
     `step_decay`^k (1: every depth alike); `top1` is the first step's (teacher-forced)
     agreement, `top1_d{k}` the k-th step's. `topk` > 0 adds the token loss over the target's
-    `topk` likeliest tokens alone (HASS)."""
+    `topk` likeliest tokens alone (HASS). `scores`: the head's own logits of its outputs (an
+    official-architecture head: its norm and LM head, columns in `w`'s order), else `@ w.T`."""
     depth = pred.shape[1]
     nexts = nexts[:, None].expand(-1, depth, -1, -1)
     which = torch.arange(depth, device=pred.device).view(1, -1, 1).expand_as(valid)[valid]
@@ -196,7 +222,7 @@ def losses(
     reg = (F.smooth_l1_loss(pred[valid], nexts[valid], reduction="none").mean(-1) * weight).sum()
     with torch.no_grad():
         target = torch.softmax(nexts[valid] @ w.T, -1)
-    logp = torch.log_softmax(pred[valid] @ w.T, -1)
+    logp = torch.log_softmax(scores(pred[valid]) if scores else pred[valid] @ w.T, -1)
     cls = (-(target * logp).sum(-1) * weight).sum()
     if topk:  # HASS: the target's K likeliest tokens once more, on their own
         cut = target.topk(min(topk, target.shape[-1]), -1)
@@ -220,9 +246,18 @@ def fit_head(
     bundle, states = prep.bundle, prep.states
     torch.manual_seed(args.seed)
     vocab = draft_vocabulary(bundle, states, args.vocab)
-    head = EagleHead(bundle.model.config, vocab, getattr(args, "fuse", ())).to(bundle.device)
+    official = getattr(args, "official", False)
+    if official:
+        if getattr(args, "reg_weight", 1.0):
+            raise SystemExit("--official trains tokens only (EAGLE-3): add --reg-weight 0")
+        head: EagleHead | Eagle3Head = new_eagle3_head(bundle, vocab, official_layers(bundle, args))
+        vocab = head.token_ids  # in increasing order, as the official layout keeps it
+    else:
+        head = EagleHead(bundle.model.config, vocab, getattr(args, "fuse", ()))
+    head = head.to(bundle.device)
     warm_start(head, args.init)
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
+    scores = head.scores if official else None
     embed = bundle.model.model.embed_tokens
     rng = random.Random(args.seed)
     if getattr(args, "loss_on", "all") == "answers":
@@ -244,7 +279,7 @@ def fit_head(
 
     def step_loss(batch):
         out = run_head(head, embed, states, batch, getattr(args, "noise", FEATURE_NOISE), unroll)
-        return losses(w, *out, args.cls_weight, **weights)
+        return losses(w, *out, args.cls_weight, **weights, scores=scores)
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
@@ -255,7 +290,7 @@ def fit_head(
                 pred, nexts, valid = run_head(
                     head, embed, scored_states, spans_[i : i + 8], 0.0, eval_depth
                 )
-                out = losses(w, pred, nexts, valid, 0.0)
+                out = losses(w, pred, nexts, valid, 0.0, scores=scores)
                 for k in range(eval_depth):
                     key = "top1" if k == 0 else f"top1_d{k + 1}"
                     n = int(valid[:, k].sum())
@@ -296,6 +331,26 @@ HELD_OUT_NOTE = (
 )
 
 
+def official_layers(bundle, args: argparse.Namespace) -> tuple[int, ...]:
+    """`--official`'s layers: `--fuse` (three), else EAGLE-3's 2, L // 2, L - 3."""
+    from decoders.core.errors import InvalidParameter
+    from decoders.trained.published import default_layers
+
+    fuse = tuple(getattr(args, "fuse", ()))
+    if not fuse:
+        try:
+            return default_layers(bundle.n_layers, "--official")
+        except InvalidParameter as exc:
+            raise SystemExit(f"{exc}; here: --fuse with three layers") from None
+    increasing = fuse == tuple(sorted(set(fuse)))
+    if len(fuse) != 3 or not increasing or fuse[0] < 1 or fuse[-1] >= bundle.n_layers:
+        raise SystemExit(
+            f"--official --fuse {','.join(map(str, fuse))}: three increasing layers in "
+            f"1..{bundle.n_layers - 1} (the official head fuses three)"
+        )
+    return fuse
+
+
 def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) -> dict:
     def write(head: EagleHead, result: dict) -> None:
         fields = {
@@ -311,17 +366,30 @@ def train(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) 
             "step_decay": getattr(args, "step_decay", 1.0),
             "topk": getattr(args, "topk", 0),
             "noise": getattr(args, "noise", FEATURE_NOISE),
+            "architecture": "official eagle-3" if isinstance(head, Eagle3Head) else "ours",
             **run_fields(args, prep, result),
         }
         save_artifact(head, out, card(prep, "eagle", argv, **fields))
 
+    export = getattr(args, "export_official", None)
+    if export and not getattr(args, "official", False):
+        raise SystemExit("--export-official: only a head trained with --official has that layout")
     head, result = fit_head(prep, args, checkpoint_path(out), on_epoch=write)
     write(head, result)
+    if export:
+        from decoders.trained.published import export_eagle3
+
+        export_eagle3(head, prep.bundle, export)
     return card(prep, "eagle", argv, held_out_top1=result["held_out"])
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    prep = prepare(args, layers=tuple(args.fuse) or None)
+    layers = tuple(args.fuse) or None
+    if args.official:  # the layers must be known before the target's states are computed
+        from decoders.core.models import load_model
+
+        layers = official_layers(load_model(args.model, device=args.device, dtype="float32"), args)
+    prep = prepare(args, layers=layers)
     out = args.out or head_path(prep.bundle.model_id)
     train(prep, args, out, argv)
     import json

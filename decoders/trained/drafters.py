@@ -1,5 +1,6 @@
-"""Who writes the draft: the target's own first k layers (`self:k`), a smaller model, or a
-trained EAGLE head (`eagle`, see eagle.py).
+"""Who writes the draft: the target's own first k layers (`self:k`), a smaller model, a
+trained EAGLE head (`eagle`, see eagle.py), or a published EAGLE-3 head (`eagle3:<folder or hub
+id>`, read by published.py).
 
 All speak one small protocol (core/drafter.py: begin, forward, end, observe), so `speculative`
 (chains) and `token_tree` (trees) do not care which.
@@ -25,14 +26,15 @@ from decoders.core.models import ModelBundle, load_model
 from decoders.core.runtime import ForwardResult, new_cache, require_layers
 
 if TYPE_CHECKING:
-    from decoders.trained.eagle import EagleHead
+    from decoders.trained.eagle import Eagle3Head, EagleHead
 
 SELF_DRAFT = re.compile(r"^self:(\d+)$")
 # The `draft` parameter's help, shared by the methods that take one (speculative, token_tree).
 DRAFT_HELP = (
     "auto = the trained EAGLE head shipped for this model if there is one, else self; "
     "self:k = the target's first k layers (self = a quarter of them); eagle = the trained EAGLE "
-    "head shipped for this model (eagle:<file> for another); or a model id with the same "
+    "head shipped for this model (eagle:<file> for another); eagle3:<folder or hub id> = a "
+    "published EAGLE-3 head (SafeAILab/EAGLE and SpecForge's layout); or a model id with the same "
     "tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
 )
 
@@ -71,12 +73,21 @@ def auto_draft(target: ModelBundle) -> str:
     return "eagle" if head_path(target.model_id).is_file() else "self"
 
 
-def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHead:
+def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHead | Eagle3Head:
     """`auto` -> see `auto_draft`; `self`/`self:k` -> k; `eagle` -> the model's trained head
-    (`eagle:<file>`: that head); a model id -> its loaded bundle (same tokenizer required)."""
+    (`eagle:<file>`: that head); `eagle3:<source>` -> that published head; a model id -> its
+    loaded bundle (same tokenizer required)."""
     spec = spec.strip()
     if spec.lower() == "auto":
         spec = auto_draft(target)
+    if spec.lower().startswith("eagle3:"):
+        from decoders.trained.published import load_eagle3
+
+        source = spec.partition(":")[2].strip()
+        if not source:
+            raise InvalidParameter("draft 'eagle3:': name the head, eagle3:<folder or hub id>")
+        require_layers(target, "a published EAGLE-3 head's features")
+        return load_eagle3(target, source)
     if spec.lower() == "eagle" or spec.lower().startswith("eagle:"):
         from decoders.trained.eagle import load_head
 

@@ -8,6 +8,14 @@ Head i (i = 1..k) reads the target's final features at position t and guesses th
 
 W_i starts at zero, so before training every head repeats the LM head's guess. The heads are
 trained by `python -m decoders.train medusa` and ship as `assets/medusa/<model>.safetensors`.
+
+Published heads (FasterDecoding/Medusa's layout, `PublishedMedusaHeads`) are the same residual
+blocks, each head ending in an LM head of its own over the whole vocabulary:
+
+    head_i(f) = lm_head_i(ResBlock_i^depth(f))
+
+The methods' `heads` parameter picks the heads (`heads_for`): ours, or published ones (read by
+published.py).
 """
 
 from __future__ import annotations
@@ -59,6 +67,37 @@ class MedusaHeads(nn.Module):
         """[..., d] final features -> [..., k, d]: what head i hands the LM head."""
         return torch.stack([head(features) for head in self.heads], dim=-2)
 
+    def rows(self, feature: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """[d] -> [n_heads, |vocab|]: the first heads' logits over the draft vocabulary."""
+        return self.lm_head(torch.stack([head(feature) for head in self.heads[:n_heads]]))
+
+
+class PublishedMedusaHeads(nn.Module):
+    """Medusa heads in the official layout: `medusa_head.{i}` = `depth` ResBlocks (`.{j}.linear`)
+    then head i's own LM head (`.{depth}`, Linear(d, vocab) without bias). Each scores the whole
+    vocabulary."""
+
+    def __init__(self, d: int, vocab_size: int, n_heads: int, depth: int) -> None:
+        super().__init__()
+        self.medusa_head = nn.ModuleList(
+            nn.Sequential(
+                *(ResBlock(d) for _ in range(depth)), nn.Linear(d, vocab_size, bias=False)
+            )
+            for _ in range(n_heads)
+        )
+        self.register_buffer("vocab", torch.arange(vocab_size), persistent=False)
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.medusa_head)
+
+    def rows(self, feature: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """[d] -> [n_heads, vocab]: the first heads' logits."""
+        return torch.stack([head(feature) for head in self.medusa_head[:n_heads]])
+
+
+Heads = MedusaHeads | PublishedMedusaHeads
+
 
 def heads_path(model_id: str) -> Path:
     return artifact_path(KIND, model_id)
@@ -82,6 +121,28 @@ def load_heads(bundle: ModelBundle, path: Path | None = None) -> MedusaHeads:
     )
 
 
+# The `heads` parameter's help, shared by the methods that read the heads (medusa, blockwise).
+HEADS_HELP = (
+    "which Medusa heads: empty = the ones trained for this model; a file `python -m "
+    "decoders.train medusa --out FILE` wrote; or published heads in FasterDecoding/Medusa's "
+    "layout (their own LM heads): a folder, a medusa_lm_head.pt/.safetensors file, or a hub id"
+)
+
+
+def heads_for(bundle: ModelBundle, spec: str) -> Heads:
+    """The heads a `heads` parameter names: empty = the ones trained for this model; a file
+    `python -m decoders.train medusa` wrote; else published heads (a folder, a weights file or a
+    hub id in FasterDecoding/Medusa's layout: published.load_medusa)."""
+    from decoders.trained import published
+
+    spec = spec.strip()
+    if not spec:
+        return load_heads(bundle)
+    if published.is_our_artifact(spec, "heads.0.0.linear.weight"):
+        return load_heads(bundle, Path(spec).expanduser())
+    return published.load_medusa(bundle, spec)
+
+
 # --- decoding with the heads (medusa.py, blockwise.py) ---------------------------------------------
 
 
@@ -95,7 +156,7 @@ class HeadReader:
 
     needs_features = True
 
-    def __init__(self, bundle: ModelBundle, heads: MedusaHeads) -> None:
+    def __init__(self, bundle: ModelBundle, heads: Heads) -> None:
         self.bundle, self.heads = bundle, heads
         self.feature: torch.Tensor | None = None  # [d] at the root's position
 
@@ -108,8 +169,8 @@ class HeadReader:
         the Forward event that timed them (kind "draft", 0 decoder layers, 1 input: the feature)."""
         assert self.feature is not None, "the heads read the features of a target forward"
         start = time.perf_counter()
-        f = self.feature.to(self.heads.lm_head.weight.dtype)  # bundle.draft_dtype
-        rows = self.heads.lm_head(torch.stack([head(f) for head in self.heads.heads[:n_heads]]))
+        f = self.feature.to(next(self.heads.parameters()).dtype)  # bundle.draft_dtype
+        rows = self.heads.rows(f, n_heads)
         # Softmax over the draft vocabulary = the full vocabulary's with -inf outside it.
         probs, index = torch.topk(torch.softmax(rows.float(), dim=-1), top_k, dim=-1)
         tokens = self.heads.vocab[index]
