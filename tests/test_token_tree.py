@@ -357,7 +357,7 @@ def test_eos_inside_an_accepted_path_stops_like_autoregressive(tiny, draft):
         ({"draft": "self:0"}, r"1\.\.4"),
         ({"draft": "self:9"}, r"1\.\.4"),
         ({"lookup": 33}, r"lookup.*\[0, 32\]"),
-        ({"lookup": 8, "trust": 4}, r"trust.*\[0, 3\]"),
+        ({"lookup": 8, "trust": 33}, r"trust.*\[0, 32\]"),
     ],
 )
 def test_invalid_parameters_are_clear_errors(tiny, params, message):

@@ -1,8 +1,12 @@
 """Token trees with the prompt-lookup branch (lookup, trust): grafting the copied chain onto the
 drafter's tree, lossless and kept when right on tiny-random; and the embedded model: lossless,
-an EOS inside a copied branch, the branch's gain on code, and reproducible sampling."""
+an EOS inside a copied branch, the branch's gain on code, and reproducible sampling. A long
+enough match wins outright (trust = the threshold, in tokens of match, for both copy sources):
+the copy replaces the drafter's draft, lossless on the embedded model, at the budget's end and
+with an EOS inside the copy."""
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -13,11 +17,15 @@ from test_speculative import (
 )
 from test_token_tree import CHAIN3, check_tree_steps, same_as_greedy
 
-from conftest import PROMPTS
+from conftest import PROMPTS, matches_greedy
 from decoders import generate
+from decoders.core.errors import TraceError
 from decoders.core.events import Commit, Draft, Verify
-from decoders.drafting.ngram import lookup
+from decoders.drafting.copied import match_length
+from decoders.drafting.ngram import find
 from decoders.drafting.trees import TreeDraft, graft
+from ui.live import run_to_end
+from ui.traces import read_trace
 
 # --- the prompt-lookup branch ----------------------------------------------------------------------
 
@@ -47,21 +55,26 @@ def root_paths(tokens, parents) -> set[tuple[int, ...]]:
 
 def check_lookup_branch(res, prompt_ids, budget, size, trust=0) -> dict[int, int]:
     """Every step's tree holds the prompt-lookup chain recomputed from the committed context (cut
-    to the budget), grafted after the drafter's nodes as point masses, and its label says so; with
-    `trust`, a match of at least that many tokens is the whole draft and the drafter never runs.
-    Returns, per step, how many of the kept tokens came from copied nodes."""
+    to the budget), grafted after the drafter's nodes as point masses, and its label and the
+    event's `match` say so; with `trust`, a match of at least that many tokens is the whole draft
+    and the drafter never runs (the event's `override`). Returns, per step, how many of the kept
+    tokens came from copied nodes."""
     context, done, kept_copies = list(prompt_ids), 0, {}
     for step, ev in by_step(res).items():
         cap = budget - done - 1
         if step > 0 and cap > 0:
             draft, drafted = ev["draft"], [f for f in ev["forwards"] if f.kind == "draft"]
-            chain, n = lookup(context, 3, min(size, cap))
+            chain, n, at = find(context, 3, min(size, cap))
+            n = match_length(context, at, n) if chain else 0
+            assert draft.match == n
             if chain and trust and n >= trust:
-                assert draft.source == f"prompt lookup (n={n}, trusted: drafter skipped)"
+                label = f"prompt lookup (n={n} ≥ {trust}: replaces the drafter's draft)"
+                assert draft.source == label and draft.override == trust
                 assert draft.tokens == tuple(chain) and draft.parents == chain_parents(len(chain))
                 assert not drafted
                 grown = 0
             else:
+                assert draft.override == 0
                 added = re.search(rf"prompt lookup \(n={n}, (\d+) new nodes\)", draft.source)
                 assert bool(added) == bool(chain), draft.source
                 grown = len(draft.tokens) - (int(added.group(1)) if chain else 0)
@@ -195,3 +208,109 @@ def test_sampling_with_the_lookup_branch_is_reproducible_per_seed(embedded):
         grown = len(drafts[v.step].tokens) - (int(added.group(1)) if added else 0)
         kept_copies += sum(i >= grown for i in v.accepted)
     assert kept_copies > 0
+
+
+# --- a long enough match wins outright (trust = the threshold, in tokens) ------------------------
+
+# A text that repeats itself: both copy sources match far more than 4 tokens from the first step
+# on, and greedy goes on repeating it (measured: the copy overrides at step 1 either way).
+REPEATING = "red, green, blue, red, green, blue, red, green, blue, red,"
+OVERRIDE = 4  # TensorRT-LLM's sa_spec_threshold
+
+
+def test_a_prompt_match_is_measured_back_over_the_tokens_that_agree():
+    #          0  1  2  3  4  5  6  7  8
+    context = [9, 1, 2, 3, 4, 7, 2, 3, 4]  # the end's 3-gram (2, 3, 4) first occurred at 2
+    assert find(context, 3, 2)[1:] == (3, 2) and match_length(context, 2, 3) == 3  # 1 != 7
+    context = [5, 1, 2, 3, 4, 8, 5, 1, 2, 3, 4]  # here 5, 1 agree before it too
+    assert find(context, 3, 2)[1:] == (3, 2) and match_length(context, 2, 3) == 5
+    assert match_length([3, 3, 3, 3], 0, 3) == 3  # nothing before the text's start
+
+
+def overrides(res, threshold: int) -> dict[int, Draft]:
+    """The steps whose copied chain replaced the drafter's draft, checked against the rule: a
+    match of at least `threshold` tokens, the copy the whole draft, no draft forward that step;
+    every other drafted step grew the drafter's tree (its match was shorter, or the datastore's)."""
+    fired = {}
+    for step, ev in by_step(res).items():
+        draft = ev.get("draft")
+        if draft is None:
+            continue
+        drafted = [f for f in ev["forwards"] if f.kind == "draft"]
+        if draft.override:
+            assert draft.override == threshold <= draft.match
+            assert draft.copied == tuple(range(len(draft.tokens))) and not drafted
+            assert f"(n={draft.match} ≥ {threshold}: replaces the drafter's draft)" in draft.source
+            fired[step] = draft
+        else:
+            assert draft.match < threshold or "SAM datastore" in draft.source, draft.source
+            assert drafted
+    return fired
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("copy", ["prompt", "sam"])
+def test_a_long_match_replaces_the_drafters_draft_and_stays_greedy(embedded, copy):
+    fired, grown = {}, {}
+    for name, prompt, chat in (("repeating", REPEATING, False), ("code", humaneval(0), True)):
+        res = matches_greedy(embedded, prompt, 32, "token_tree", chat, copy=copy, trust=OVERRIDE)
+        fired[name] = overrides(res, OVERRIDE)
+        grown[name] = sum(isinstance(e, Draft) and not e.override for e in res.events)
+    assert 1 in fired["repeating"] and len(fired["repeating"]) >= 2, fired
+    # On code the drafter's tree and the copy take turns (code repeats its own names).
+    assert grown["code"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("copy", ["prompt", "sam"])
+def test_a_copy_that_would_run_past_the_budget_is_cut_at_it(embedded, copy):
+    kw = dict(copy=copy, trust=OVERRIDE, size="fixed")  # the budget, not a price, cuts the copy
+    for budget in (2, 3, 6):
+        res = matches_greedy(embedded, REPEATING, budget, "token_tree", False, **kw)
+        fired = overrides(res, OVERRIDE)
+        if budget == 2:  # no room for a draft after the first token: a plain target step
+            assert not fired and not any(isinstance(e, Draft) for e in res.events)
+            continue
+        # Step 1: the first token is committed, so the copy may fill all but the target's own.
+        assert len(fired[1].tokens) == budget - 2, budget
+        assert res.finish_reason == "length" and len(res.token_ids) == budget
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("copy", ["prompt", "sam"])
+def test_an_eos_inside_an_overriding_copy_stops_like_autoregressive(embedded, copy):
+    kw = dict(copy=copy, trust=OVERRIDE, size="fixed")
+    free = generate(embedded, REPEATING, "token_tree", 24, chat=False, **kw)
+    fired = overrides(free, OVERRIDE)
+    # A copied token the output has not produced before, inside an overriding step's commit
+    # (not its first): it becomes the EOS.
+    pos, eos, position = 0, None, None
+    for e in (e for e in free.events if isinstance(e, Commit)):
+        new = [
+            j for j in range(1, len(e.tokens) - 1) if e.tokens[j] not in free.token_ids[: pos + j]
+        ]
+        if e.step in fired and new:
+            eos, position = e.tokens[new[0]], pos + new[0]
+            break
+        pos += len(e.tokens)
+    assert eos is not None
+    bundle = dataclasses.replace(embedded, eos_ids=frozenset({eos}))
+    res = matches_greedy(bundle, REPEATING, 24, "token_tree", False, **kw)
+    assert res.token_ids == free.token_ids[: position + 1] and res.finish_reason == "eos"
+    last = [e for e in res.events if isinstance(e, Commit)][-1]
+    assert last.step in overrides(res, OVERRIDE) and set(last.origins) == {"draft"}
+
+
+def test_a_trace_whose_override_the_match_did_not_reach_is_refused(tiny):
+    """An imported trace's override must name a threshold its match reached, with the copy the
+    whole draft (here a recorded chain draft, marked as a copy that overrode)."""
+    params = {"draft": "self:2", "shape": "static", "choices": CHAIN3, "lookup": 0, "trust": 0}
+    data = json.loads(run_to_end("tiny-random", PROMPTS[0], "token_tree", 12, params).to_json())
+    draft = next(e for e in data["events"] if e["type"] == "Draft" and len(e["tokens"]) == 3)
+    draft.update(copied=[0, 1, 2], match=5, override=4)
+    read_trace(json.dumps(data))  # a match of 5 reached 4: fine
+    for bad in ({"override": 6}, {"copied": [1, 2]}, {"match": 10**6, "override": 0}):
+        broken = json.loads(json.dumps(data))
+        next(e for e in broken["events"] if e == draft).update(bad)
+        with pytest.raises(TraceError, match="override a threshold it reached"):
+            read_trace(json.dumps(broken))

@@ -350,3 +350,42 @@ def test_the_copied_branch_is_outlined_and_the_subtitle_says_which_branch_won():
     assert which_branch_won(shared, (0, 2)) == (
         "the copied branch won: 2 accepted tokens copied from the context"
     )
+
+
+def tree_of(draft: Draft) -> tuple:
+    """A draft's tokens, parents and probabilities."""
+    return draft.tokens, draft.parents, draft.probs
+
+
+def test_a_match_that_overrode_the_draft_is_the_whole_tree_and_the_figure_says_so():
+    """A long enough match won outright: the copied chain is the whole tree; the title says the
+    drafter was skipped and the subtitle opens with the match length and the threshold, read
+    from the event's fields (not its label)."""
+    source = "SAM context (n=7 ≥ 4: replaces the drafter's draft)"
+    draft = Draft(1, source, (11, 12, 13), (-1, 0, 1), (1.0,) * 3, (0, 1, 2), match=7, override=4)
+    verdict = [
+        Verify(1, (0, 1), 22, "greedy-tree"),
+        Commit(1, (11, 12, 22), ("draft", "draft", "correction"), (0.9,) * 3),
+    ]
+    fig = token_tree([*BRANCHING[:3], draft, *verdict], TEXTS, 1, 1000)
+    title = fig.layout.title.text.replace("<br>", " ")
+    subtitle = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert title == "Step 1: the copied chain is the whole tree (the drafter skipped)"
+    assert subtitle.startswith("SAM context match 7 ≥ 4: the copy replaces the drafter's draft; ")
+    assert subtitle.endswith("3 nodes, accepted 2, +1 correction; 2 of 3 copied tokens accepted")
+    outlined = [a.text for a in fig.layout.annotations if a.bordercolor == "#8e24aa"]
+    assert outlined == [" f", "(x", "):"]  # every node is a copied one
+    # The same chain grafted beside a drafter's tree (its match below the threshold): the title
+    # names the drafter, and nothing claims an override.
+    grafted = Draft(1, "eagle + SAM context (n=3, 1 new nodes)", *tree_of(draft), (2,), match=3)
+    fig = token_tree([*BRANCHING[:3], grafted, *verdict], TEXTS, 1, 1000)
+    assert fig.layout.title.text.replace("<br>", " ") == "Step 1: token tree from eagle"
+    assert "≥" not in fig.layout.title.subtitle.text
+    # A trace from before the fields were recorded: its copied-alone step still reads as one.
+    old = Draft(
+        1, "prompt lookup (n=3, trusted: drafter skipped)", *tree_of(draft), copied=(0, 1, 2)
+    )
+    subtitle = token_tree([*BRANCHING[:3], old, *verdict], TEXTS, 1, 1000).layout.title.subtitle
+    assert "the copied chain alone (the drafter skipped): 2 of 3 accepted" in subtitle.text.replace(
+        "<br>", " "
+    )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from decoders.core.events import Commit, Draft, Event, Prefill, Verify
+from decoders.core.prices import drafter_key
 
 # Nodes drawn at most (each is a Plotly annotation: thousands make the page crawl): the first ones
 # in index order (parents come first, so they form a tree) and the accepted path.
@@ -52,6 +53,15 @@ def copied_chain(draft: Draft) -> tuple[list[int], list[int]]:
     return shared[::-1], own
 
 
+def override_said(draft: Draft) -> str:
+    """When a long enough match won outright (the copied chain replaced the drafter's draft):
+    the match and the threshold it reached, as the event records them; "" otherwise."""
+    if not draft.override:
+        return ""
+    name = drafter_key(draft.source)  # the copy's name: "SAM context", "prompt lookup"
+    return f"{name} match {draft.match} ≥ {draft.override}: the copy replaces the drafter's draft"
+
+
 def which_branch_won(draft: Draft, accepted: Sequence[int]) -> str:
     """Which branch the target took, when the tree holds a copied chain: the copy, the drafter's,
     or both (the drafter had proposed the copied tokens it accepted)."""
@@ -60,6 +70,8 @@ def which_branch_won(draft: Draft, accepted: Sequence[int]) -> str:
     shared, own = copied_chain(draft)
     took_own = [a for a in accepted if a in set(own)]
     took_shared = [a for a in accepted if a in set(shared)]
+    if draft.override:  # the title and override_said tell that the copy is the whole tree
+        return f"{len(took_own)} of {len(own)} copied tokens accepted"
     if len(own) == len(draft.tokens):
         return (
             f"the copied chain alone (the drafter skipped): {len(took_own)} of {len(own)} accepted"
@@ -116,6 +128,7 @@ class TreeData:
     copied: frozenset[int]  # nodes on the chain copied from the context
     preferred: Mapping[int, int]  # relaxed node -> the target's own choice there
     won: str  # which branch the target took, when the tree holds a copied chain
+    override: str = ""  # the match that made the copy the whole draft (override_said), if one did
 
 
 def _statuses(draft: Draft, verify: Verify, accepted: Sequence[int]) -> list[str]:
@@ -202,4 +215,5 @@ def tree_data(events: Sequence[Event], step: int) -> TreeData | str:
         copied=frozenset(i for part in copied_chain(draft) for i in part),
         preferred=dict(zip(verify.relaxed, verify.preferred, strict=False)),
         won=which_branch_won(draft, accepted),
+        override=override_said(draft),
     )

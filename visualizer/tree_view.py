@@ -26,6 +26,7 @@ from .tree_data import _p as _p
 from .tree_data import _root_token as _root_token
 from .tree_data import copied_chain as copied_chain
 from .tree_data import drawn_nodes as drawn_nodes
+from .tree_data import override_said as override_said
 from .tree_data import which_branch_won as which_branch_won
 
 EDGE_COLOUR = "#b0bec5"
@@ -258,9 +259,14 @@ def _node_traces(
 
 def _tree_titles(data: TreeData) -> tuple[str, str]:
     """The title names the drafter (wrapped by the frame on a phone, never cut); anything grafted
-    on and the verdict go in the subtitle."""
+    on and the verdict go in the subtitle. Where a long match won outright, the title says the
+    copy is the whole tree and the subtitle opens with the match and the threshold it reached."""
     first, *rest = data.source.split(" + ")
-    title = f"Step {data.step}: token tree from {first}"
+    if data.override:
+        title = f"Step {data.step}: the copied chain is the whole tree (the drafter skipped)"
+        rest = [data.override]
+    else:
+        title = f"Step {data.step}: token tree from {first}"
     n = data.n
     verdict = f"{n} node{'s' if n != 1 else ''}, accepted {len(data.accepted)}" + (
         f", +1 {data.nodes[-1].status}" if data.extra else ""

@@ -4,6 +4,13 @@ tree read from Token Recycling's matrix.
 
 A copied chain is a point-mass draft (p = 1) to the verifier, but far from sure to be right: with
 size=cost only as many copies join as pay, by how often copies were right (`CopyRates`).
+
+Every copied chain carries its match length `n`, in tokens, for both sources alike: how long the
+suffix of the context is that was found where the copy was taken from (SAM: the automaton's
+longest match, in the context or the datastore; prompt lookup: its 1-3-token key, extended back
+over the tokens that agree before it at the occurrence it copies). A long enough match wins
+outright (`CopiedBranch.overrides`): the copy replaces the drafter's draft, as TensorRT-LLM's
+suffix automaton does from `sa_spec_threshold` = 4 tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from decoders.core.models import ModelBundle
-from decoders.drafting.ngram import lookup
+from decoders.drafting.ngram import find
 from decoders.drafting.recycled import Adjacency, warm_start
 from decoders.drafting.retrieval import Retriever
 from decoders.drafting.trees import TreeDraft, parse_choices, spelled, worth
@@ -31,7 +38,7 @@ class CopyRates:
     the verifier, but far from sure to be right. The priors (weighing 8 steps) were measured on
     the tuning prompts; each run updates them from its own verdicts, so a text that repeats itself
     earns longer copies. One table per source: prompt lookup's n-gram copy (after a 1-token match
-    16 % of first copies were accepted, after 2 42 %, after 3 67 %, about 3 in 4 of the next
+    16 % of first copies were accepted, after 2 42 %, after 3 or more 67 %, about 3 in 4 of the next
     ones once on track), the context's automaton (SAM: the longest match, so longer n) and the
     datastore's (the most frequent continuation of text the model wrote elsewhere)."""
 
@@ -77,17 +84,28 @@ class CopyRates:
                 break
 
 
+def match_length(context: Sequence[int], at: int, n: int) -> int:
+    """How many tokens the context's end matches at the earlier occurrence of its last n tokens
+    that starts at `at`: n, plus every token before both that agrees (the same measure as a
+    suffix automaton's match, for the occurrence prompt lookup copies from)."""
+    end, k = len(context) - n, 0
+    while at - 1 - k >= 0 and context[at - 1 - k] == context[end - 1 - k]:
+        k += 1
+    return n + k
+
+
 def copy_branch(
     found: Retriever | None, context: Sequence[int], size: int, cap: int
 ) -> tuple[list[int], int, str]:
-    """The copied branch for this step: (chain, match length, source), source "prompt" (prompt
-    lookup's n-gram), "context" or "datastore" (the sam method's automata: its chain, the most
-    frequent path from the datastore); ([], 0, "") when nothing matched or size is 0."""
+    """The copied branch for this step: (chain, match length in tokens, source), source "prompt"
+    (prompt lookup's 1-3-token key, its match measured back by `match_length`), "context" or
+    "datastore" (the sam method's automata: its chain, the most frequent path from the
+    datastore); ([], 0, "") when nothing matched or size is 0."""
     if not size:
         return [], 0, ""
     if found is None:
-        chain, n = lookup(context, 3, min(size, cap))
-        return chain, n, "prompt"
+        chain, n, at = find(context, 3, min(size, cap))
+        return (chain, match_length(context, at, n), "prompt") if chain else ([], 0, "")
     found.catch_up(context)
     got = found.retrieve(min(size, cap), chain_only=True)
     return (list(got.tokens), got.n, got.source) if got else ([], 0, "")
@@ -96,7 +114,8 @@ def copy_branch(
 class CopiedBranch:
     """The copied branch as a Proposer: `copy_branch`'s chain of up to `size` tokens (from
     `found`'s automata, else prompt lookup), priced against the tree it joins (`cut`, with a
-    cost) and scored by its verdicts (`accepted`: the CopyRates of its source)."""
+    cost) and scored by its verdicts (`accepted`: the CopyRates of its source). `n`: this step's
+    match length in tokens (0: no chain)."""
 
     def __init__(self, found: Retriever | None, size: int, cost: float | None) -> None:
         self.found, self.size, self.cost = found, size, cost
@@ -113,10 +132,17 @@ class CopiedBranch:
         self.chain, self.n, self.source = copy_branch(self.found, context, self.size, budget_left)
         return TreeDraft.from_chain(self.chain) if self.chain else None
 
-    def trusted(self, trust: int) -> bool:
-        """SAM-Decoding's switch: a copy after a match of at least `trust` tokens (not the
-        datastore's) is the whole draft; 0 = never."""
-        return bool(self.chain) and bool(trust) and self.n >= trust and self.source != "datastore"
+    def overrides(self, threshold: int) -> bool:
+        """A long enough match wins outright (TensorRT-LLM's `sa_spec_threshold`, SAM-Decoding's
+        switch): a copy after a match of at least `threshold` tokens replaces the drafter's draft
+        this step; 0 = never. The datastore's never does: its chain is the most frequent
+        continuation of other text, not this text copied."""
+        return (
+            bool(self.chain)
+            and threshold > 0
+            and self.n >= threshold
+            and self.source != "datastore"
+        )
 
     def cut(self, tree: TreeDraft) -> list[int]:
         """The part of the chain worth grafting onto `tree` (all of it without a cost); the

@@ -17,9 +17,15 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
         lookup > 0: graft the prompt-lookup continuation (the tokens that followed the first earlier
                      occurrence of the context's suffix) onto the tree as one more branch
                      (SpecInfer merges the trees of several drafters the same way); with
-                     size=cost only as many copies as pay, by how often copies were right;
-                     with trust = t, a match of >= t tokens is the whole draft and the
-                     drafter is skipped (SAM-Decoding switches on match length the same way)
+                     size=cost only as many copies as pay, by how often copies were right
+        trust = t > 0: a long enough match wins outright: when the copied chain's match is
+                     >= t tokens (copy=sam: the longest suffix of the context found earlier in
+                     the context, by its suffix automaton; copy=prompt: the 1-3-token key,
+                     extended back over the tokens that agree before it where it was found),
+                     the copy REPLACES the drafter's tree this step and the drafter is skipped
+                     (TensorRT-LLM's suffix automaton overrides the draft from
+                     sa_spec_threshold = 4 tokens; SAM-Decoding switches the same way); a
+                     datastore match never does (its chain is other text's likeliest sequel)
         p = target([x, *tree]) with a tree attention mask: node i sees the context + its ancestors
         greedy:   follow the target's argmax down the tree while the tree has that child
         sampling: at each node try its children in order with the multi-draft residual rule
@@ -31,6 +37,7 @@ The parts live in decoders/drafting/: eagle.py grows the tree, copied.py the gra
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from decoders.core.base import Budget, DecodeConfig, Method, TourStop
@@ -57,6 +64,8 @@ from decoders.trained.drafters import DRAFT_HELP, SelfDrafter, check_draft, make
 
 # A Medusa-style static tree: 15 nodes, 4 deep, wider where the draft is usually right.
 DEFAULT_CHOICES = "0 1 2 3 0.0 0.1 0.2 1.0 1.1 2.0 0.0.0 0.0.1 0.1.0 1.0.0 0.0.0.0"
+# The longest match `trust` can ask for: as long as the longest copied chain (lookup's bound).
+MAX_TRUST = 32
 
 PARAMS = (
     Param("draft", str, "auto", DRAFT_HELP),
@@ -116,15 +125,25 @@ PARAMS = (
         0,
         8,
     ),
+    # Default from a sweep on 8 of assets/tuning_prompts.jsonl (64 tokens, one thread, the other
+    # defaults): t = 3 skipped 26 of 312 draft forwards at 2.00 tokens per forward (t = 0: 2.01)
+    # for the least work, 1.187x modelled (t = 0 1.183x, 4 1.184x, 8 1.186x: within the price
+    # table's error); copy=sam drafted 2.05-2.07 tokens per forward but its datastore branches
+    # cost more inputs (1.172-1.175x), and letting datastore matches override too did worse
+    # (1.153x); every run identical to greedy. Fresh answers rarely repeat 3+ tokens; a text
+    # that repeats itself (code edits, lists) is where the override pays.
     Param(
         "trust",
         int,
         3,
-        "with lookup > 0: when the copied chain matched at least this many tokens (1-3), draft it "
-        "alone and skip the drafter this step (SAM-Decoding's switch); 0 = always grow the tree "
-        "(no effect without a lookup branch)",
+        "with lookup > 0, a long enough match wins outright: when the copied chain's match is at "
+        "least this many tokens (copy=sam: the longest suffix of the context found earlier in "
+        "the context; prompt: the 1-3-token key extended back over the tokens that agree before "
+        "it), the copy replaces the drafter's draft this step and the drafter is skipped "
+        "(TensorRT-LLM's sa_spec_threshold, SAM-Decoding's switch; a datastore match never "
+        "does); 0 = always grow the tree (no effect without a lookup branch)",
         0,
-        3,
+        MAX_TRUST,
     ),
 )
 
@@ -184,9 +203,10 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
         tree, label, grafted = TreeDraft(), drafter.label, 0
         copied = copies.propose(context, step, depth_cap)
         more = recycled.propose(context, step, depth_cap) if recycled is not None else None
-        if copied and copies.trusted(p["trust"]):
-            grafted = graft(tree, copies.cut(tree))  # a long match: the copied chain alone
-            label = f"{copies.name} (n={copies.n}, trusted: drafter skipped)"
+        override = p["trust"] if copied and copies.overrides(p["trust"]) else 0
+        if override:  # a long match wins outright: the copied chain alone, no drafter
+            grafted = graft(tree, copies.cut(tree))
+            label = f"{copies.name} (n={copies.n} ≥ {override}: replaces the drafter's draft)"
         elif depth_cap > 0:
             for catch_up in drafter.begin(context, step):
                 yield catch_up.event
@@ -206,7 +226,9 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
                 label += f" + {copies.name} (n={copies.n}, {grafted} new nodes)"
         if tree.tokens:  # graft appends: the copy's own nodes are the last ones
             copy = range(len(tree.tokens) - grafted, len(tree.tokens))
-            yield draft_event(step, label, tree, copied=copy)
+            match = copies.n if copied else 0
+            event = draft_event(step, label, tree, copied=copy)
+            yield dataclasses.replace(event, match=match, override=override)
 
         # ONE target forward over x and the whole tree; keep x and the accepted path, commit.
         verdict, logits = yield from verify_tree(

@@ -108,7 +108,10 @@ class Draft(Event):
     """Draft tokens as a tree: parents[i] is the index of node i's parent, -1 = the root (last
     commit). `copied`: the nodes a chain copied from the context added (token_tree's prompt-lookup
     branch), a chain in order; the copy's first tokens, where the drafter had proposed them too,
-    are the first one's ancestors."""
+    are the first one's ancestors. `match`: the length in tokens of the match the copied chain
+    follows (0: no copy, or a trace from before it was recorded); `override`: the threshold that
+    match reached when the copy replaced the drafter's draft, the whole draft then (token_tree's
+    `trust`; 0: it did not)."""
 
     type: ClassVar[str] = "Draft"
     step: int
@@ -117,6 +120,8 @@ class Draft(Event):
     parents: tuple[int, ...]
     probs: tuple[float, ...]
     copied: tuple[int, ...] = ()
+    match: int = 0
+    override: int = 0
 
     def check(self, c: TraceCheck, where: str) -> None:
         c.tokens(self.tokens, f"{where}.tokens")
@@ -139,6 +144,13 @@ class Draft(Event):
                 self.parents[b] == a for a, b in zip(self.copied, self.copied[1:], strict=False)
             ),
             f"{where}: copied must be a chain of drafted nodes",
+        )
+        c.need(
+            whole(self.match, 0, len(c.prompt_ids) + c.max_new_tokens)
+            and whole(self.override, 0, self.match)
+            and (not self.override or len(self.copied) == len(self.tokens)),
+            f"{where}: match must be a length within the text, and override a threshold it "
+            "reached, with the copied chain the whole draft",
         )
         c.need(self.step not in c.drafted, f"{where}: step {self.step} drafts twice")
         c.drafted[self.step] = list(self.parents)
