@@ -6,6 +6,7 @@ from decoders.core.errors import TraceError
 from decoders.core.events import (
     EVENT_TYPES,
     AttentionMask,
+    BlockFill,
     CatchUp,
     Commit,
     CopySource,
@@ -46,6 +47,7 @@ SAMPLES = [
     StoreMatch(4, 3, 12, (7, 5, 2), 1),
     Recycled(5, ((7, 8, 9), (8, 10, 11)), (True, False)),
     HeadProposals(5, 7, ((5, 6), (7, 8)), ((0.5, 0.25), (0.125, 0.0625))),
+    BlockFill(5, 7, ((5, 6), (7, 8)), ((0.5, 0.25), (0.125, 0.0625))),
     MaskGroups(
         6, 9, (4, 5), ((4, 5), (5, 6), (6, 7)), ((0.5, 0.25), (0.5, 0.125), (0.25, 0.75)), 1, (5, 6)
     ),

@@ -224,6 +224,11 @@ def recheck_lossless(trace: Trace) -> dict[str, Any]:
             "status": "not checked",
             "note": f"not checked: longer than {model}'s context of {bundle.context_length} tokens",
         }
+    if bundle.window and len(meta["prompt_ids"]) + budget > bundle.window:
+        return {
+            "status": "not checked",
+            "note": f"not checked: longer than {model}'s sliding window of {bundle.window} tokens",
+        }
     reference = cached_reference(bundle, tuple(meta["prompt_ids"]), budget)
     if meta["method"] in METHODS and not METHODS[meta["method"]].claims_lossless(
         meta.get("params") or {}
