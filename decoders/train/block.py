@@ -110,7 +110,8 @@ def run_block(
     with torch.no_grad():
         embeds = embed(ids)
     entries = head.entries(embeds, feats)
-    masks = head.masks[None].expand(len(spans), -1, -1).repeat(1, len(anchors), 1)
+    at = torch.tensor(anchors, device=dev)
+    masks = head.mask_inputs(entries[:, at, None]).flatten(1, 2)  # anchor by anchor
     h = torch.cat([entries, masks], 1)
     offsets = torch.arange(1, k + 1).repeat(len(anchors))
     pos = torch.cat([torch.arange(width), torch.tensor(anchors).repeat_interleave(k) + offsets])

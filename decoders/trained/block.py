@@ -3,7 +3,8 @@ whole block of draft positions, conditioned on the target's features from a low,
 high layer.
 
     context entry j = fc([embed(t_{j+1}) ; fuse(h_low_j, h_mid_j, f_j)])    real target features
-    block           = the entry of x (the last committed token), then k - 1 learned masks
+    block           = the entry of x (the last committed token), then k - 1 masks: x's entry
+                      plus a learned vector per offset
     one forward:    entries attend causally (their keys and values stay cached), the masks
                     attend to every entry and to each other
     q(t_{n+i}) = softmax(lm_head(out_i))        out_0 = x's entry, out_i = mask i, i = 0..k-1
@@ -43,7 +44,7 @@ KIND = "block"  # assets/block/<model>.safetensors
 
 class BlockHead(EagleHead):
     """The EAGLE head's fc and layer (EAGLE-3's fused input) plus `block - 1` mask entries: the
-    layer's inputs for the positions after x, one learned vector per offset."""
+    layer's inputs for the positions after x, x's entry plus one learned vector per offset."""
 
     GROWN = (*EagleHead.GROWN, "masks")  # a warm start from an EAGLE head lacks the masks
 
@@ -51,7 +52,13 @@ class BlockHead(EagleHead):
         super().__init__(config, vocab, fuse)
         if block < 2:
             raise ValueError(f"block: at least 2 positions (x's and one mask), got {block}")
-        self.masks = nn.Parameter(torch.randn(block - 1, config.hidden_size))
+        self.masks = nn.Parameter(torch.zeros(block - 1, config.hidden_size))
+
+    def mask_inputs(self, x_entry: torch.Tensor) -> torch.Tensor:
+        """[..., 1, d] x's entry -> [..., k - 1, d]: each mask is x's entry plus its own vector, so
+        a mask starts out guessing what x's entry guesses (as a Medusa head starts as the LM head)
+        and learns how far ahead it stands."""
+        return x_entry + self.masks.to(x_entry.dtype)
 
     @property
     def block(self) -> int:
@@ -153,8 +160,7 @@ class BlockDrafter:
         ids = torch.as_tensor(list(context[self.filled + 1 :]), device=device).view(1, -1)
         feats = self.features[self.filled :].to(self.dtype).view(1, ids.shape[1], -1)
         entries = self.head.entries(self.embed(ids).to(self.dtype), feats)
-        masks = self.head.masks.to(self.dtype)[None]
-        h = torch.cat([entries, masks], dim=1)
+        h = torch.cat([entries, self.head.mask_inputs(entries[:, -1:])], dim=1)
         past, new, k = self.filled, entries.shape[1], self.head.block
         positions = torch.arange(past, past + new + k - 1, device=device).view(1, -1)
         mask = block_mask(past, new, k - 1, self.dtype).to(device)
