@@ -47,17 +47,18 @@ PRESENT_FROM_LINK = (
 )
 LESSON, FULL = "15-minute lesson", "Every stop"
 
+
 # Where a stop's live run lands: the Run tab's figure that holds the stop's view (the first view
 # is #panel, the next ones #panel2, #panel3, …), Compare's chart for the side-by-side stop.
-LAND = {
-    s.key: "#panel"
-    + (
-        str(views_of(s.method).index(s.view) + 1)
-        if s.view and views_of(s.method).index(s.view)
-        else ""
-    )
-    for s in STOPS
-} | {SIDE_BY_SIDE: "#cmp-plot", TRANSLATION: "#tl-outputs"}
+def _panel(index: int) -> str:
+    """The Run tab's figure id for a method's view number `index` (0: its panel)."""
+    return "#panel" + (str(index + 1) if index else "")
+
+
+LAND = {s.key: _panel(views_of(s.method).index(s.view) if s.view else 0) for s in STOPS} | {
+    SIDE_BY_SIDE: "#cmp-plot",
+    TRANSLATION: "#tl-outputs",
+}
 SCROLL_TO = "(sel) => { const el = document.querySelector(sel); if (el) el.scrollIntoView({block: 'start'}); }"
 # After a run: a live run from the tour lands on its figure (once).
 LANDED = f"""() => {{
