@@ -50,6 +50,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--anchors", type=int, default=32, help="blocks laid per span")
     g.add_argument("--decay", type=float, default=0.8, help="position i's loss weighted decay^i")
+    g.add_argument(
+        "--medusa",
+        default=None,
+        help="start mask i's residual block from Medusa head i's (a file, or git:REV:PATH; heads "
+        "past the file's last take its last): head i reads the features where the target chose "
+        "a token and guesses the token i after the next, as mask i does after x's entry",
+    )
 
 
 def anchor_mask(width: int, anchors: list[int], masks: int) -> torch.Tensor:
@@ -118,6 +125,9 @@ def run_block(
     allowed = anchor_mask(width, anchors, k).to(dev)
     mask = torch.zeros(allowed.shape, device=dev).masked_fill(~allowed, float("-inf"))
     out = head.run(h, pos.to(dev).expand(len(spans), -1), mask[None, None])
+    if anchors:  # each anchor's block: x's entry and its masks, through the masks' own blocks
+        rows = torch.cat([out[:, at, None], out[:, width:].unflatten(1, (len(anchors), k))], 2)
+        out = torch.cat([out[:, :width], head.outputs(rows)[:, :, 1:].flatten(1, 2)], 1)
     position = torch.cat([torch.zeros(width, dtype=torch.long), offsets]).to(dev)
     return out, target, position
 
@@ -145,11 +155,26 @@ def block_losses(
     return result
 
 
+def from_medusa(head: BlockHead, spec: str) -> None:
+    """Mask i's residual block <- Medusa head i's first block (heads.{i}.0.linear)."""
+    from decoders.train.loop import init_weights
+
+    state = init_weights(spec)
+    n = 1 + max(int(key.split(".")[1]) for key in state if key.startswith("heads."))
+    with torch.no_grad():
+        for i, block in enumerate(head.ahead):
+            j = min(i, n - 1)
+            block.linear.weight.copy_(state[f"heads.{j}.0.linear.weight"])
+            block.linear.bias.copy_(state[f"heads.{j}.0.linear.bias"])
+
+
 def fit(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) -> dict:
     bundle, states = prep.bundle, prep.states
     torch.manual_seed(args.seed)
     vocab = draft_vocabulary(bundle, states, args.vocab)
     head = BlockHead(bundle.model.config, vocab, args.fuse, args.block).to(bundle.device)
+    if args.medusa:
+        from_medusa(head, args.medusa)
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
     embed = bundle.model.model.embed_tokens
     labels = greedy_labels(w, states)
@@ -229,6 +254,7 @@ def fit(prep: Prepared, args: argparse.Namespace, out: Path, argv: list[str]) ->
             "fuse": list(head.fused_layers),
             "anchors": args.anchors,
             "decay": args.decay,
+            "medusa": args.medusa,
             "held_out": result["held_out"],
             "held_out_note": HELD_OUT_NOTE,
             "train_tokens": train_tokens,

@@ -7,7 +7,8 @@ high layer.
                       plus a learned vector per offset
     one forward:    entries attend causally (their keys and values stay cached), the masks
                     attend to every entry and to each other
-    q(t_{n+i}) = softmax(lm_head(out_i))        out_0 = x's entry, out_i = mask i, i = 0..k-1
+    q(t_n)     = softmax(lm_head(out_0))                 out_0: the layer's output at x's entry
+    q(t_{n+i}) = softmax(lm_head(ahead_i(out_i)))       mask i's, through its own residual block
 
 So the first position is an EAGLE-3 head's first draft step, and the masks guess the tokens after
 it without waiting for it: a chain drafter pays one head forward per draft token (the EAGLE chain:
@@ -38,6 +39,7 @@ from decoders.core.models import ModelBundle
 from decoders.core.runtime import cache_arg, crop_cache, elapsed_ms
 from decoders.trained.artifacts import artifact_path, full_logits, load_artifact
 from decoders.trained.eagle import EagleHead
+from decoders.trained.medusa_heads import ResBlock
 
 KIND = "block"  # assets/block/<model>.safetensors
 
@@ -46,13 +48,27 @@ class BlockHead(EagleHead):
     """The EAGLE head's fc and layer (EAGLE-3's fused input) plus `block - 1` mask entries: the
     layer's inputs for the positions after x, x's entry plus one learned vector per offset."""
 
-    GROWN = (*EagleHead.GROWN, "masks")  # a warm start from an EAGLE head lacks the masks
-
     def __init__(self, config, vocab: torch.Tensor, fuse: Sequence[int], block: int) -> None:
         super().__init__(config, vocab, fuse)
         if block < 2:
             raise ValueError(f"block: at least 2 positions (x's and one mask), got {block}")
-        self.masks = nn.Parameter(torch.zeros(block - 1, config.hidden_size))
+        d = config.hidden_size
+        self.masks = nn.Parameter(torch.zeros(block - 1, d))
+        # Mask i's output goes through its own residual block before the LM head (a Medusa head
+        # on the layer's features: zero at first, so it starts as x's entry's guess).
+        self.ahead = nn.ModuleList(ResBlock(d) for _ in range(block - 1))
+        # What a warm start from an EAGLE head lacks (they keep their initialization).
+        self.GROWN = (
+            *EagleHead.GROWN,
+            "masks",
+            *(k for k in self.state_dict() if k.startswith("ahead.")),
+        )
+
+    def outputs(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., k, d] the layer's outputs at x's entry and the masks -> the features the LM head
+        reads: x's as they are, mask i's through its residual block."""
+        ahead = [block(out[..., 1 + i, :]) for i, block in enumerate(self.ahead)]
+        return torch.stack([out[..., 0, :], *ahead], dim=-2)
 
     def mask_inputs(self, x_entry: torch.Tensor) -> torch.Tensor:
         """[..., 1, d] x's entry -> [..., k - 1, d]: each mask is x's entry plus its own vector, so
@@ -167,7 +183,8 @@ class BlockDrafter:
         out = self.head.run(h, positions, mask, self.cache)[0]
         crop_cache(self.cache, n - 1)  # the entries stay, the masks go
         self.filled = n - 1
-        logits = full_logits(self.bundle, self.head.vocab, self.head.lm_head(out[new - 1 :]))
+        features = self.head.outputs(out[new - 1 :])
+        logits = full_logits(self.bundle, self.head.vocab, self.head.lm_head(features))
         wall_ms = elapsed_ms(self.bundle, start)
         event = Forward(step, "draft", n_input_tokens=new + k - 1, layers=1, wall_ms=wall_ms)
         return Filled(logits, event)
