@@ -179,7 +179,7 @@ def test_sampling_follows_the_target_distribution(tiny, fitted):
     frequency over 160 seeds against the target's exact distribution given the first (a
     chi-square over the likeliest tokens), and the block's first position kept as often as the
     rejection rule says (min(1, p/q) summed)."""
-    seeds, temperature = 160, 0.7
+    seeds, temperature = 160, 0.3
     prompt_ids = tiny.encode(PROMPTS[0], chat=False)
     firsts, seconds = [], []
     for seed in range(seeds):
@@ -193,6 +193,7 @@ def test_sampling_follows_the_target_distribution(tiny, fitted):
     cells = [(o, float(expected[t])) for o, t in zip(observed, top, strict=True)]
     cells = [(o, e) for o, e in cells if e >= 5]
     cells.append((seeds - sum(o for o, _ in cells), seeds - sum(e for _, e in cells)))
+    assert len(cells) >= 3, cells  # a peaked enough target: the test can tell laws apart
     stat = sum((o - e) ** 2 / e for o, e in cells if e > 0)
     chi2_1e3 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46}
     assert stat < chi2_1e3[len(cells) - 1], (observed, cells)
