@@ -302,7 +302,7 @@ def test_a_link_takes_params_json_and_presets():
         ({"params": '{"gamma": 3}'}, "params: 'gamma' is not a parameter of token_tree"),
         ({"method": "lookahead", "N": "999"}, "N must be between 2 and"),
         ({"method": "jacobi", "block": "abc"}, "block must be a number, got 'abc'"),
-        ({"block": "8"}, "block is a parameter of jacobi, not of token_tree"),
+        ({"block": "8"}, "block is a parameter of block_draft, jacobi, not of token_tree"),
         # every method that has it (not the last one found): calm, free
         ({"threshold": "0.9"}, "threshold is a parameter of self_speculative, calm, free, not of"),
         ({"method": "token_tree", "shape": "round"}, "'shape' must be one of"),
