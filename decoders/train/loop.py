@@ -61,8 +61,10 @@ def add_loop_arguments(
 
 def init_weights(spec: str) -> dict[str, torch.Tensor]:
     """An artifact's tensors from a file, or from `git:REV:PATH` (the file as committed at REV)."""
+    from decoders.trained.artifacts import from_int8
+
     if not spec.startswith("git:"):
-        return load_file(spec)
+        return from_int8(load_file(spec))
     rev, _, path = spec[4:].partition(":")
     shown = subprocess.run(
         ["git", "show", f"{rev}:{path}"],
@@ -72,7 +74,7 @@ def init_weights(spec: str) -> dict[str, torch.Tensor]:
     )
     if shown.returncode:
         raise SystemExit(f"--init {spec}: {shown.stderr.decode().strip()}")
-    return load(shown.stdout)
+    return from_int8(load(shown.stdout))
 
 
 def short(t: torch.Tensor, n: int = 8) -> str:

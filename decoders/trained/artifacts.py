@@ -50,8 +50,38 @@ def save_artifact(module: nn.Module | dict[str, torch.Tensor], path: Path, card:
         k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().contiguous()
         for k, v in state.items()
     }
+    if getattr(module, "SAVE_INT8", False):  # a drafter's matrices, int8 per row (half the bytes)
+        tensors = to_int8(tensors)
     save_file(tensors, str(path), metadata={"card": json.dumps(card)})
     path.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+
+
+INT8_SCALE = ".int8_scale"  # beside an int8 matrix: its rows' scales (float16)
+
+
+def to_int8(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every float matrix as int8 with one float16 scale per row (symmetric: row / scale rounds
+    into -127..127). For drafters only: what they propose is verified, so rounding moves no
+    output, only (slightly) what is proposed. The repository's artifacts must fit a device call."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        if v.is_floating_point() and v.dim() == 2:
+            scale = (v.float().abs().amax(1, keepdim=True) / 127).clamp_min(1e-8)
+            out[k] = (v.float() / scale).round().clamp(-127, 127).to(torch.int8).contiguous()
+            out[k + INT8_SCALE] = scale.half().contiguous()
+        else:
+            out[k] = v
+    return out
+
+
+def from_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`to_int8` undone (float32 matrices); a file without int8 matrices comes back as it is."""
+    scales = {k[: -len(INT8_SCALE)]: v for k, v in state.items() if k.endswith(INT8_SCALE)}
+    return {
+        k: v.float() * scales[k].float() if k in scales else v
+        for k, v in state.items()
+        if not k.endswith(INT8_SCALE)
+    }
 
 
 def read_card(path: Path) -> dict:
@@ -97,7 +127,7 @@ def _load(bundle, path: Path, build, what: str, train_hint: str, dtype: torch.dt
             f"{path.relative_to(ASSETS.parent) if path.is_relative_to(ASSETS.parent) else path}); "
             f"train one with `{train_hint}`"
         )
-    state = load_file(str(path))
+    state = from_int8(load_file(str(path)))
     try:
         module = build(state)
         module.load_state_dict(state)

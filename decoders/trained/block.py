@@ -48,6 +48,8 @@ class BlockHead(EagleHead):
     """The EAGLE head's fc and layer (EAGLE-3's fused input) plus `block - 1` mask entries: the
     layer's inputs for the positions after x, x's entry plus one learned vector per offset."""
 
+    SAVE_INT8 = True  # its matrices ship as int8 per row (artifacts.to_int8)
+
     def __init__(self, config, vocab: torch.Tensor, fuse: Sequence[int], block: int) -> None:
         super().__init__(config, vocab, fuse)
         if block < 2:
