@@ -216,3 +216,17 @@ def test_the_shipped_head_on_the_embedded_model(embedded):
 def test_block_draft_is_registered_lossless_with_its_view():
     m = METHODS["block_draft"]
     assert m.claims_lossless({}) and m.views == ("block_fill",)
+
+
+def test_int8_matrices_round_trip_within_a_row_scale():
+    from decoders.trained.artifacts import INT8_SCALE, from_int8, to_int8
+
+    torch.manual_seed(0)
+    state = {"w": torch.randn(6, 40).half(), "b": torch.randn(40).half(), "i": torch.arange(3)}
+    packed = to_int8(state)
+    assert packed["w"].dtype == torch.int8 and packed["b"].dtype == torch.float16
+    back = from_int8(packed)
+    assert set(back) == set(state) and torch.equal(back["i"], state["i"])
+    row = state["w"].float().abs().amax(1, keepdim=True) / 127
+    assert ((back["w"] - state["w"].float()).abs() <= row / 2 + 1e-3).all()
+    assert "w" + INT8_SCALE not in back
