@@ -48,11 +48,14 @@ def block_fill(
     drafted = len(draft.tokens) if draft is not None else 0
     forward = _draft_forward(events, step)
     inputs = f" over {forward.n_input_tokens} inputs" if forward is not None else ""
-    chain = (
-        f"a chain drafter pays {drafted} head forwards in a row for the same {drafted} tokens"
-        if drafted > 1
-        else "a chain drafter pays the same for one token"
-    )
+    if drafted > 1:
+        chain = (
+            f"a chain drafter pays {drafted} head forwards in a row for the same {drafted} tokens"
+        )
+    elif drafted == 1:
+        chain = "a chain drafter pays the same for one token"
+    else:
+        chain = "no position was sure enough to pay for its input"
     after = _root_label(events, texts, step, "the root")
     subtitle = (
         f"row i: position i's candidates for the token i after {after}, all from 1 drafter "
