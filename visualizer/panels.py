@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from decoders.core.events import Event
 
+from .block_view import block_fill
 from .exit_view import catch_ups, exit_confidence, exit_heatmap, hash_layers
 from .figures import add_note, draft_panel, topk_panel
 from .jacobi_view import jacobi_trajectory
@@ -24,7 +25,6 @@ from .kangaroo_view import (
 from .lookahead_views import lookahead_panel, lookahead_window, ngram_pool, pool_candidates
 from .mask_predict_view import refinement
 from .mask_view import attention_mask
-from .block_view import block_fill
 from .medusa_view import blockwise_chain, heads_grid
 from .prompt_lookup_view import copy_source
 from .retrieval_view import adjacency, retrieval
