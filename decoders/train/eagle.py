@@ -257,7 +257,7 @@ def fit_head(
     head = head.to(bundle.device)
     warm_start(head, args.init)
     w = bundle.model.lm_head.weight[vocab.to(bundle.device)].detach()
-    scores = head.scores if official else None
+    head_scores = head.scores if official else None
     embed = bundle.model.model.embed_tokens
     rng = random.Random(args.seed)
     if getattr(args, "loss_on", "all") == "answers":
@@ -279,7 +279,7 @@ def fit_head(
 
     def step_loss(batch):
         out = run_head(head, embed, states, batch, getattr(args, "noise", FEATURE_NOISE), unroll)
-        return losses(w, *out, args.cls_weight, **weights, scores=scores)
+        return losses(w, *out, args.cls_weight, **weights, scores=head_scores)
 
     def evaluate() -> dict[str, float]:
         scores: dict[str, float] = {}
@@ -290,7 +290,7 @@ def fit_head(
                 pred, nexts, valid = run_head(
                     head, embed, scored_states, spans_[i : i + 8], 0.0, eval_depth
                 )
-                out = losses(w, pred, nexts, valid, 0.0, scores=scores)
+                out = losses(w, pred, nexts, valid, 0.0, scores=head_scores)
                 for k in range(eval_depth):
                     key = "top1" if k == 0 else f"top1_d{k + 1}"
                     n = int(valid[:, k].sum())
