@@ -22,6 +22,7 @@ from test_speculative import next_token_probs
 
 from conftest import PROMPTS, assert_greedy, greedy
 from decoders import METHODS
+from decoders.core.errors import InvalidParameter
 from decoders.core.events import BlockFill, Commit, Done, Draft, Event, Forward, Verify
 from decoders.core.tree import depths
 from decoders.engine import prepare, run_events
@@ -30,7 +31,13 @@ from decoders.train.block import block_losses, greedy_labels, run_block
 from decoders.train.corpus import Corpus
 from decoders.train.states import target_states
 from decoders.trained.artifacts import save_artifact
-from decoders.trained.block import BlockDrafter, BlockHead, block_mask, load_block
+from decoders.trained.block import (
+    BlockDrafter,
+    BlockHead,
+    BlockTreeDrafter,
+    block_mask,
+    load_block,
+)
 
 
 @dataclass
@@ -41,11 +48,13 @@ class Result:
     events: list[Event]
 
 
-def run(bundle, prompt, budget, head: BlockHead | None = None, **params) -> Result:
+def run(
+    bundle, prompt, budget, head: BlockHead | None = None, method="block_draft", **params
+) -> Result:
     """A run as `generate` makes it (checks, events, Done with stats), with the given head."""
     prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
-    job = prepare(bundle, prompt_ids, "block_draft", budget, params=params)
-    if head is not None:
+    job = prepare(bundle, prompt_ids, method, budget, params=params)
+    if head is not None and method == "block_draft":  # (token_tree reads draft=block:<file>)
         decode = functools.partial(block_draft.decode_with, head=head)
         job = dataclasses.replace(job, method=dataclasses.replace(job.method, decode=decode))
     events = list(run_events(job))
@@ -87,16 +96,26 @@ def fit_block(bundle, docs: list[list[int]], steps: int, fuse=(1,), block: int =
 
 
 @pytest.fixture(scope="module")
-def fitted(tiny, tmp_path_factory) -> BlockHead:
+def fitted_path(tiny, tmp_path_factory):
     """A block head that knows tiny-random's greedy continuations of the test prompts (raw text,
-    48 tokens), saved and loaded back like a shipped file."""
+    48 tokens), saved like a shipped file."""
     docs = []
     for prompt in PROMPTS:
         ids = tiny.encode(prompt, chat=False)
         docs.append(ids + greedy(tiny, tuple(ids), 48).token_ids)
     path = tmp_path_factory.mktemp("block") / "fitted.safetensors"
     save_artifact(fit_block(tiny, docs, 80), path, {"model": tiny.model_id})
-    return load_block(tiny, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny, fitted_path) -> BlockHead:
+    return load_block(tiny, fitted_path)
+
+
+# The token tree grown from the block (draft=block): dynamic by the price rule, every node kept,
+# and a static choice list; and block_draft's own shapes.
+TREES = [{}, {"size": "fixed", "nodes": 12}, {"shape": "static", "choices": "0 1 0.0 0.1 0.0.0"}]
 
 
 def test_the_block_mask_lets_masks_see_everything_and_entries_the_past():
@@ -141,9 +160,58 @@ def test_a_fitted_head_is_accepted_and_stays_greedy(tiny, fitted, params):
     assert accepted >= 30  # the fitted head's blocks are kept, so the edges below are reached
 
 
+@pytest.mark.parametrize("params", TREES)
+def test_the_token_tree_grows_from_the_block_in_one_forward(tiny, fitted_path, params):
+    """token_tree:draft=block: every depth of the tree from the block's one forward (a node at
+    depth d reads position d + 1's distribution), identical to greedy, its drafts accepted."""
+    accepted = 0
+    for prompt in PROMPTS:
+        res = run(tiny, prompt, 40, None, "token_tree", draft=f"block:{fitted_path}", **params)
+        assert_greedy(tiny, res, greedy(tiny, prompt, 40, chat=False).token_ids)
+        one_draft_forward_per_verify_step(res)
+        accepted += sum(len(e.accepted) for e in res.events if isinstance(e, Verify))
+        drafted = [  # the block's nodes (a copied branch may reach deeper)
+            d
+            for e in res.events
+            if isinstance(e, Draft)
+            for i, d in enumerate(depths(e.parents))
+            if i not in e.copied
+        ]
+        assert drafted and max(drafted) < load_block(tiny, fitted_path).block
+    assert accepted >= 30
+
+
+def test_a_tree_node_at_depth_d_reads_the_blocks_position_d_plus_1(tiny, fitted):
+    """The tree's drafter runs one forward (x's) and reads the block for every deeper node."""
+    prompt = tiny.encode(PROMPTS[0], chat=False)
+    doc = prompt + greedy(tiny, tuple(prompt), 12).token_ids
+    states = target_states(tiny, Corpus([doc], ["code"]), fitted.fused_layers)
+    layers = [states.layers[ell] for ell in fitted.fused_layers] + [states.features]
+    context = doc[:-1]
+    seen = torch.cat([t[: len(context) - 1] for t in layers], -1).float()
+    reference, tree = BlockDrafter(tiny, fitted), BlockTreeDrafter(tiny, fitted)
+    reference.observe(seen)
+    tree.observe(seen)
+    block = reference.fill(context, step=1).logits
+    assert tree.begin(context, 1) == []
+    root = tree.forward([context[-1]], 1, logits_to_keep=1)
+    assert root.event is not None and root.event.kind == "draft"
+    depth = [0, 2, 1, 3]  # nodes' depths (children of the root: 0), at positions len(context) + d
+    deeper = tree.forward([5, 6, 7, 8], 1, [len(context) + d for d in depth])
+    assert deeper.event is None  # nothing ran
+    torch.testing.assert_close(root.logits, block[:1])
+    torch.testing.assert_close(deeper.logits, block[[d + 1 for d in depth]])
+
+
+def test_a_chain_of_the_block_head_is_block_draft(tiny):
+    with pytest.raises(InvalidParameter, match="block_draft method"):
+        prepare(tiny, [1, 2, 3], "speculative", 8, params={"draft": "block"})
+
+
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 7])
-def test_the_budget_ending_mid_block(tiny, fitted, budget):
-    for params in ({"size": "fixed"}, {"shape": "tree"}):
+def test_the_budget_ending_mid_block(tiny, fitted, fitted_path, budget):
+    as_tree = {"method": "token_tree", "draft": f"block:{fitted_path}", "size": "fixed"}
+    for params in ({"size": "fixed"}, {"shape": "tree"}, as_tree):
         res = run(tiny, PROMPTS[1], budget, fitted, **params)
         assert res.token_ids == greedy(tiny, PROMPTS[1], budget, chat=False).token_ids
         assert res.finish_reason == "length"
@@ -156,12 +224,13 @@ def test_the_budget_ending_mid_block(tiny, fitted, budget):
         assert committed == budget
 
 
-def test_an_end_token_inside_a_block(tiny, fitted):
+def test_an_end_token_inside_a_block(tiny, fitted, fitted_path):
     free = greedy(tiny, PROMPTS[1], 30, chat=False).token_ids
     position = 11
     bundle = dataclasses.replace(tiny, eos_ids=frozenset({free[position]}))
     first = free.index(free[position])
-    for params in ({"size": "fixed"}, {"shape": "tree"}):
+    as_tree = {"method": "token_tree", "draft": f"block:{fitted_path}", "size": "fixed"}
+    for params in ({"size": "fixed"}, {"shape": "tree"}, as_tree):
         res = run(bundle, PROMPTS[1], 30, fitted, **params)
         assert res.finish_reason == "eos" and res.token_ids == free[: first + 1]
 

@@ -57,8 +57,8 @@ def resolve_model(model: str | None) -> str:
 
 
 def check_draft(params: Mapping[str, Any]) -> None:
-    """A public page loads only what it offers: `auto`, `self`, `self:k`, the shipped `eagle` head,
-    or an offered or built-in model as draft, and the shipped Medusa heads; other ids,
+    """A public page loads only what it offers: `auto`, `self`, `self:k`, the shipped `eagle` and
+    `block` heads, or an offered or built-in model as draft, and the shipped Medusa heads; other ids,
     `eagle:<file>`, `eagle3:<path>` and `heads=<path or hub id>` need
     DECODING_LAB_ALLOW_ANY_MODEL=1."""
     heads = str(params.get("heads", "") or "").strip()
@@ -67,12 +67,12 @@ def check_draft(params: Mapping[str, Any]) -> None:
             f"heads {heads!r}: this page runs the Medusa heads it ships only (leave heads empty)"
         )
     draft = str(params.get("draft", "auto")).strip()
-    offered = ("auto", "self", "eagle", *TINY_SEEDS)
+    offered = ("auto", "self", "eagle", "block", *TINY_SEEDS)
     if ALLOW_ANY_MODEL or draft in offered or draft.startswith("self:"):
         return
     if draft not in {v for _, v in model_choices()}:
         raise InvalidInput(
-            f"draft {draft!r} is not offered here; use auto, self, self:k, eagle, or one of the models"
+            f"draft {draft!r} is not offered here; use auto, self, self:k, eagle, block, or one of the models"
         )
 
 

@@ -29,6 +29,9 @@ class Drafter:
 
     needs_features = False  # True: hand it the target's final features of every kept input
     feature_layers: tuple[int, ...] = ()  # and the states after these layers beside them
+    # A parallel drafter's depths per step, all from its first forward (growing deeper is free);
+    # None: one forward per depth
+    reach: int | None = None
 
     def __init__(self, bundle: ModelBundle, cache: DynamicCache, depth: int | None, label: str):
         self.bundle, self.cache, self.depth, self.label = bundle, cache, depth, label

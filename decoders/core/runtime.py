@@ -50,7 +50,7 @@ class ForwardResult:
         torch.Tensor
     )  # [n_kept, vocab], float32, for the last `logits_to_keep` inputs (all if 0)
     hidden: dict[int, torch.Tensor]  # layer -> [n_inputs, d]; layer L = after L decoder layers
-    event: Forward
+    event: Forward | None  # None: nothing ran (a block drafter's deeper levels: BlockTreeDrafter)
     features: torch.Tensor | None = None  # [n_inputs, d] what the LM head reads (after the norm)
 
 

@@ -45,7 +45,8 @@ class Grower:
         out = self.drafter.forward(
             [tree.tokens[n] for n in nodes], self.step, positions, mask, parents=parents
         )
-        self.events.append(out.event)
+        if out.event is not None:  # (a block drafter's deeper levels run nothing)
+            self.events.append(out.event)
         self.fed.extend(nodes)
         return list(self._dist(out.logits))
 
@@ -71,8 +72,10 @@ def grow_dynamic(
     expanded nodes' path probabilities × how sure the drafter has been this step) must beat what
     that forward (`draft`, in one-token target forwards) and their inputs cost at the step's
     current rate. A child's score never exceeds its parent's, so a level not worth drafting
-    ends the growth."""
+    ends the growth. A parallel drafter (`reach`: a block head) drafted every level in its
+    first forward, so a level costs only its inputs."""
     tree = TreeDraft()
+    level = 0.0 if grower.drafter.reach else draft  # what drafting one more level costs
     root = grower.root(x)
     sure = [float(root.max())]  # the drafter's top probability in each distribution this step
     frontier = children(tree, -1, root, top_k)
@@ -81,7 +84,7 @@ def grow_dynamic(
         if cost is not None:
             rate = _value(tree.score, cost, keep, draft * len(grower.events))
             gain = sum(sure) / len(sure) * sum(tree.score[n] for n in best)
-            if gain <= rate * (draft + cost * len(best)):
+            if gain <= rate * (level + cost * len(best)):
                 break
         dists = grower.expand(tree, best)
         sure += [float(d.max()) for d in dists]

@@ -170,7 +170,7 @@ def draft_cost(bundle: ModelBundle, spec: str) -> float:
 
 
 def check(bundle: ModelBundle, params) -> None:
-    check_draft(bundle, params)
+    check_draft(bundle, params, trees=True)
     if params["size"] not in ("cost", "fixed"):
         node_cost(bundle, params["size"])
     if params["shape"] == "static":
@@ -211,11 +211,12 @@ def decode(bundle: ModelBundle, prompt_ids: list[int], cfg: DecodeConfig) -> Ite
             for catch_up in drafter.begin(context, step):
                 yield catch_up.event
             grower = Grower(drafter, sampler, step)
+            reach = min(depth_cap, drafter.reach or depth_cap)  # a block head fills `reach`
             if choices:
-                tree = grow_static(grower, x, choices, min(depth_cap, max(map(len, choices))))
+                tree = grow_static(grower, x, choices, min(reach, max(map(len, choices))))
             else:
                 tree = grow_dynamic(
-                    grower, x, min(p["depth"], depth_cap), p["top_k"], p["nodes"], cost, draft
+                    grower, x, min(p["depth"], reach), p["top_k"], p["nodes"], cost, draft
                 )
             drafter.end()
             yield from grower.events

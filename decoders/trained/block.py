@@ -34,9 +34,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from decoders.core.drafter import Drafter
 from decoders.core.events import Forward
 from decoders.core.models import ModelBundle
-from decoders.core.runtime import cache_arg, crop_cache, elapsed_ms
+from decoders.core.runtime import ForwardResult, cache_arg, crop_cache, elapsed_ms
 from decoders.trained.artifacts import artifact_path, full_logits, load_artifact
 from decoders.trained.eagle import EagleHead
 from decoders.trained.medusa_heads import ResBlock
@@ -190,3 +191,53 @@ class BlockDrafter:
         wall_ms = elapsed_ms(self.bundle, start)
         event = Forward(step, "draft", n_input_tokens=new + k - 1, layers=1, wall_ms=wall_ms)
         return Filled(logits, event)
+
+
+class BlockTreeDrafter(Drafter):
+    """The block head behind the drafter protocol, for the token tree (`draft=block`): the step's
+    first forward (x) fills the whole block, and a deeper level's "forward" reads the block's
+    next position without running anything (`reach` depths per step, one forward in all). So
+    every node at depth d gets position d + 1's distribution, whichever token it holds: the
+    positions guess from the context alone, and the tree's rule keeps the paths whose product of
+    probabilities pays for their inputs."""
+
+    needs_features = True
+
+    def __init__(self, target: ModelBundle, head: BlockHead) -> None:
+        self.block = BlockDrafter(target, head)
+        super().__init__(target, DynamicCache(), None, self.block.label)
+        self.feature_layers = self.block.feature_layers
+        self.reach = head.block
+        self.context: Sequence[int] = ()
+        self.rows: torch.Tensor | None = None  # this step's block: [reach, vocab]
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.block.observe(features)
+
+    def begin(self, context: Sequence[int], step: int) -> list[ForwardResult]:
+        self.context, self.prefix, self.rows = context, len(context) - 1, None
+        return []  # the entries ride along with the block's forward
+
+    def forward(
+        self,
+        tokens: Sequence[int],
+        step: int,
+        positions: Sequence[int] | None = None,
+        mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        parents: Sequence[int] | None = None,
+    ) -> ForwardResult:
+        if self.rows is None:  # x: the one forward of the step
+            assert list(tokens) == [self.context[-1]], "the step's first input is x"
+            filled = self.block.fill(self.context, step)
+            self.rows = filled.logits
+            return ForwardResult(filled.logits[:1], {}, filled.event)
+        # A node at position p (x at prefix) is followed by block position p - prefix.
+        assert positions is not None, "a block drafter reads a node's depth from its position"
+        at = [p - self.prefix for p in positions]
+        if max(at) >= self.reach:
+            raise ValueError(f"depth {max(at)}: the block head fills {self.reach} positions")
+        return ForwardResult(self.rows[at], {}, None)
+
+    def end(self) -> None:
+        self.rows = None

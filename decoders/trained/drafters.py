@@ -26,6 +26,7 @@ from decoders.core.models import ModelBundle, load_model
 from decoders.core.runtime import ForwardResult, new_cache, require_layers
 
 if TYPE_CHECKING:
+    from decoders.trained.block import BlockHead
     from decoders.trained.eagle import Eagle3Head, EagleHead
 
 SELF_DRAFT = re.compile(r"^self:(\d+)$")
@@ -33,7 +34,9 @@ SELF_DRAFT = re.compile(r"^self:(\d+)$")
 DRAFT_HELP = (
     "auto = the trained EAGLE head shipped for this model if there is one, else self; "
     "self:k = the target's first k layers (self = a quarter of them); eagle = the trained EAGLE "
-    "head shipped for this model (eagle:<file> for another); eagle3:<folder or hub id> = a "
+    "head shipped for this model (eagle:<file> for another); block = the block head shipped "
+    "for this model (token_tree only: one forward drafts every depth; block:<file> for "
+    "another); eagle3:<folder or hub id> = a "
     "published EAGLE-3 head (SafeAILab/EAGLE and SpecForge's layout); or a model id with the same "
     "tokenizer (e.g. tiny-random-2, HuggingFaceTB/SmolLM2-135M-Instruct)"
 )
@@ -73,13 +76,22 @@ def auto_draft(target: ModelBundle) -> str:
     return "eagle" if head_path(target.model_id).is_file() else "self"
 
 
-def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHead | Eagle3Head:
+def resolve_draft(
+    spec: str, target: ModelBundle
+) -> int | ModelBundle | EagleHead | Eagle3Head | BlockHead:
     """`auto` -> see `auto_draft`; `self`/`self:k` -> k; `eagle` -> the model's trained head
-    (`eagle:<file>`: that head); `eagle3:<source>` -> that published head; a model id -> its
-    loaded bundle (same tokenizer required)."""
+    (`eagle:<file>`: that head); `block` -> its trained block head (`block:<file>`: that one);
+    `eagle3:<source>` -> that published head; a model id -> its loaded bundle (same tokenizer
+    required)."""
     spec = spec.strip()
     if spec.lower() == "auto":
         spec = auto_draft(target)
+    if spec.lower() == "block" or spec.lower().startswith("block:"):
+        from decoders.trained.block import load_block
+
+        require_layers(target, "a block head's features")
+        path = spec.partition(":")[2].strip()
+        return load_block(target, Path(path) if path else None)
     if spec.lower().startswith("eagle3:"):
         from decoders.trained.published import load_eagle3
 
@@ -116,16 +128,28 @@ def resolve_draft(spec: str, target: ModelBundle) -> int | ModelBundle | EagleHe
     return draft
 
 
-def check_draft(target: ModelBundle, params) -> None:
+def check_draft(target: ModelBundle, params, trees: bool = False) -> None:
+    """The `draft` parameter names a drafter this model can run; `trees`: a method that grows
+    trees (the block head drafts trees only: a chain of it is the block_draft method)."""
+    spec = str(params["draft"]).strip().lower()
+    if not trees and (spec == "block" or spec.startswith("block:")):
+        raise InvalidParameter(
+            "draft 'block': the block head fills every position in one forward; as a chain it "
+            "is the block_draft method (as a tree: token_tree with draft=block)"
+        )
     resolve_draft(params["draft"], target)
 
 
 def make_drafter(spec: str, target: ModelBundle, cache: DynamicCache) -> Drafter:
     """The drafter a `draft` parameter names (see `resolve_draft`). With `auto`, its label says
     what auto chose, e.g. "eagle (auto: 1 trained layer on the target's features)"."""
+    from decoders.trained.block import BlockHead, BlockTreeDrafter
+
     draft = resolve_draft(spec, target)
-    if isinstance(draft, int):
-        drafter: Drafter = SelfDrafter(target, cache, draft)
+    if isinstance(draft, BlockHead):  # (an EagleHead too: its fc and layer are one)
+        drafter: Drafter = BlockTreeDrafter(target, draft)
+    elif isinstance(draft, int):
+        drafter = SelfDrafter(target, cache, draft)
     elif isinstance(draft, ModelBundle):
         drafter = ModelDrafter(draft)
     else:
