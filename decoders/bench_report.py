@@ -52,8 +52,8 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         f"| method | tokens/s | speedup vs our AR |{runs_column[0]} modelled speedup "
         "| tokens / target forward | mean acceptance length | draft acceptance rate "
-        "| identical to greedy |",
-        f"|---|---:|---:|{runs_column[1]}---:|---:|---:|---:|---:|",
+        "| draft forwards / step | draft work / step | identical to greedy |",
+        f"|---|---:|---:|{runs_column[1]}---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         runs = r.get("speedup_runs")
@@ -63,6 +63,7 @@ def markdown_table(result: dict[str, Any], meta: dict[str, Any]) -> str:
             f"{fmt(r.get('modelled_speedup'))}{'×' if r.get('modelled_speedup') else ''} | "
             f"{fmt(r.get('tokens_per_target_forward'))} | {fmt(r.get('mean_acceptance_length'))} | "
             f"{fmt(r.get('draft_acceptance_rate'), '.0%')} | "
+            f"{fmt(r.get('draft_forwards_per_step'))} | {fmt(r.get('draft_work_per_step'), '.3f')} | "
             # A lossy method makes no claim: say so, not "0/20" as if it had failed one.
             f"{'lossy, ' if r.get('lossy') else ''}{r['lossless']}/{r['n']} |"
         )

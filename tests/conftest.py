@@ -83,6 +83,42 @@ def greedy(bundle, prompt, max_new_tokens: int, chat: bool | None = None) -> Gre
     return Greedy(kept, "eos" if kept and kept[-1] in bundle.eos_ids else "length")
 
 
+@dataclass
+class Run:
+    """What `run_with` returns: a run's tokens, why it stopped, its stats and its events."""
+
+    token_ids: list[int]
+    finish_reason: str
+    stats: dict
+    events: list
+
+
+def run_with(bundle, prompt, method: str, budget: int, part=None, **params) -> Run:
+    """A run as `generate` makes it (checks, events, Done with stats), raw text, with `part` (a
+    trained part: Medusa heads, a block head) in place of the shipped one: the method module's
+    `decode_with(bundle, prompt_ids, cfg, part)` decodes."""
+    import dataclasses
+    import importlib
+
+    from decoders.core.events import Commit, Done
+    from decoders.engine import prepare, run_events
+
+    prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
+    job = prepare(bundle, prompt_ids, method, budget, params=params)
+    if part is not None:
+        module = importlib.import_module(f"decoders.methods.{method}")
+
+        def decode(bundle, prompt_ids, cfg):
+            return module.decode_with(bundle, prompt_ids, cfg, part)
+
+        job = dataclasses.replace(job, method=dataclasses.replace(job.method, decode=decode))
+    events = list(run_events(job))
+    done = events[-1]
+    assert isinstance(done, Done)
+    tokens = [t for e in events if isinstance(e, Commit) for t in e.tokens]
+    return Run(tokens, done.finish_reason, done.stats, events)
+
+
 def matches_greedy(bundle, prompt, max_new_tokens: int, method: str, chat=None, **params):
     """Run `method` and check it against greedy token for token (near-ties: assert_greedy), and
     that it stopped for the same reason."""

@@ -13,20 +13,17 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-from dataclasses import dataclass
 
 import pytest
 import torch
 from test_speculative import next_token_probs
 
-from conftest import PROMPTS, assert_greedy, greedy
+from conftest import PROMPTS, Run, assert_greedy, greedy, run_with
 from decoders import METHODS
 from decoders.core.errors import InvalidParameter
-from decoders.core.events import BlockFill, Commit, Done, Draft, Event, Forward, Verify
+from decoders.core.events import BlockFill, Commit, Draft, Forward, Verify
 from decoders.core.tree import depths
-from decoders.engine import prepare, run_events
-from decoders.methods import block_draft
+from decoders.engine import prepare
 from decoders.train.block import block_losses, greedy_labels, run_block
 from decoders.train.corpus import Corpus
 from decoders.train.states import target_states
@@ -40,31 +37,12 @@ from decoders.trained.block import (
 )
 
 
-@dataclass
-class Result:
-    token_ids: list[int]
-    finish_reason: str
-    stats: dict
-    events: list[Event]
+def run(bundle, prompt, budget, head: BlockHead | None = None, **params) -> Run:
+    """block_draft with the given head."""
+    return run_with(bundle, prompt, "block_draft", budget, head, **params)
 
 
-def run(
-    bundle, prompt, budget, head: BlockHead | None = None, method="block_draft", **params
-) -> Result:
-    """A run as `generate` makes it (checks, events, Done with stats), with the given head."""
-    prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
-    job = prepare(bundle, prompt_ids, method, budget, params=params)
-    if head is not None and method == "block_draft":  # (token_tree reads draft=block:<file>)
-        decode = functools.partial(block_draft.decode_with, head=head)
-        job = dataclasses.replace(job, method=dataclasses.replace(job.method, decode=decode))
-    events = list(run_events(job))
-    done = events[-1]
-    assert isinstance(done, Done)
-    tokens = [t for e in events if isinstance(e, Commit) for t in e.tokens]
-    return Result(tokens, done.finish_reason, done.stats, events)
-
-
-def one_draft_forward_per_verify_step(res: Result) -> None:
+def one_draft_forward_per_verify_step(res: Run) -> None:
     """Each step that verified a draft ran exactly one drafter forward before it."""
     steps = {e.step for e in res.events if isinstance(e, Verify)}
     for step in steps:
@@ -166,7 +144,7 @@ def test_the_token_tree_grows_from_the_block_in_one_forward(tiny, fitted_path, p
     depth d reads position d + 1's distribution), identical to greedy, its drafts accepted."""
     accepted = 0
     for prompt in PROMPTS:
-        res = run(tiny, prompt, 40, None, "token_tree", draft=f"block:{fitted_path}", **params)
+        res = run_with(tiny, prompt, "token_tree", 40, draft=f"block:{fitted_path}", **params)
         assert_greedy(tiny, res, greedy(tiny, prompt, 40, chat=False).token_ids)
         one_draft_forward_per_verify_step(res)
         accepted += sum(len(e.accepted) for e in res.events if isinstance(e, Verify))
@@ -210,9 +188,13 @@ def test_a_chain_of_the_block_head_is_block_draft(tiny):
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 7])
 def test_the_budget_ending_mid_block(tiny, fitted, fitted_path, budget):
-    as_tree = {"method": "token_tree", "draft": f"block:{fitted_path}", "size": "fixed"}
-    for params in ({"size": "fixed"}, {"shape": "tree"}, as_tree):
-        res = run(tiny, PROMPTS[1], budget, fitted, **params)
+    tree = {"draft": f"block:{fitted_path}", "size": "fixed"}
+    for method, part, params in [
+        ("block_draft", fitted, {"size": "fixed"}),
+        ("block_draft", fitted, {"shape": "tree"}),
+        ("token_tree", None, tree),
+    ]:
+        res = run_with(tiny, PROMPTS[1], method, budget, part, **params)
         assert res.token_ids == greedy(tiny, PROMPTS[1], budget, chat=False).token_ids
         assert res.finish_reason == "length"
         committed = 0
@@ -229,9 +211,13 @@ def test_an_end_token_inside_a_block(tiny, fitted, fitted_path):
     position = 11
     bundle = dataclasses.replace(tiny, eos_ids=frozenset({free[position]}))
     first = free.index(free[position])
-    as_tree = {"method": "token_tree", "draft": f"block:{fitted_path}", "size": "fixed"}
-    for params in ({"size": "fixed"}, {"shape": "tree"}, as_tree):
-        res = run(bundle, PROMPTS[1], 30, fitted, **params)
+    tree = {"draft": f"block:{fitted_path}", "size": "fixed"}
+    for method, part, params in [
+        ("block_draft", fitted, {"size": "fixed"}),
+        ("block_draft", fitted, {"shape": "tree"}),
+        ("token_tree", None, tree),
+    ]:
+        res = run_with(bundle, PROMPTS[1], method, 30, part, **params)
         assert res.finish_reason == "eos" and res.token_ids == free[: first + 1]
 
 

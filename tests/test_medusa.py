@@ -13,9 +13,7 @@ shipped file.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import defaultdict
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -29,14 +27,13 @@ from test_speculative import (
     uniformity_chi2,
 )
 
-from conftest import PROMPTS, assert_greedy, greedy
+from conftest import PROMPTS, Run, assert_greedy, greedy, run_with
 from decoders import METHODS
 from decoders.core.errors import TraceError
 from decoders.core.events import (
     Commit,
     Done,
     Draft,
-    Event,
     Forward,
     HeadProposals,
     Verify,
@@ -44,8 +41,6 @@ from decoders.core.events import (
 )
 from decoders.core.runtime import forward, new_cache
 from decoders.core.tree import chain
-from decoders.engine import prepare, run_events
-from decoders.methods import blockwise, medusa
 from decoders.methods.medusa import build_tree, tree_paths
 from decoders.trained.artifacts import save_artifact, vocab_head
 from decoders.trained.medusa_heads import MedusaHeads, Proposal, load_heads
@@ -53,7 +48,6 @@ from ui.live import Trace
 from ui.traces import check_trace
 from visualizer.panels import VIEWS
 
-MODULES = {"medusa": medusa, "blockwise": blockwise}
 # The chi-square test's critical values at false alarm 1e-3, by degrees of freedom.
 CHI2_1E3 = {**CHI2_CRIT_1E3, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124}
 DETAIL_TOP_K = 5  # DecodeConfig.top_k: the heads' candidates blockwise records for its view
@@ -111,30 +105,8 @@ def fitted(tiny, tmp_path_factory) -> dict[str, MedusaHeads]:
     return out
 
 
-@dataclass
-class Result:
-    token_ids: list[int]
-    finish_reason: str
-    stats: dict
-    events: list[Event]
-
-
-def run(bundle, prompt, method, budget, heads: MedusaHeads | None = None, **params) -> Result:
-    """A run as `generate` makes it (checks, events, Done with stats), with the given heads."""
-    prompt_ids = bundle.encode(prompt, chat=False) if isinstance(prompt, str) else prompt
-    job = prepare(bundle, prompt_ids, method, budget, params=params)
-    if heads is not None:
-        decode = functools.partial(MODULES[method].decode_with, heads=heads)
-        job = dataclasses.replace(job, method=dataclasses.replace(job.method, decode=decode))
-    events = list(run_events(job))
-    tokens = [t for e in events if isinstance(e, Commit) for t in e.tokens]
-    done = events[-1]
-    assert isinstance(done, Done)
-    return Result(tokens, done.finish_reason, done.stats, events)
-
-
-def same_as_greedy(bundle, prompt, method, budget, heads=None, **params) -> Result:
-    res = run(bundle, prompt, method, budget, heads, **params)
+def same_as_greedy(bundle, prompt, method, budget, heads=None, **params) -> Run:
+    res = run_with(bundle, prompt, method, budget, heads, **params)
     ref = greedy(bundle, prompt, budget, chat=False)
     assert_greedy(bundle, res, ref.token_ids)  # near-ties: conftest
     if res.token_ids == ref.token_ids:
@@ -142,7 +114,7 @@ def same_as_greedy(bundle, prompt, method, budget, heads=None, **params) -> Resu
     return res
 
 
-def by_step(res: Result) -> dict[int, dict]:
+def by_step(res: Run) -> dict[int, dict]:
     steps: dict[int, dict] = defaultdict(lambda: {"forwards": []})
     for e in res.events:
         if isinstance(e, Forward):
@@ -160,7 +132,7 @@ def full_params(method: str, params: dict) -> dict:
     return {**METHODS[method].preset("defaults"), **params}
 
 
-def check_steps(res: Result, method: str, params: dict, budget: int, n_heads: int, n_layers=4):
+def check_steps(res: Run, method: str, params: dict, budget: int, n_heads: int, n_layers=4):
     """Every step runs ONE target forward (1 + drafted inputs, every layer) and, when it drafts, one
     pass of the heads (0 decoder layers, 1 input: the feature) before it. The draft is the static
     tree (medusa) or the top-1 chain (blockwise) of the step's HeadProposals, cut to remaining - 1
@@ -356,12 +328,12 @@ def test_eos_inside_an_accepted_draft_stops_like_autoregressive(tiny, fitted, me
 )
 def test_sampling_is_reproducible_per_seed(tiny, fitted, method, rule):
     kw = dict(temperature=1.0, seed=4)
-    a = run(tiny, PROMPTS[2], method, 16, fitted["partial"], **kw)
-    b = run(tiny, PROMPTS[2], method, 16, fitted["partial"], **kw)
+    a = run_with(tiny, PROMPTS[2], method, 16, fitted["partial"], **kw)
+    b = run_with(tiny, PROMPTS[2], method, 16, fitted["partial"], **kw)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 16
     untimed = [[e for e in r.events if not isinstance(e, Forward | Done)] for r in (a, b)]
     assert untimed[0] == untimed[1]
-    c = run(tiny, PROMPTS[2], method, 16, fitted["partial"], **{**kw, "seed": 5})
+    c = run_with(tiny, PROMPTS[2], method, 16, fitted["partial"], **{**kw, "seed": 5})
     assert c.token_ids != a.token_ids
     assert {v.rule for v in a.events if isinstance(v, Verify)} == {rule}
 
@@ -386,7 +358,9 @@ def test_sampling_follows_the_target_distribution(tiny, fitted, method, temperat
     prompt_ids = tiny.encode(PROMPTS[0], chat=False)
     firsts, seconds, drafted, kept = [], [], [], []
     for seed in range(seeds):
-        res = run(tiny, prompt_ids, method, 3, fitted["fitted"], temperature=temperature, seed=seed)
+        res = run_with(
+            tiny, prompt_ids, method, 3, fitted["fitted"], temperature=temperature, seed=seed
+        )
         assert len(res.token_ids) == 3
         steps = by_step(res)
         d, v, h = steps[1]["draft"], steps[1]["verify"], steps[1]["headproposals"]
@@ -428,7 +402,7 @@ def test_sampling_follows_the_target_distribution(tiny, fitted, method, temperat
 
 
 def _trace(tiny, fitted, **meta) -> Trace:
-    res = run(tiny, PROMPTS[0], "medusa", 12, fitted["fitted"])
+    res = run_with(tiny, PROMPTS[0], "medusa", 12, fitted["fitted"])
     prompt_ids = tiny.encode(PROMPTS[0], chat=False)
     base = {
         "model": tiny.model_id,
@@ -463,7 +437,7 @@ def test_an_imported_trace_checks_the_heads_guesses(tiny, fitted):
 
 def test_views_of_a_real_run_draw_every_step(tiny, fitted):
     for method in ("medusa", "blockwise"):
-        res = run(tiny, PROMPTS[3], method, 20, fitted["partial"])
+        res = run_with(tiny, PROMPTS[3], method, 20, fitted["partial"])
         texts = {t: tiny.token_text(t) for e in res.events for t in token_ids(e)}
         for step in by_step(res):
             for panel in (VIEWS[v] for v in METHODS[method].views):

@@ -55,8 +55,16 @@ def test_work_is_priced_by_the_table_whatever_the_clock_said():
     assert s["modelled_speedup"] == round(4 / (eagle + verify + self_draft), 4)
     slow = [dataclasses.replace(e, wall_ms=99.0) if isinstance(e, Forward) else e for e in events]
     assert compute_stats(slow, prices=table)["work"] == s["work"]
+    # what drafting cost a verify step: 3 draft forwards over 2 steps, priced as above
+    assert s["draft_work"] == round(eagle + self_draft, 4)
+    assert s["draft_forwards_per_step"] == 1.5
+    assert s["draft_work_per_step"] == round((eagle + self_draft) / 2, 4)
     pooled = pooled_acceptance([s, s])
     assert pooled["modelled_speedup"] == pytest.approx(8 / (2 * s["work"]), abs=1e-4)
+    assert pooled["draft_forwards_per_step"] == 1.5
+    assert pooled["draft_work_per_step"] == pytest.approx((eagle + self_draft) / 2, abs=1e-4)
+    unpriced = compute_stats(events)
+    assert unpriced["draft_forwards_per_step"] == 1.5 and unpriced["draft_work_per_step"] is None
 
 
 def test_acceptance_metrics_follow_the_serving_definitions():

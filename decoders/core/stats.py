@@ -17,6 +17,9 @@
   FREE's shallow and sync passes: Σ layers × inputs), per token after the first, as a share of the model's depth (the
   prefill's): 1 for autoregressive decoding, below 1 where tokens exit early (a draft's own
   layers are not counted, nor CALM's oracle passes)
+- `draft_forwards_per_step` = draft forwards / verify steps (an EAGLE chain pays one per drafted
+  token, a block drafter one per step); `draft_work_per_step` = those forwards priced by the
+  price table, in one-token target forwards, per verify step (what drafting costs a step here)
 - input cost, draft cost = what a sized draft (token_tree's size=cost, speculative's
   schedule=cost) priced one more verified input and one draft forward at, in one-token target
   forwards (the Priced event; None when the run sized nothing)
@@ -63,6 +66,7 @@ class StatsAccumulator:
     def __init__(self, prices: PriceTable | None = None, method: str | None = None) -> None:
         self.prices, self.method = prices, method
         self.work = 0.0  # priced forwards after the prefill, in one-token target forwards
+        self.draft_work = 0.0  # the draft forwards' share of it
         self.steps = 0  # steps after the prefill's (each commits once)
         self.unpriced: list[Forward] = []  # this step's draft forwards, until its Draft names them
         self.new_tokens = 0
@@ -139,9 +143,12 @@ class StatsAccumulator:
             return
         price = self.prices.drafters.get(drafter) if drafter else None
         if price is not None:
-            self.work += price * self.prices.inputs(e.n_input_tokens)
+            work = price * self.prices.inputs(e.n_input_tokens)
         else:
-            self.work += self.prices.forward(e.n_input_tokens, e.layers, self.depth)
+            work = self.prices.forward(e.n_input_tokens, e.layers, self.depth)
+        self.work += work
+        if e.kind == "draft":
+            self.draft_work += work
 
     def _price_drafts(self, drafter: str | None) -> None:
         for e in self.unpriced:
@@ -187,6 +194,12 @@ class StatsAccumulator:
                 self.source_ms,
             ),
             "verify_steps": self.verify_steps,
+            "draft_work": round(self.draft_work, 4) if self.prices else None,
+            **drafting_per_step(
+                self.forwards["draft"],
+                self.draft_work if self.prices else None,
+                self.verify_steps,
+            ),
             "drafted_tokens": self.drafted,
             "accepted_drafts": self.accepted,
             "acceptance_by_position": [
@@ -244,12 +257,15 @@ def pooled_acceptance(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         for k in ("new_tokens", "target_forwards", "verify_steps", "accepted_drafts"):
             total[k] += r.get(k) or 0
+        total["draft_forwards"] += r.get("draft_forwards") or 0
         total["drafted_tokens"] += r.get("drafted_tokens") or 0
         hist.update(dict(enumerate(r.get("acceptance_histogram") or [])))
         for name, row in (r.get("draft_sources") or {}).items():
             sources[name].update({"drafted": row["drafted"], "accepted": row["accepted"]})
             source_ms[name] += row["draft_ms"]
     work = [r.get("work") for r in runs]
+    drafting = [r.get("draft_work") for r in runs]
+    draft_work = sum(drafting) if all(w is not None for w in drafting) else None
     written = sum(max(0, (r.get("new_tokens") or 0) - 1) for r in runs)
     modelled = (
         round(written / sum(work), 4) if all(w is not None for w in work) and sum(work) else None
@@ -266,7 +282,20 @@ def pooled_acceptance(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
             source_ms,
         )
         | {"verify_steps": total["verify_steps"]}
+        | drafting_per_step(total["draft_forwards"], draft_work, total["verify_steps"])
     )
+
+
+def drafting_per_step(
+    draft_forwards: int, draft_work: float | None, verify_steps: int
+) -> dict[str, float | None]:
+    """What drafting cost a verify step: forwards, and their priced work (None: no table)."""
+    return {
+        "draft_forwards_per_step": _ratio(draft_forwards, verify_steps) if verify_steps else None,
+        "draft_work_per_step": (
+            round(draft_work / verify_steps, 4) if verify_steps and draft_work is not None else None
+        ),
+    }
 
 
 def acceptance_readings(

@@ -222,7 +222,7 @@ METHOD = Method(
     compare={
         "drafting in one pass vs one token at a time": (
             "block_draft",
-            "block_draft:shape=tree",
+            "token_tree:draft=block",
             "speculative",
             "medusa",
             "token_tree",

@@ -5,7 +5,8 @@ target can follow whichever branch it agrees with (SpecInfer, Medusa, EAGLE).
 
     repeat:
         x = last committed token
-        grow the tree with the drafter, one batched forward per depth:
+        grow the tree with the drafter, one batched forward per depth (draft=block: the block
+        head's ONE forward gives every depth, a node at depth d reading position d + 1):
             static  (Medusa-style choice list): the paths are fixed ranks, e.g. "0.1" = the 2nd most
                      likely child of the most likely first token
             dynamic (EAGLE-2): expand the top_k nodes with the highest cumulative draft
