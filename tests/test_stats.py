@@ -23,6 +23,14 @@ def test_autoregressive_stats():
     assert s["work"] is None  # no price table: the work is not priced
     priced = compute_stats(events, 0.2, PriceTable.linear("m", 0.05))
     assert priced["work"] == 3.0 and priced["modelled_speedup"] == 1.0  # one forward a token
+    # Where autoregressive's own step was measured dearer or cheaper than a bare forward, it is
+    # still 1.00x of itself, per run and pooled (a benchmark's row)
+    table = dataclasses.replace(
+        PriceTable.linear("m", 0.05), methods={"autoregressive": (0.77, 0.02)}
+    )
+    mine = compute_stats(events, 0.2, table, "autoregressive")
+    assert mine["modelled_speedup"] == 1.0
+    assert pooled_acceptance([mine, priced])["modelled_speedup"] == 1.0
 
 
 def test_work_is_priced_by_the_table_whatever_the_clock_said():

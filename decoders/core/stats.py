@@ -266,9 +266,11 @@ def pooled_acceptance(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     work = [r.get("work") for r in runs]
     drafting = [r.get("draft_work") for r in runs]
     draft_work = sum(drafting) if all(w is not None for w in drafting) else None
-    written = sum(max(0, (r.get("new_tokens") or 0) - 1) for r in runs)
+    # Autoregressive decoding's work for each run's tokens (its modelled speedup times its work:
+    # the reference priced at autoregressive's own measured cost a step), summed, over the work.
+    reference = sum((r.get("modelled_speedup") or 0.0) * (r.get("work") or 0.0) for r in runs)
     modelled = (
-        round(written / sum(work), 4) if all(w is not None for w in work) and sum(work) else None
+        round(reference / sum(work), 4) if all(w is not None for w in work) and sum(work) else None
     )
     return (
         {"modelled_speedup": modelled}
