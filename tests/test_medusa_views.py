@@ -9,13 +9,13 @@ import json
 
 import plotly.graph_objects as go
 import pytest
-from test_medusa import Result, check_steps
+from test_medusa import check_steps
 from test_prompt_lookup import humaneval
 from test_speculative import (
     one_torch_thread,  # noqa: F401  (autouse: torch runs on one thread here)
 )
 
-from conftest import PROMPTS, assert_greedy, greedy
+from conftest import PROMPTS, Run, assert_greedy, greedy
 from decoders import METHODS, InvalidParameter, generate, load_model, stream
 from decoders.core.errors import TraceError
 from decoders.core.events import Commit, Draft, Forward, HeadProposals, Prefill, Verify, token_ids
@@ -113,7 +113,7 @@ def test_lossless_on_the_embedded_model(embedded, method, params):
     res = generate(embedded, prompt, method, 48, chat=True, **params)
     ref = greedy(embedded, prompt, 48, True)
     assert_greedy(embedded, res, ref.token_ids)
-    result = Result(res.token_ids, res.finish_reason, res.stats, res.events)
+    result = Run(res.token_ids, res.finish_reason, res.stats, res.events)
     check_steps(result, method, params, 48, load_heads(embedded).n_heads, embedded.n_layers)
     assert res.stats["verify_steps"] > 0
 

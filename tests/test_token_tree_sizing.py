@@ -17,6 +17,7 @@ from test_token_tree import check_tree_steps, same_as_greedy
 from conftest import PROMPTS
 from decoders import InvalidParameter, generate
 from decoders.core.costs import forward_ms, input_cost, pays
+from decoders.core.drafter import Drafter
 from decoders.core.events import Draft, Forward, Verify
 from decoders.core.tree import depths
 from decoders.drafting.copied import CopyRates
@@ -63,6 +64,7 @@ class FakeGrower:
 
     def __init__(self) -> None:
         self.events = []
+        self.drafter = Drafter  # a drafter of one forward per level (reach None)
 
     def root(self, x: int) -> torch.Tensor:
         self.events.append(Forward(1, "draft", 1, 1, 1.0))
