@@ -3,8 +3,9 @@
 - The trainer's masked pass is the drafter's forward: position i of a block laid after entry c
   scores what `BlockDrafter.fill` scores there when it drafts after the same context.
 - A head fitted to tiny-random's own continuations drafts blocks the target accepts, so the edges
-  inside an accepted block are reached: the budget ending mid-block, an end token inside one; as a
-  chain and as a tree, always identical to greedy, with ONE draft forward per verify step.
+  inside an accepted block are reached: the budget ending mid-block, an end token inside one; as
+  the grown tree (the default, with and without its copied branch), a chain and a static tree,
+  always identical to greedy, with ONE draft forward per verify step.
 - Sampling keeps the target's distribution: the first verified token of 160 seeded runs against
   the target's exact law (the chain's rejection rule with q = the block's distribution).
 - On the embedded model (slow): the shipped head, identical to greedy, drafts accepted.
@@ -125,7 +126,18 @@ def test_the_trainers_pass_is_the_drafters_forward(tiny, fitted):
     torch.testing.assert_close(drafted, rows, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("params", [{}, {"shape": "tree"}, {"size": "fixed"}, {"block": 2}])
+BLOCK_SHAPES = [  # block_draft's own: the grown tree (its default), the chain, the static tree
+    {},
+    {"lookup": 0},
+    {"size": "fixed", "nodes": 12},
+    {"shape": "chain"},
+    {"shape": "chain", "size": "fixed"},
+    {"shape": "static"},
+    {"block": 2},
+]
+
+
+@pytest.mark.parametrize("params", BLOCK_SHAPES)
 def test_a_fitted_head_is_accepted_and_stays_greedy(tiny, fitted, params):
     accepted = 0
     for prompt in PROMPTS:
@@ -190,8 +202,9 @@ def test_a_chain_of_the_block_head_is_block_draft(tiny):
 def test_the_budget_ending_mid_block(tiny, fitted, fitted_path, budget):
     tree = {"draft": f"block:{fitted_path}", "size": "fixed"}
     for method, part, params in [
+        ("block_draft", fitted, {"shape": "chain", "size": "fixed"}),
+        ("block_draft", fitted, {"shape": "static"}),
         ("block_draft", fitted, {"size": "fixed"}),
-        ("block_draft", fitted, {"shape": "tree"}),
         ("token_tree", None, tree),
     ]:
         res = run_with(tiny, PROMPTS[1], method, budget, part, **params)
@@ -213,8 +226,9 @@ def test_an_end_token_inside_a_block(tiny, fitted, fitted_path):
     first = free.index(free[position])
     tree = {"draft": f"block:{fitted_path}", "size": "fixed"}
     for method, part, params in [
+        ("block_draft", fitted, {"shape": "chain", "size": "fixed"}),
+        ("block_draft", fitted, {"shape": "static"}),
         ("block_draft", fitted, {"size": "fixed"}),
-        ("block_draft", fitted, {"shape": "tree"}),
         ("token_tree", None, tree),
     ]:
         res = run_with(bundle, PROMPTS[1], method, 30, part, **params)
@@ -229,16 +243,26 @@ def test_sampling_is_reproducible_and_seeded(tiny, fitted):
 
 
 @pytest.mark.slow
-def test_sampling_follows_the_target_distribution(tiny, fitted):
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_sampling_follows_the_target_distribution(tiny, fitted, shape):
     """Budget 3: the first token is the prefill's draw, the second the first verified one: its
     frequency over 160 seeds against the target's exact distribution given the first (a
-    chi-square over the likeliest tokens), and the block's first position kept as often as the
-    rejection rule says (min(1, p/q) summed)."""
+    chi-square over the likeliest tokens): the chain's rejection rule with q = the block's
+    distribution, and the grown tree's multi-draft rule over its sampled nodes."""
     seeds, temperature = 160, 0.3
     prompt_ids = tiny.encode(PROMPTS[0], chat=False)
     firsts, seconds = [], []
     for seed in range(seeds):
-        res = run(tiny, prompt_ids, 3, fitted, temperature=temperature, seed=seed, size="fixed")
+        res = run(
+            tiny,
+            prompt_ids,
+            3,
+            fitted,
+            temperature=temperature,
+            seed=seed,
+            size="fixed",
+            shape=shape,
+        )
         firsts.append(res.token_ids[0])
         seconds.append(res.token_ids[1])
     p = next_token_probs(tiny, [[*prompt_ids, t] for t in firsts], temperature)
@@ -257,11 +281,11 @@ def test_sampling_follows_the_target_distribution(tiny, fitted):
 @pytest.mark.slow
 def test_the_shipped_head_on_the_embedded_model(embedded):
     """The shipped head drafts blocks the embedded model accepts, and the output stays greedy, as
-    a chain and as a tree, one draft forward per verify step."""
+    as the grown tree (its default) and as a chain, one draft forward per verify step."""
     prompt = "Explain in two sentences why the sky is blue."
     ids = embedded.encode(prompt)
     ref = greedy(embedded, ids, 48).token_ids
-    for params in ({}, {"shape": "tree"}):
+    for params in ({}, {"shape": "chain"}):
         res = run(embedded, ids, 48, **params)
         assert_greedy(embedded, res, ref)
         one_draft_forward_per_verify_step(res)

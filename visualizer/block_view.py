@@ -4,8 +4,10 @@
 drafter forward. Cells the draft used take the verdict's colour (accepted green, compared and lost
 red, never checked grey), cells it left out stay white; the bar along each cell's foot is the
 position's confidence; an outline marks the target's own token where the block had it among its
-candidates. The subtitle says what the forward cost beside what a chain drafter (the EAGLE chain)
-pays for a draft of the same length: one head forward per token, one after another.
+candidates. Grown as a tree (the default), a node at depth d is one of position d's candidates,
+so several nodes may share a cell (it takes the best verdict among them). The subtitle says what
+the forward cost beside what a chain drafter (the EAGLE chain) pays for a draft as deep: one head
+forward per token, one after another.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from decoders.core.events import BlockFill, Event, Forward
+from decoders.core.tree import depths
 
 from .figures import _base_layout, _empty
 from .medusa_view import MARGINS_PX, ROW_PX, _root_label, _step_events, guesses_grid, heads_data
@@ -46,20 +49,27 @@ def block_fill(
         return _empty(title, "malformed block: tokens and probabilities differ in shape")
     fig = guesses_grid(data, texts, width, "position")
     drafted = len(draft.tokens) if draft is not None else 0
+    copied = len(draft.copied) if draft is not None else 0
+    deep = 1 + max(depths(draft.parents), default=-1) if draft is not None else 0
     forward = _draft_forward(events, step)
     inputs = f" over {forward.n_input_tokens} inputs" if forward is not None else ""
-    if drafted > 1:
-        chain = (
-            f"a chain drafter pays {drafted} head forwards in a row for the same {drafted} tokens"
-        )
-    elif drafted == 1:
+    if deep > 1:
+        chain = f"a chain drafter pays {deep} head forwards in a row for a draft {deep} deep"
+    elif deep == 1:
         chain = "a chain drafter pays the same for one token"
     else:
         chain = "no position was sure enough to pay for its input"
+    if drafted > deep:  # a tree: nodes at depth d are position d's candidates
+        shape = f"a tree of {drafted} nodes, {deep} deep"
+        if copied:
+            shape += f" ({copied} copied by prompt lookup, from no forward)"
+        verified = f"{shape}, verified"
+    else:
+        verified = f"{drafted} verified"
     after = _root_label(events, texts, step, "the root")
     subtitle = (
         f"row i: position i's candidates for the token i after {after}, all from 1 drafter "
-        f"forward{inputs}; {drafted} verified, {data.accepted} accepted; {chain}; bar: the "
+        f"forward{inputs}; {verified}, {data.accepted} accepted; {chain}; bar: the "
         "position's confidence"
     )
     height = min(900, MARGINS_PX + ROW_PX * len(data.heads))

@@ -26,22 +26,25 @@ The head is trained by `python -m decoders.train block` (decoders/trained/block.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from decoders.core.base import Budget, DecodeConfig, Method
-from decoders.core.costs import forward_ms, input_cost, pays
+from decoders.core.costs import draft_price, forward_ms, input_cost, pays
 from decoders.core.errors import InvalidParameter
 from decoders.core.events import BlockFill, Draft, Event, Priced
 from decoders.core.models import ModelBundle
-from decoders.core.params import Param
+from decoders.core.params import Param, validate_params
 from decoders.core.runtime import new_cache
 from decoders.core.sampling import Sampler
 from decoders.core.steps import chain_draft, start, verify_chain, verify_tree
-from decoders.drafting.trees import parse_choices
-from decoders.trained.block import BlockDrafter, BlockHead, load_block
+from decoders.drafting.copied import CopiedBranch
+from decoders.drafting.eagle import Grower, grow_dynamic
+from decoders.drafting.trees import MAX_NODES, draft_event, graft, parse_choices
+from decoders.trained.block import BlockDrafter, BlockHead, BlockTreeDrafter, load_block
 
 TOP = 4  # candidates per position recorded for the view (and the deepest rank a tree may use)
 DEFAULT_CHOICES = "0 1 0.0 0.1 1.0 0.0.0 0.0.1 0.0.0.0 0.0.0.0.0 0.0.0.0.0.0"
@@ -50,10 +53,12 @@ PARAMS = (
     Param(
         "shape",
         str,
-        "chain",
-        "chain = each position's top token (sampling: a draw from it), verified as a chain; "
-        "tree = the paths of ranks in `choices` over the positions' candidates",
-        choices=("chain", "tree"),
+        "tree",
+        "tree = grow a tree from the block's one forward: a node at depth d takes position d's "
+        "candidates, and the paths whose probability pays for their inputs are kept (the token "
+        "tree's EAGLE-2 rule); chain = each position's top token (sampling: a draw from it), "
+        "verified as a chain; static = the paths of ranks in `choices`",
+        choices=("tree", "chain", "static"),
     ),
     Param(
         "block",
@@ -67,17 +72,30 @@ PARAMS = (
         "size",
         str,
         "cost",
-        "chain: cost = cut the draft where its path probability no longer pays for its input in "
-        "the verifying forward on this machine (measured once per model); fixed = verify every "
-        "position",
+        "cost = keep only what pays for its input in the verifying forward on this machine "
+        "(measured once per model: a chain is cut where its path probability no longer pays, a "
+        "tree keeps the nodes that do); fixed = a chain verifies every position, a tree the "
+        "`nodes` most confident",
         choices=("cost", "fixed"),
+    ),
+    Param("top_k", int, 3, "tree: candidates per position, and nodes expanded per depth", 1, TOP),
+    Param("nodes", int, 24, "tree: draft nodes kept for verification (at most)", 1, MAX_NODES),
+    Param(
+        "lookup",
+        int,
+        16,
+        "tree: also graft up to this many tokens copied from an earlier occurrence of the last "
+        "1-3 tokens (prompt lookup) onto the tree, as many as pay; the block head still drafts "
+        "every step; 0 = off",
+        0,
+        32,
     ),
     Param(
         "choices",
         str,
         DEFAULT_CHOICES,
-        "tree: paths of ranks over the block's positions, e.g. '0 1 0.0' = position 1's top two "
-        f"tokens and position 2's top token under the first (ranks below {TOP})",
+        "static: paths of ranks over the block's positions, e.g. '0 1 0.0' = position 1's top "
+        f"two tokens and position 2's top token under the first (ranks below {TOP})",
     ),
 )
 
@@ -107,7 +125,7 @@ def check(bundle: ModelBundle, params: Mapping[str, Any]) -> None:
             f"block = {params['block']}: the block head shipped for {bundle.model_id} fills "
             f"{head.block} positions per forward"
         )
-    if params["shape"] == "tree":
+    if params["shape"] == "static":
         _paths(params, _positions(params, head.block))
 
 
@@ -156,18 +174,21 @@ def decode_with(
 ) -> Iterator[Event]:
     """`decode` with the given head (the shipped one, or a file being evaluated)."""
     p = cfg.params
-    drafter = BlockDrafter(bundle, head)
+    shape = p["shape"]
+    grown = shape == "tree"
+    drafter = BlockTreeDrafter(bundle, head) if grown else BlockDrafter(bundle, head)
     sampler = cfg.sampler()
     budget = Budget(cfg.max_new_tokens, cfg.eos_ids)
     cache = new_cache(bundle)
     positions = _positions(p, head.block)
-    tree = p["shape"] == "tree"
-    paths = _paths(p, positions) if tree else []
-    cost = input_cost(bundle) if p["size"] == "cost" and not tree else None
+    paths = _paths(p, positions) if shape == "static" else []
+    cost = input_cost(bundle) if p["size"] == "cost" and shape != "static" else None
+    draft = block_price(bundle, head) if grown and cost is not None else 0.0
+    copies = CopiedBranch(None, p["lookup"], cost) if grown and p["lookup"] else None
 
     context = yield from start(bundle, cache, prompt_ids, sampler, budget, drafter)
     if cost is not None:  # what the drafts are sized by here, for the run's record
-        yield Priced(0, round(cost, 5), forward_ms=forward_ms(bundle))
+        yield Priced(0, round(cost, 5), round(draft, 5), forward_ms(bundle))
     step = 0
     while not budget.done:
         step += 1
@@ -178,9 +199,21 @@ def decode_with(
                 bundle, cache, context, [], sampler, budget, step, None, drafter
             )
             continue
-        filled = drafter.fill(context, step)
-        yield filled.event
-        dists = sampler.distribution(filled.logits)
+        if grown:  # the block's one forward runs as the tree's root; its rows give every depth
+            assert isinstance(drafter, BlockTreeDrafter)
+            copied = copies.propose(context, step, room) if copies is not None else None
+            drafter.begin(context, step)
+            grower = Grower(drafter, sampler, step)
+            tree = grow_dynamic(grower, context[-1], room, p["top_k"], p["nodes"], cost, draft)
+            rows = drafter.rows
+            drafter.end()
+            yield from grower.events
+            assert rows is not None, "the tree's root runs the block's forward"
+            dists = sampler.distribution(rows)
+        else:
+            filled = drafter.fill(context, step)
+            yield filled.event
+            dists = sampler.distribution(filled.logits)
         top = torch.topk(dists, TOP, dim=-1)
         if cfg.detail:
             yield BlockFill(
@@ -189,19 +222,54 @@ def decode_with(
                 tuple(tuple(int(t) for t in row) for row in top.indices.tolist()),
                 tuple(tuple(round(float(q), 6) for q in row) for row in top.values.tolist()),
             )
-        if tree:
+        if grown:
+            label, grafted = drafter.label, 0
+            if copied is not None and copies is not None and (chain := copies.cut(tree)):
+                grafted = graft(tree, chain)
+                label += f" + {copies.name} (n={copies.n}, {grafted} new nodes)"
+            own = range(len(tree.tokens) - grafted, len(tree.tokens))  # graft appends
+            event = draft_event(step, label, tree, copied=own)
+            yield dataclasses.replace(event, match=copies.n if copied is not None else 0)
+            verdict, logits = yield from verify_tree(
+                bundle,
+                cache,
+                context,
+                tree.tokens,
+                tree.parents,
+                sampler,
+                budget,
+                step,
+                drafter=drafter,
+            )
+            if copies is not None:
+                copies.accepted(tree, verdict.accepted, logits)
+        elif paths:
             tokens, parents, probs = tree_from(paths, top.indices, top.values, room)
             yield Draft(step, drafter.label, tuple(tokens), tuple(parents), tuple(probs))
             yield from verify_tree(
                 bundle, cache, context, tokens, parents, sampler, budget, step, drafter=drafter
             )
         else:
-            draft, q_rows = chain_from(dists, sampler, room, cost)
-            if draft:
-                yield chain_draft(step, drafter.label, draft, q_rows)
+            draft_tokens, q_rows = chain_from(dists, sampler, room, cost)
+            if draft_tokens:
+                yield chain_draft(step, drafter.label, draft_tokens, q_rows)
             yield from verify_chain(
-                bundle, cache, context, draft, sampler, budget, step, q_rows, drafter
+                bundle, cache, context, draft_tokens, sampler, budget, step, q_rows, drafter
             )
+
+
+def block_price(bundle: ModelBundle, head: BlockHead) -> float:
+    """One block forward, in one-token target forwards (`costs.draft_price`: measured the first
+    time it is needed on a short fixed-size run, then stored under the drafter's label, which
+    `token_tree` with draft=block shares), so that every run grows the same trees."""
+
+    def runs() -> Iterator[Event]:
+        params = validate_params(PARAMS, {"size": "fixed", "lookup": 0}, "block_draft")
+        cfg = DecodeConfig(16, frozenset(), params, detail=False)
+        prompt = [i % bundle.model.config.vocab_size for i in range(7, 71)]
+        return decode_with(bundle, prompt, cfg, head)
+
+    return draft_price(bundle, BlockDrafter(bundle, head).label, None, runs)
 
 
 # The declaration the registry, the CLI, the UI and trace validation derive from.
