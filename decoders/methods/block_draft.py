@@ -7,20 +7,27 @@ a whole block of draft positions in ONE forward, and the target verifies it in o
         x = last committed token
         q_0 .. q_{k-1} = block_head(entries for the new context, x's entry, k - 1 masks)
                                    # ONE draft forward: the masks attend to the context and each other
-        chain: d_i = argmax q_i (sampling: d_i ~ q_i), cut where the path probability (the product
-               of the q_i(d_i) so far) no longer pays for its input in the verifying forward on
-               this machine (`costs.pays`, the token tree's rule; size=fixed: all k)
-        tree:  the paths of ranks in `choices` over the positions' candidates (a Medusa-style
-               static tree: the top-2 of the first positions by default)
+        tree (default): grow a tree from the block: a node at depth d takes position d's top_k
+               candidates (q_d, whichever token its parent holds); keep the nodes whose path
+               probability (the product of the q's along it) pays for its input in the verifying
+               forward on this machine (the token tree's EAGLE-2 rule, `grow_dynamic`, size=cost)
+               lookup > 0: graft the prompt-lookup chain (what followed the last 1-3 tokens'
+               earlier occurrence) onto it, as much of it as pays; it never replaces the block
+        chain: d_i = argmax q_i (sampling: d_i ~ q_i), cut where the path probability no longer
+               pays for its input (`costs.pays`; size=fixed: all k)
+        static: the paths of ranks in `choices` over the positions' candidates (Medusa-style:
+               the top-2 of the first positions by default)
         p = target([x, *draft])    # ONE target forward, verified as a chain or with a tree mask
-        greedy:   the longest prefix the target agrees with, then its own token
+        greedy:   the longest prefix (path) the target agrees with, then its own token
         sampling: the exact rejection rule (a chain: each d_i was drawn from q_i, a distribution
-                  of the context alone; a tree: the multi-draft residual rule over point masses)
+                  of the context alone; a tree: the multi-draft residual rule)
 
 The EAGLE chain pays one head forward per drafted token, one after another; the block head pays
 one per step, however long its draft. Its positions do not see each other's tokens, only each
 other's states, so a later position guesses with less to go on than a chain would give it: the
-block trades acceptance for drafting cost, and wins where drafting is what the chain pays for.
+block trades acceptance for drafting cost, and wins where drafting is what the chain pays for. A
+tree wins back some of the acceptance: where a position is unsure, its second and third candidates
+ride in the same verifying forward, at the price of their inputs only.
 The head is trained by `python -m decoders.train block` (decoders/trained/block.py).
 """
 
@@ -280,8 +287,11 @@ METHOD = Method(
     title="Block drafting (one drafter forward fills the whole draft, DFlash-style)",
     decode=decode,
     params=PARAMS,
-    # DFlash verifies the whole block as one chain
-    presets={"paper": {"shape": "chain", "size": "fixed", "block": 0}},
+    # DFlash verifies the whole block as one chain. The default (a grown tree, top_k 3, 24 nodes,
+    # the prompt-lookup branch) from a sweep on the 16 tuning prompts (64 tokens, one thread):
+    # modelled 2.14x (top_k 2 2.07x, 4 2.13x; without lookup 1.82x), speculative 1.64x in the
+    # same run; the chain 1.20x on the same prompts a day before (docs/BENCHMARKS.md).
+    presets={"paper": {"shape": "chain", "size": "fixed", "block": 0, "lookup": 0}},
     check=check,
     summary="A small head fills a whole block of draft positions in one forward; the target verifies it in one more.",
     relaxable=True,
@@ -290,7 +300,7 @@ METHOD = Method(
     compare={
         "drafting in one pass vs one token at a time": (
             "block_draft",
-            "token_tree:draft=block",
+            "block_draft:shape=chain",
             "speculative",
             "medusa",
             "token_tree",
