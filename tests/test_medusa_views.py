@@ -172,7 +172,7 @@ def test_heads_grid_colours_each_cell_by_the_trees_verdict():
     assert cells(fig) == {
         (0, 0): "accepted",  # 11
         (0, 1): "rejected",  # 20: compared with the target's 11 and lost
-        (0, 2): "unused",  # 30: not in the tree
+        (0, 2): "unused",  # 30: not in the draft
         (1, 0): "accepted",  # 12: accepted under 11 (the 12 under the rejected 20 shares it)
         (1, 1): "rejected",  # 21: compared with 12 under 11 and lost
         (1, 2): "unused",
@@ -261,3 +261,34 @@ def test_the_methods_have_their_panels():
 def test_head_labels_hold_more_of_the_token_on_a_wide_page():
     assert cell_chars(10, 900) > cell_chars(10) == 3
     assert cell_chars(10, 900) == 10
+
+
+def test_the_block_view_counts_a_copied_chain_apart_from_the_blocks_tree():
+    """block_draft's default: a tree from the block's cells plus a chain copied by prompt lookup.
+    The copies have no cell and no forward, so the subtitle counts them apart, and the chain
+    drafter's price is for the block's own depth (2), not the copy's."""
+    from decoders.core.events import BlockFill
+    from visualizer.block_view import block_fill
+
+    events = [
+        *BLOCK[:3],
+        Forward(1, "draft", 3, 1, 0.2),
+        BlockFill(1, 1, ((11, 12, 13, 14), (21, 22, 23, 31)), ((0.5, 0.2, 0.1, 0.05),) * 2),
+        Draft(1, "block", (11, 12, 21, 30, 31, 14), (-1, -1, 0, -1, 3, 4), (0.5,) * 6, (3, 4, 5)),
+        Forward(1, "verify", 7, 4, 6.0),
+        Verify(1, (3, 4), 22, "greedy-tree", (0.1,) * 6),
+        Commit(1, (30, 31, 22), ("draft", "draft", "correction"), (0.9, 0.8, 0.6)),
+    ]
+    fig = block_fill(events, TEXTS, 1)
+    said = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert "1 drafter forward over 3 inputs" in said
+    assert "a tree of 3 nodes from these cells, 2 deep" in said
+    assert "3 tokens copied by prompt lookup" in said and "2 of the 2 accepted" in said
+    assert "pays 2 forwards" in said
+    # The copy's token 31 is also the block's position 2, rank 4: that cell shows its verdict.
+    assert {cell: st for cell, st in cells(fig).items() if st != "unused"} == {
+        (0, 0): "rejected",
+        (0, 1): "rejected",
+        (1, 0): "not checked",
+        (1, 3): "accepted",
+    }

@@ -5,9 +5,10 @@ drafter forward. Cells the draft used take the verdict's colour (accepted green,
 red, never checked grey), cells it left out stay white; the bar along each cell's foot is the
 position's confidence; an outline marks the target's own token where the block had it among its
 candidates. Grown as a tree (the default), a node at depth d is one of position d's candidates,
-so several nodes may share a cell (it takes the best verdict among them). The subtitle says what
-the forward cost beside what a chain drafter (the EAGLE chain) pays for a draft as deep: one head
-forward per token, one after another.
+so several nodes may share a cell (it takes the best verdict among them); a chain copied by prompt
+lookup rides beside it with no cell, and the subtitle counts it apart. The subtitle also says what
+a chain drafter (the EAGLE chain) pays for a draft as deep as the block's: one forward per token,
+one after another.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from decoders.core.events import BlockFill, Event, Forward
+from decoders.core.events import BlockFill, Draft, Event, Forward, Verify
 from decoders.core.tree import depths
 
 from .figures import _base_layout, _empty
@@ -48,29 +49,47 @@ def block_fill(
     if data is None:
         return _empty(title, "malformed block: tokens and probabilities differ in shape")
     fig = guesses_grid(data, texts, width, "position")
-    drafted = len(draft.tokens) if draft is not None else 0
-    copied = len(draft.copied) if draft is not None else 0
-    deep = 1 + max(depths(draft.parents), default=-1) if draft is not None else 0
-    forward = _draft_forward(events, step)
-    inputs = f" over {forward.n_input_tokens} inputs" if forward is not None else ""
-    if deep > 1:
-        chain = f"a chain drafter pays {deep} head forwards in a row for a draft {deep} deep"
-    elif deep == 1:
-        chain = "a chain drafter pays the same for one token"
-    else:
-        chain = "no position was sure enough to pay for its input"
-    if drafted > deep:  # a tree: nodes at depth d are position d's candidates
-        shape = f"a tree of {drafted} nodes, {deep} deep"
-        if copied:
-            shape += f" ({copied} copied by prompt lookup, from no forward)"
-        verified = f"{shape}, verified"
-    else:
-        verified = f"{drafted} verified"
-    after = _root_label(events, texts, step, "the root")
-    subtitle = (
-        f"row i: position i's candidates for the token i after {after}, all from 1 drafter "
-        f"forward{inputs}; {verified}, {data.accepted} accepted; {chain}; bar: the "
-        "position's confidence"
-    )
+    subtitle = _block_subtitle(events, texts, step, draft, verify, data.accepted)
     height = min(900, MARGINS_PX + ROW_PX * len(data.heads))
     return _base_layout(fig, title, height=height, subtitle=subtitle)
+
+
+def _block_subtitle(
+    events: Sequence[Event],
+    texts: Mapping[int, str],
+    step: int,
+    draft: Draft | None,
+    verify: Verify | None,
+    accepted: int,
+) -> str:
+    """What the step's one forward gave, what was verified (the block's own nodes, and a copied
+    chain's apart: it came from no forward and has no cell), and what a chain drafter would
+    have paid for a draft as deep as the block's."""
+    forward = _draft_forward(events, step)
+    inputs = f" over {forward.n_input_tokens} inputs" if forward is not None else ""
+    after = _root_label(events, texts, step, "the root")
+    said = [f"Every cell: 1 drafter forward{inputs} (row i: the token i after {after})."]
+    copied = set(draft.copied) if draft is not None else set()
+    own = [i for i in range(len(draft.tokens)) if i not in copied] if draft is not None else []
+    level = depths(draft.parents) if draft is not None else []
+    deep = 1 + max((level[i] for i in own), default=-1)
+    kept = set(verify.accepted) if verify is not None else set()
+    if not own:
+        said.append("No position was sure enough to pay for its input.")
+    elif deep < len(own):  # a tree: nodes at depth d are position d's candidates
+        said.append(f"Verified: a tree of {len(own)} nodes from these cells, {deep} deep.")
+    else:
+        said.append(f"Verified: its first {deep} positions as a chain.")
+    if copied:
+        said.append(
+            f"Beside it, {len(copied)} tokens copied by prompt lookup (no forward, no cell); "
+            f"{len(kept & copied)} of the {accepted} accepted came from them."
+        )
+    else:
+        said.append(f"{accepted} accepted.")
+    if deep > 1:
+        said.append(
+            f"A chain drafter pays {deep} forwards, one after another, to draft {deep} deep."
+        )
+    said.append("Bar: the position's confidence.")
+    return " ".join(said)

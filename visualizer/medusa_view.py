@@ -28,10 +28,10 @@ from .tree_view import _root_token
 
 # Cell status -> (fill, legend label), in legend order.
 CELL_STYLE: dict[str, tuple[str, str]] = {
-    "accepted": (COLOURS["draft"], "in the tree, accepted"),
-    "rejected": (COLOURS["rejected"], "in the tree, rejected"),
-    "not checked": (COLOURS["pending"], "in the tree, not checked"),
-    "unused": ("#ffffff", "not in the tree"),
+    "accepted": (COLOURS["draft"], "in the draft, accepted"),
+    "rejected": (COLOURS["rejected"], "in the draft, rejected"),
+    "not checked": (COLOURS["pending"], "in the draft, not checked"),
+    "unused": ("#ffffff", "not in the draft"),
 }
 BAR_COLOUR = "#546e7a"
 CELL_EDGE = "#90a4ae"
