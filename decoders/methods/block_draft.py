@@ -208,7 +208,8 @@ def decode_with(
             continue
         if grown:  # the block's one forward runs as the tree's root; its rows give every depth
             assert isinstance(drafter, BlockTreeDrafter)
-            copied = copies.propose(context, step, room) if copies is not None else None
+            left = budget.remaining - 1  # a copy may reach past the block
+            copied = copies.propose(context, step, left) if copies is not None else None
             drafter.begin(context, step)
             grower = Grower(drafter, sampler, step)
             tree = grow_dynamic(grower, context[-1], room, p["top_k"], p["nodes"], cost, draft)
