@@ -434,16 +434,19 @@ def knob_values(method: str, knobs: dict | None, edits: dict | None) -> dict[str
 
 
 def showcase(trace: Trace) -> tuple[int, str]:
-    """The step a page opens at when its method has no tour rule: the last one where the
-    target accepted drafted tokens (its method panel has something to show); without
-    verification (Mask-Predict's blocks), the last that committed several tokens; else the last
-    step ("")."""
-    accepted = [e.step for e in trace.events if isinstance(e, Verify) and e.accepted]
-    if accepted:
-        return max(accepted), "the last step with drafts accepted"
-    several = [e.step for e in trace.events if isinstance(e, Commit) and len(e.tokens) > 1]
-    if several:
-        return max(several), "the last step that committed several tokens"
+    """The step a page opens at when its method has no tour rule: the one where the target
+    accepted the most drafted tokens (the first such: its method panel has the most to show);
+    without verification (Mask-Predict's blocks), the one that committed the most tokens; else
+    the last step."""
+    accepted = {e.step: len(e.accepted) for e in trace.events if isinstance(e, Verify)}
+    if any(accepted.values()):
+        best = max(accepted.values())
+        return min(s for s, n in accepted.items() if n == best), f"{best} drafted tokens accepted"
+    several = {e.step: len(e.tokens) for e in trace.events if isinstance(e, Commit)}
+    if several and max(several.values()) > 1:
+        most = max(several.values())
+        step = min(s for s, n in several.items() if n == most)
+        return step, f"{most} tokens committed in one step"
     return trace.last_step, "the last step"
 
 
