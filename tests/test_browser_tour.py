@@ -118,7 +118,7 @@ def test_the_tour_walks_every_stop_and_runs_one_live(server, page, phone_page):
     walk_the_tour(phone_page, 390, ("autoregressive", "token_tree_copy", "relaxed", "side_by_side"))
     phone_page.goto(f"{server}?tour={KEYS.index('jacobi') + 1}")
     phone_page.locator("#tour-live").click()
-    phone_page.get_by_text("✅ Done").wait_for(timeout=120_000)
+    phone_page.get_by_text("✅ Done").wait_for(timeout=300_000)
     phone_page.wait_for_function("window.dlLanded > 0", timeout=30_000)
     phone_page.wait_for_function(
         f"(s => {{ const r = document.querySelector(s).getBoundingClientRect();"
