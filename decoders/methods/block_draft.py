@@ -42,7 +42,7 @@ import torch
 from decoders.core.base import Budget, DecodeConfig, Method
 from decoders.core.costs import draft_price, forward_ms, input_cost, pays
 from decoders.core.errors import InvalidParameter
-from decoders.core.events import BlockFill, Draft, Event, Priced
+from decoders.core.events import BlockFill, Event, Priced
 from decoders.core.models import ModelBundle
 from decoders.core.params import Param, validate_params
 from decoders.core.runtime import new_cache
@@ -50,7 +50,7 @@ from decoders.core.sampling import Sampler
 from decoders.core.steps import chain_draft, start, verify_chain, verify_tree
 from decoders.drafting.copied import CopiedBranch
 from decoders.drafting.eagle import Grower, grow_dynamic
-from decoders.drafting.trees import MAX_NODES, draft_event, graft, parse_choices
+from decoders.drafting.trees import MAX_NODES, TreeDraft, draft_event, graft, parse_choices
 from decoders.trained.block import BlockDrafter, BlockHead, BlockTreeDrafter, load_block
 
 TOP = 4  # candidates per position recorded for the view (and the deepest rank a tree may use)
@@ -206,6 +206,7 @@ def decode_with(
                 bundle, cache, context, [], sampler, budget, step, None, drafter
             )
             continue
+        copied = None
         if grown:  # the block's one forward runs as the tree's root; its rows give every depth
             assert isinstance(drafter, BlockTreeDrafter)
             left = budget.remaining - 1  # a copy may reach past the block
@@ -217,53 +218,53 @@ def decode_with(
             drafter.end()
             yield from grower.events
             assert rows is not None, "the tree's root runs the block's forward"
-            dists = sampler.distribution(rows)
         else:
             filled = drafter.fill(context, step)
             yield filled.event
-            dists = sampler.distribution(filled.logits)
-        top = torch.topk(dists, TOP, dim=-1)
-        if cfg.detail:
+            rows = filled.logits
+        # The positions' distributions and candidates: what the chain and the static tree draft
+        # from, and what the view shows (a grown tree's were read by its grower already).
+        dists = sampler.distribution(rows) if cfg.detail or not grown else None
+        top = torch.topk(dists, TOP, dim=-1) if dists is not None else None
+        if cfg.detail and top is not None:
             yield BlockFill(
                 step,
                 len(budget.tokens),
                 tuple(tuple(int(t) for t in row) for row in top.indices.tolist()),
                 tuple(tuple(round(float(q), 6) for q in row) for row in top.values.tolist()),
             )
-        if grown:
-            label, grafted = drafter.label, 0
-            if copied is not None and copies is not None and (chain := copies.cut(tree)):
-                grafted = graft(tree, chain)
-                label += f" + {copies.name} (n={copies.n}, {grafted} new nodes)"
-            own = range(len(tree.tokens) - grafted, len(tree.tokens))  # graft appends
-            event = draft_event(step, label, tree, copied=own)
-            yield dataclasses.replace(event, match=copies.n if copied is not None else 0)
-            verdict, logits = yield from verify_tree(
-                bundle,
-                cache,
-                context,
-                tree.tokens,
-                tree.parents,
-                sampler,
-                budget,
-                step,
-                drafter=drafter,
-            )
-            if copies is not None:
-                copies.accepted(tree, verdict.accepted, logits)
-        elif paths:
-            tokens, parents, probs = tree_from(paths, top.indices, top.values, room)
-            yield Draft(step, drafter.label, tuple(tokens), tuple(parents), tuple(probs))
-            yield from verify_tree(
-                bundle, cache, context, tokens, parents, sampler, budget, step, drafter=drafter
-            )
-        else:
+        if not grown and not paths:  # the chain
+            assert dists is not None
             draft_tokens, q_rows = chain_from(dists, sampler, room, cost)
             if draft_tokens:
                 yield chain_draft(step, drafter.label, draft_tokens, q_rows)
             yield from verify_chain(
                 bundle, cache, context, draft_tokens, sampler, budget, step, q_rows, drafter
             )
+            continue
+        if paths:  # the static tree: ranks over the positions' candidates
+            assert top is not None
+            tree = TreeDraft.from_nodes(*tree_from(paths, top.indices, top.values, room))
+        label, grafted = drafter.label, 0
+        if copied is not None and copies is not None and (chain := copies.cut(tree)):
+            grafted = graft(tree, chain)
+            label += f" + {copies.name} (n={copies.n}, {grafted} new nodes)"
+        own = range(len(tree.tokens) - grafted, len(tree.tokens))  # graft appends
+        event = draft_event(step, label, tree, copied=own)
+        yield dataclasses.replace(event, match=copies.n if copied is not None else 0)
+        verdict, logits = yield from verify_tree(
+            bundle,
+            cache,
+            context,
+            tree.tokens,
+            tree.parents,
+            sampler,
+            budget,
+            step,
+            drafter=drafter,
+        )
+        if copies is not None:
+            copies.accepted(tree, verdict.accepted, logits)
 
 
 def block_price(bundle: ModelBundle, head: BlockHead) -> float:
